@@ -1,0 +1,92 @@
+"""Argument checks shared by every public entry point (SPEC.md section 8).
+
+Each check raises :class:`~mapmatched_torch.errors.MapMatchedValueError` (a
+``ValueError``) with the offending name and value in the message, and returns the
+value normalized to its Python type.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+from .errors import MapMatchedValueError
+
+__all__ = [
+    "check_chunk_id",
+    "check_finite",
+    "check_weight",
+    "check_positive_int",
+    "check_nonnegative_int",
+    "check_optional_lag",
+    "check_radius",
+]
+
+
+def check_chunk_id(value: Any, what: str = "chunk ID") -> str:
+    """A chunk ID must be a non-empty ``str``."""
+    if not isinstance(value, str):
+        raise MapMatchedValueError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise MapMatchedValueError(f"{what} must be non-empty")
+    return value
+
+
+def check_finite(value: Any, what: str) -> float:
+    """A real, finite number (bools are rejected); returned as ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{what} must be a finite number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise MapMatchedValueError(f"{what} must be finite, got {value!r}")
+    return value
+
+
+def check_weight(value: Any, name: str) -> float:
+    """``emission_weight`` / ``transition_weight``: finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{name} must be finite and nonnegative, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0.0:
+        raise MapMatchedValueError(f"{name} must be finite and nonnegative, got {value!r}")
+    return value
+
+
+def _check_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise MapMatchedValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """An ``int`` > 0 (bools rejected)."""
+    value = _check_int(value, name)
+    if value <= 0:
+        raise MapMatchedValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def check_nonnegative_int(value: Any, name: str) -> int:
+    """An ``int`` >= 0 (bools rejected)."""
+    value = _check_int(value, name)
+    if value < 0:
+        raise MapMatchedValueError(f"{name} must be nonnegative, got {value}")
+    return value
+
+
+def check_optional_lag(value: Optional[Any]) -> Optional[int]:
+    """``fixed_lag``: None (full decoding) or an ``int`` >= 0."""
+    if value is None:
+        return None
+    return check_nonnegative_int(value, "fixed_lag")
+
+
+def check_radius(value: Any, name: str = "radius") -> float:
+    """A search radius: a number >= 0 (``inf`` allowed, NaN and negatives rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{name} must be a nonnegative number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0.0:
+        raise MapMatchedValueError(f"{name} must be a nonnegative number, got {value!r}")
+    return value

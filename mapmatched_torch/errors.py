@@ -1,0 +1,63 @@
+"""Exception types of mapmatched_torch.
+
+Every error the library raises on purpose derives from :class:`MapMatchedError` *and*
+from the builtin type the behaviour spec names (``ValueError`` for bad input,
+``RuntimeError`` for broken invariants, ``ImportError`` for missing extras), so code
+written for the pure-Python ``mapmatched`` keeps catching what it caught before.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MapMatchedError",
+    "MapMatchedValueError",
+    "MapMatchedRuntimeError",
+    "MissingDependencyError",
+    "FAISSNotInstalledError",
+    "NetworkXNotInstalledError",
+]
+
+
+class MapMatchedError(Exception):
+    """Base class of every exception raised by mapmatched_torch."""
+
+
+class MapMatchedValueError(MapMatchedError, ValueError):
+    """Invalid input: bad shapes, non-finite scores, bad options, unknown enum values."""
+
+
+class MapMatchedRuntimeError(MapMatchedError, RuntimeError):
+    """A broken invariant at run time (e.g. a decoder revised a committed turn)."""
+
+
+class MissingDependencyError(MapMatchedError, ImportError):
+    """An optional dependency is missing; the message names the pip extra to install.
+
+    Args:
+        package: the importable package that is missing (e.g. ``"faiss"``).
+        extra: the extra of ``mapmatched-torch`` that installs it (e.g. ``"faiss"``).
+        feature: what needed it, for the message.
+    """
+
+    def __init__(self, package: str, extra: str, feature: str = "") -> None:
+        what = f" for {feature}" if feature else ""
+        super().__init__(
+            f"{package} is required{what}; install it with "
+            f"`pip install mapmatched-torch[{extra}]`"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class FAISSNotInstalledError(MissingDependencyError):
+    """faiss is missing: install the ``[faiss]`` (CPU) or ``[faiss-gpu]`` extra."""
+
+    def __init__(self, feature: str = "FAISSProvider", extra: str = "faiss") -> None:
+        super().__init__("faiss", extra, feature)
+
+
+class NetworkXNotInstalledError(MissingDependencyError):
+    """networkx is missing: install the ``[networkx]`` extra."""
+
+    def __init__(self, feature: str = "networkx interop") -> None:
+        super().__init__("networkx", "networkx", feature)
