@@ -21,6 +21,8 @@ __all__ = [
     "check_nonnegative_int",
     "check_optional_lag",
     "check_radius",
+    "check_trellis",
+    "check_decode_options",
 ]
 
 
@@ -44,7 +46,7 @@ def check_finite(value: Any, what: str) -> float:
 
 
 def check_weight(value: Any, name: str) -> float:
-    """``emission_weight`` / ``transition_weight``: finite and >= 0."""
+    """A finite number >= 0 (``emission_weight``, ``transition_weight``, ``context_radius``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise MapMatchedValueError(f"{name} must be finite and nonnegative, got {value!r}")
     value = float(value)
@@ -90,3 +92,44 @@ def check_radius(value: Any, name: str = "radius") -> float:
     if math.isnan(value) or value < 0.0:
         raise MapMatchedValueError(f"{name} must be a nonnegative number, got {value!r}")
     return value
+
+
+def check_trellis(trellis: Any) -> tuple:
+    """Validate a Python trellis (SPEC.md section 5) and return it as a tuple of tuples.
+
+    A trellis is a non-empty sequence of turns; each turn a non-empty sequence of
+    candidates with ``chunk_id`` (non-empty str, unique within the turn),
+    ``raw_score`` and ``normalized_score`` (finite). Raises ValueError before any work.
+    """
+    if isinstance(trellis, (str, bytes)):
+        raise MapMatchedValueError("trellis must be a sequence of turns")
+    turns = tuple(tuple(turn) for turn in trellis)
+    if not turns:
+        raise MapMatchedValueError("trellis must contain at least one turn")
+    for turn_index, turn in enumerate(turns):
+        if not turn:
+            raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+        seen = set()
+        for candidate_index, candidate in enumerate(turn):
+            chunk_id = getattr(candidate, "chunk_id", None)
+            check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
+            if chunk_id in seen:
+                raise MapMatchedValueError(
+                    f"trellis turn {turn_index} contains duplicate chunk IDs ({chunk_id!r})"
+                )
+            seen.add(chunk_id)
+            for name in ("raw_score", "normalized_score"):
+                check_finite(
+                    getattr(candidate, name, None),
+                    f"trellis turn {turn_index} candidate {chunk_id!r} {name}",
+                )
+    return turns
+
+
+def check_decode_options(emission_weight: Any, transition_weight: Any, fixed_lag: Any) -> tuple:
+    """Validate the decoder options; returns ``(lambda, beta, lag)`` normalized."""
+    return (
+        check_weight(emission_weight, "emission_weight"),
+        check_weight(transition_weight, "transition_weight"),
+        check_optional_lag(fixed_lag),
+    )

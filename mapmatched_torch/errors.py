@@ -37,13 +37,15 @@ class MissingDependencyError(MapMatchedError, ImportError):
         package: the importable package that is missing (e.g. ``"faiss"``).
         extra: the extra of ``mapmatched-torch`` that installs it (e.g. ``"faiss"``).
         feature: what needed it, for the message.
+        hint: an optional remark appended to the message.
     """
 
-    def __init__(self, package: str, extra: str, feature: str = "") -> None:
+    def __init__(self, package: str, extra: str, feature: str = "", hint: str = "") -> None:
         what = f" for {feature}" if feature else ""
+        more = f" ({hint})" if hint else ""
         super().__init__(
             f"{package} is required{what}; install it with "
-            f"`pip install mapmatched-torch[{extra}]`"
+            f"`pip install mapmatched-torch[{extra}]`{more}"
         )
         self.package = package
         self.extra = extra
@@ -53,7 +55,12 @@ class FAISSNotInstalledError(MissingDependencyError):
     """faiss is missing: install the ``[faiss]`` (CPU) or ``[faiss-gpu]`` extra."""
 
     def __init__(self, feature: str = "FAISSProvider", extra: str = "faiss") -> None:
-        super().__init__("faiss", extra, feature)
+        super().__init__(
+            "faiss",
+            extra,
+            feature,
+            hint="or `[faiss-gpu]` for GPU indexes; the two extras overwrite each other, so install only one",
+        )
 
 
 class NetworkXNotInstalledError(MissingDependencyError):

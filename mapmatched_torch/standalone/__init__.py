@@ -1,0 +1,11 @@
+"""The pure-Python reference: bounded-Dijkstra graph, kNN rules, StandaloneDecoder.
+
+This subpackage is the behaviour spec in code (SPEC.md sections 4-5): no torch, no
+numpy. Every tensor path of mapmatched_torch is tested against it.
+"""
+
+from .decoder import StandaloneDecoder
+from .graph import GraphEdge, InMemoryCorpusGraph
+from .knn import KNNGraph
+
+__all__ = ["StandaloneDecoder", "GraphEdge", "InMemoryCorpusGraph", "KNNGraph"]

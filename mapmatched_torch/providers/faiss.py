@@ -1,0 +1,314 @@
+"""A :class:`~mapmatched_torch.protocols.CandidateProvider` over a FAISS index (SPEC.md 9).
+
+faiss is an optional dependency (the ``[faiss]`` extra, or ``[faiss-gpu]``): this
+module imports without it, and :class:`FAISSProvider` fails at construction with
+:class:`~mapmatched_torch.errors.FAISSNotInstalledError` when it is missing.
+
+Decisions where SPEC.md is silent:
+
+- Ties are sorted by index position among the hits FAISS returns; which of several
+  equally scored vectors make it into the top ``limit`` is FAISS's choice.
+- An empty ``chunk_ids`` (an empty index) is rejected: it could never return a
+  candidate.
+- The index size is checked again on every search, so an index that grew or shrank
+  after construction fails loudly instead of mapping labels to the wrong chunk IDs.
+- Only the empty string is an empty query; whitespace is passed to ``embed_query``.
+- Vectors are searched as float32 (what FAISS takes); finiteness is checked after that
+  conversion, so a float64 value beyond float32's range is reported as infinite.
+- ``index.metric_type`` is not inspected (wrapped and custom indexes work too): pick
+  the ``score_mode`` that matches the index's metric.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, List, Sequence, Tuple
+
+import numpy as np
+
+from .._optional import require_faiss
+from .._validation import check_chunk_id, check_positive_int
+from ..errors import MapMatchedValueError
+from ..models import ScoredCandidate
+
+__all__ = ["FAISSProvider", "SCORE_MODES"]
+
+#: The accepted values of ``score_mode``.
+SCORE_MODES = ("similarity", "distance")
+
+#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
+QueryEmbedder = Callable[[str], Any]
+
+
+class FAISSProvider:
+    """Retrieve scored chunk candidates from a FAISS index.
+
+    Label ``i`` of the index is the vector of ``chunk_ids[i]``. The caller embeds the
+    query (``embed_query``); the provider searches, maps labels to chunk IDs and turns
+    FAISS's numbers into "higher is better" scores:
+
+    - ``score_mode="similarity"`` (default) keeps scores as FAISS returns them: right
+      for inner-product and normalized-cosine indexes (``IndexFlatIP`` and friends).
+    - ``score_mode="distance"`` negates them: right for L2 indexes
+      (``IndexFlatL2`` and friends), whose smaller distances mean nearer.
+
+    Results are sorted by (-score, index position) and hold at most
+    ``min(limit, len(chunk_ids))`` candidates. A label of -1 (FAISS found too few
+    neighbours, e.g. an IVF index with a small ``nprobe``), a label out of range, a
+    repeated label or a non-finite score is an invalid FAISS result (ValueError).
+
+    Cost: one ``embed_query`` call per query and one ``index.search`` of a (Q, D)
+    float32 matrix per :meth:`retrieve_batch` call, plus O(Q * k log k) Python work.
+
+    Args:
+        index: a FAISS index (CPU or GPU), or any object with ``ntotal``, ``d`` and
+            ``search(x, k) -> (scores, labels)`` where ``x`` is (Q, D) float32 and
+            both outputs are (Q, k).
+        chunk_ids: the chunk ID of every index position; non-empty, unique strings,
+            as many as ``index.ntotal``.
+        embed_query: maps a query string to a 1-D vector of dimension ``index.d``
+            (shape ``(1, d)`` is accepted too): a numpy array, a list, or a torch
+            tensor (detached and moved to the CPU here).
+        score_mode: ``"similarity"`` (default) or ``"distance"``, see above.
+
+    Raises:
+        FAISSNotInstalledError: faiss is not installed (an ``ImportError`` naming the
+            ``[faiss]`` extra).
+        ValueError: a bad ``score_mode``, chunk ID list, ``embed_query`` or index.
+
+    Example:
+        >>> import faiss
+        >>> import numpy as np
+        >>> from mapmatched_torch.providers.faiss import FAISSProvider
+        >>> chunk_vectors = np.eye(3, dtype=np.float32)
+        >>> embeddings = {"how do I install it?": [0.25, 0.75, 0.5]}
+        >>> index = faiss.IndexFlatIP(3)
+        >>> index.add(chunk_vectors)
+        >>> provider = FAISSProvider(index, ["intro", "install", "usage"], embeddings.__getitem__)
+        >>> provider.retrieve("how do I install it?", limit=2)
+        (ScoredCandidate(chunk_id='install', score=0.75), ScoredCandidate(chunk_id='usage', score=0.5))
+        >>> l2_index = faiss.IndexFlatL2(3)
+        >>> l2_index.add(chunk_vectors)
+        >>> l2 = FAISSProvider(l2_index, provider.chunk_ids, embeddings.__getitem__, score_mode="distance")
+        >>> l2.retrieve("how do I install it?", limit=1)
+        (ScoredCandidate(chunk_id='install', score=-0.375),)
+    """
+
+    def __init__(
+        self,
+        index: Any,
+        chunk_ids: Iterable[str],
+        embed_query: QueryEmbedder,
+        *,
+        score_mode: str = "similarity",
+    ) -> None:
+        require_faiss("FAISSProvider")
+        self._score_mode = _check_score_mode(score_mode)
+        self._chunk_ids = _check_chunk_ids(chunk_ids)
+        if not callable(embed_query):
+            raise MapMatchedValueError(f"embed_query must be callable, got {type(embed_query).__name__}")
+        self._dimension = _check_index(index, len(self._chunk_ids))
+        self._index = index
+        self._embed_query = embed_query
+
+    @property
+    def chunk_ids(self) -> Tuple[str, ...]:
+        """The chunk ID of every index position."""
+        return self._chunk_ids
+
+    @property
+    def score_mode(self) -> str:
+        """``"similarity"`` (scores kept) or ``"distance"`` (scores negated)."""
+        return self._score_mode
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={len(self._chunk_ids)}, dimension={self._dimension}, "
+            f"score_mode={self._score_mode!r})"
+        )
+
+    def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
+        """The best ``min(limit, n)`` candidates for one query, best first.
+
+        Args:
+            query: a non-empty query string, passed to ``embed_query``.
+            limit: the most candidates to return, a positive int.
+
+        Returns:
+            :class:`~mapmatched_torch.models.ScoredCandidate` sorted by
+            (-score, index position).
+
+        Raises:
+            ValueError: a bad query, query vector or limit, or an invalid FAISS result.
+        """
+        return self._search([query], limit, ("query",))[0]
+
+    def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """:meth:`retrieve` for many queries with a single ``index.search`` call.
+
+        Args:
+            queries: query strings (a list, not one string); may be empty.
+            limit: the most candidates per query, a positive int.
+
+        Returns:
+            One tuple per query, in query order, each equal to ``retrieve(query, limit)``.
+
+        Raises:
+            ValueError: as :meth:`retrieve`; messages name the query's position.
+        """
+        if isinstance(queries, (str, bytes)):
+            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
+        queries = list(queries)
+        return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
+
+    def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        limit = check_positive_int(limit, "limit")
+        for query, name in zip(queries, names):
+            _check_query(query, name)
+        if not queries:
+            return []
+        # shape: (Q, D) float32, C-contiguous
+        matrix = np.stack([self._embed(query, name) for query, name in zip(queries, names)])
+        count = self._check_unchanged_size()
+        k = min(limit, count)
+        scores, labels = _check_result_arrays(*self._index.search(matrix, k), shape=(len(queries), k))
+        return [self._candidates(scores[row], labels[row], name) for row, name in enumerate(names)]
+
+    def _embed(self, query: str, name: str) -> np.ndarray:
+        return _as_query_vector(self._embed_query(query), self._dimension, name)
+
+    def _check_unchanged_size(self) -> int:
+        count = len(self._chunk_ids)
+        if self._index.ntotal != count:
+            raise MapMatchedValueError(
+                f"the index now holds {self._index.ntotal} vectors but the provider maps {count} chunk IDs "
+                "(was the index modified after the provider was built?)"
+            )
+        return count
+
+    def _candidates(self, scores: np.ndarray, labels: np.ndarray, name: str) -> Tuple[ScoredCandidate, ...]:
+        hits = []  # (score, label)
+        seen = set()
+        for rank, (label, score) in enumerate(zip(labels.tolist(), scores.tolist())):
+            _check_hit(label, score, rank, seen, len(self._chunk_ids), name)
+            seen.add(label)
+            hits.append((self._to_score(score), label))
+        hits.sort(key=lambda hit: (-hit[0], hit[1]))
+        return tuple(ScoredCandidate(self._chunk_ids[label], score) for score, label in hits)
+
+    def _to_score(self, value: float) -> float:
+        # 0.0 - x (not -x) keeps a zero distance at +0.0.
+        return 0.0 - value if self._score_mode == "distance" else value
+
+
+def _check_score_mode(score_mode: Any) -> str:
+    if not isinstance(score_mode, str) or score_mode not in SCORE_MODES:
+        raise MapMatchedValueError(
+            f"unsupported score mode: {score_mode!r} (expected one of {', '.join(map(repr, SCORE_MODES))})"
+        )
+    return score_mode
+
+
+def _check_chunk_ids(chunk_ids: Iterable[str]) -> Tuple[str, ...]:
+    if isinstance(chunk_ids, (str, bytes)):
+        raise MapMatchedValueError("chunk_ids must be a sequence of chunk IDs, not a single string")
+    ids = tuple(chunk_ids)
+    if not ids:
+        raise MapMatchedValueError("chunk_ids must contain at least one chunk ID")
+    first_position = {}
+    for position, chunk_id in enumerate(ids):
+        check_chunk_id(chunk_id, f"chunk ID at index position {position}")
+        if chunk_id in first_position:
+            raise MapMatchedValueError(
+                f"duplicate chunk ID {chunk_id!r} at index positions {first_position[chunk_id]} and {position}"
+            )
+        first_position[chunk_id] = position
+    return ids
+
+
+def _check_index(index: Any, count: int) -> int:
+    """Check ``index`` against ``count`` chunk IDs; return its dimension."""
+    for attribute in ("ntotal", "d"):
+        if not hasattr(index, attribute):
+            raise MapMatchedValueError(f"index has no {attribute!r} attribute; pass a FAISS index")
+    if not callable(getattr(index, "search", None)):
+        raise MapMatchedValueError("index has no search() method; pass a FAISS index")
+    if index.ntotal != count:
+        raise MapMatchedValueError(f"index holds {index.ntotal} vectors but {count} chunk IDs were given")
+    return check_positive_int(index.d, "index dimension (index.d)")
+
+
+def _check_query(query: Any, name: str) -> None:
+    if not isinstance(query, str):
+        raise MapMatchedValueError(f"{name} must be a string, got {type(query).__name__}")
+    if not query:
+        raise MapMatchedValueError(f"{name} must be a non-empty string")
+
+
+def _as_array(vector: Any) -> np.ndarray:
+    """numpy view of an embedding; torch-like tensors are detached and moved to the CPU."""
+    if hasattr(vector, "detach"):
+        vector = vector.detach().cpu()
+        if hasattr(vector, "float"):
+            vector = vector.float()  # bfloat16 has no numpy dtype
+        vector = vector.numpy()
+    return np.asarray(vector)
+
+
+def _as_query_vector(vector: Any, dimension: int, name: str) -> np.ndarray:
+    """The (D,) float32 query vector, or a ValueError naming what is wrong with it."""
+    try:
+        array = _as_array(vector)
+    except (TypeError, ValueError) as exc:
+        raise MapMatchedValueError(f"embed_query returned no numeric vector for {name}: {exc}") from exc
+    if array.dtype.kind not in "biuf":
+        raise MapMatchedValueError(f"embed_query returned a vector of dtype {array.dtype} for {name}; expected real numbers")
+    if array.ndim == 2 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 1:
+        raise MapMatchedValueError(
+            f"embed_query returned shape {tuple(array.shape)} for {name}; expected ({dimension},) or (1, {dimension})"
+        )
+    if array.shape[0] != dimension:
+        raise MapMatchedValueError(
+            f"query vector for {name} has dimension {array.shape[0]}, but the index has dimension {dimension}"
+        )
+    with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
+        # shape: (D,)
+        array = np.ascontiguousarray(array, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        position = int(bad[0])
+        raise MapMatchedValueError(
+            f"query vector for {name} must be finite, got {array[position]} at dimension {position} "
+            f"({bad.size} non-finite values as float32)"
+        )
+    return array
+
+
+def _check_result_arrays(scores: Any, labels: Any, *, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
+    """``index.search``'s outputs as (Q, k) arrays: float scores, integer labels."""
+    scores, labels = np.asarray(scores), np.asarray(labels)
+    for what, array in (("scores", scores), ("labels", labels)):
+        if array.shape != shape:
+            raise MapMatchedValueError(f"invalid FAISS result: {what} have shape {array.shape}, expected {shape}")
+    if labels.dtype.kind not in "iu":
+        raise MapMatchedValueError(f"invalid FAISS result: labels have dtype {labels.dtype}, expected integers")
+    if scores.dtype.kind not in "iuf":
+        raise MapMatchedValueError(f"invalid FAISS result: scores have dtype {scores.dtype}, expected real numbers")
+    return scores, labels
+
+
+def _check_hit(label: int, score: float, rank: int, seen: set, count: int, name: str) -> None:
+    where = f"for {name} at rank {rank}"
+    if label == -1:
+        raise MapMatchedValueError(
+            f"invalid FAISS result {where}: label -1 (the index returned fewer neighbours than asked; "
+            "for IVF indexes raise nprobe)"
+        )
+    if not 0 <= label < count:
+        raise MapMatchedValueError(f"invalid FAISS result {where}: label {label} outside [0, {count})")
+    if label in seen:
+        raise MapMatchedValueError(f"invalid FAISS result {where}: label {label} repeated")
+    if not math.isfinite(score):
+        raise MapMatchedValueError(f"invalid FAISS result {where}: score {score} of label {label} is not finite")

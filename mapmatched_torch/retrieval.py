@@ -1,0 +1,240 @@
+"""Conversational sessions over any retriever (SPEC.md section 6).
+
+:class:`MapMatchedRetriever` holds the configuration (graph, provider, decoder,
+weights, normalization, lag, context); :meth:`MapMatchedRetriever.session` opens one
+conversation. Each turn is transactional: the candidates are normalized and appended
+to the trellis, the whole trellis is decoded, and if anything raises the turn is
+removed again, leaving the session exactly as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from ._validation import check_decode_options, check_positive_int, check_weight
+from .errors import MapMatchedRuntimeError, MapMatchedValueError
+from .models import DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, ScoredCandidate
+from .protocols import CandidateProvider, CorpusGraph, Decoder
+from .scoring import check_score_normalization, normalize_candidates
+from .trace import build_trace
+
+__all__ = ["MapMatchedRetriever", "MapMatchedSession", "as_scored_candidates", "context_chunk_ids"]
+
+
+def as_scored_candidates(candidates: Iterable[Any]) -> Tuple[ScoredCandidate, ...]:
+    """Accept :class:`ScoredCandidate` objects or ``(chunk_id, score)`` pairs.
+
+    Raises ValueError naming the position of anything else.
+    """
+    if isinstance(candidates, (str, bytes)):
+        raise MapMatchedValueError("candidates must be a sequence of ScoredCandidate, not a string")
+    result = []
+    for position, candidate in enumerate(candidates):
+        if isinstance(candidate, ScoredCandidate):
+            result.append(candidate)
+        elif isinstance(candidate, tuple) and len(candidate) == 2:
+            result.append(ScoredCandidate(*candidate))
+        else:
+            raise MapMatchedValueError(
+                f"candidate {position} must be a ScoredCandidate or a (chunk_id, score) pair, got {candidate!r}"
+            )
+    return tuple(result)
+
+
+def context_chunk_ids(
+    chunk_id: str,
+    neighborhood: Iterable[Tuple[str, float]],
+    candidates: Sequence[DecoderCandidate],
+    context_limit: Optional[int],
+) -> Tuple[str, ...]:
+    """The context of one turn: the decoded chunk, its neighbourhood, then the turn's
+    candidates in provider order; duplicates dropped keeping the first; cut at
+    ``context_limit`` (None: no cut)."""
+    ordered = [chunk_id, *(neighbor for neighbor, _ in neighborhood), *(c.chunk_id for c in candidates)]
+    unique = tuple(dict.fromkeys(ordered))
+    return unique if context_limit is None else unique[:context_limit]
+
+
+def _check_graph(graph: Any) -> CorpusGraph:
+    missing = [name for name in ("distance", "neighborhood", "maximum_distance") if not hasattr(graph, name)]
+    if missing:
+        raise MapMatchedValueError(
+            f"graph must implement the CorpusGraph protocol; {type(graph).__name__} lacks {', '.join(missing)}"
+        )
+    return graph
+
+
+class MapMatchedRetriever:
+    """Map-matched retrieval over any candidate provider (SPEC.md section 6).
+
+    Args:
+        graph: the corpus graph (``CorpusGraph`` protocol).
+        provider: a ``CandidateProvider`` (needed by :meth:`MapMatchedSession.retrieve`
+            only; :meth:`MapMatchedSession.retrieve_candidates` takes candidates directly).
+        decoder: a ``Decoder`` (default :class:`~mapmatched_torch.StandaloneDecoder`;
+            :class:`~mapmatched_torch.TorchDecoder` gives the same answers on tensors).
+        candidate_limit: candidates kept per turn, in provider order (> 0).
+        emission_weight: lambda (finite, >= 0). transition_weight: beta (finite, >= 0).
+        score_normalization: "zscore" (default), "center" or "none".
+        fixed_lag: None (full re-decoding every turn) or L >= 0.
+        context_radius: graph radius of the context expansion (finite, >= 0).
+        context_limit: maximum context length (> 0) or None.
+    """
+
+    def __init__(
+        self,
+        graph: CorpusGraph,
+        *,
+        provider: Optional[CandidateProvider] = None,
+        decoder: Optional[Decoder] = None,
+        candidate_limit: int = 20,
+        emission_weight: float = 1.0,
+        transition_weight: float = 1.0,
+        score_normalization: str = "zscore",
+        fixed_lag: Optional[int] = None,
+        context_radius: float = 1.0,
+        context_limit: Optional[int] = None,
+    ) -> None:
+        self.graph = _check_graph(graph)
+        self.provider = provider
+        if decoder is None:
+            from .standalone.decoder import StandaloneDecoder
+
+            decoder = StandaloneDecoder()
+        self.decoder = decoder
+        self.candidate_limit = check_positive_int(candidate_limit, "candidate_limit")
+        self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
+            emission_weight, transition_weight, fixed_lag
+        )
+        self.score_normalization = check_score_normalization(score_normalization)
+        self.context_radius = check_weight(context_radius, "context_radius")
+        self.context_limit = None if context_limit is None else check_positive_int(context_limit, "context_limit")
+
+    def session(self) -> "MapMatchedSession":
+        """Open a new conversation."""
+        return MapMatchedSession(self)
+
+
+class MapMatchedSession:
+    """One conversation: a growing trellis, re-decoded after every turn."""
+
+    def __init__(self, retriever: MapMatchedRetriever) -> None:
+        self._retriever = retriever
+        self._trellis: List[Tuple[DecoderCandidate, ...]] = []
+        self._path: Optional[DecodedPath] = None
+        self._trace: Optional[RetrievalTrace] = None
+
+    @property
+    def retriever(self) -> MapMatchedRetriever:
+        return self._retriever
+
+    @property
+    def turn_count(self) -> int:
+        """Number of turns decoded so far."""
+        return len(self._trellis)
+
+    @property
+    def current_chunk_id(self) -> Optional[str]:
+        """The decoded chunk of the latest turn (None before the first turn)."""
+        return None if self._path is None else self._path.steps[-1].chunk_id
+
+    @property
+    def path(self) -> Optional[DecodedPath]:
+        """The latest decoded path of the whole conversation."""
+        return self._path
+
+    @property
+    def trace(self) -> Optional[RetrievalTrace]:
+        """The latest trace of the whole conversation."""
+        return self._trace
+
+    @property
+    def trellis(self) -> Tuple[Tuple[DecoderCandidate, ...], ...]:
+        """The normalized candidates of every turn so far."""
+        return tuple(self._trellis)
+
+    def retrieve(self, query: str) -> RetrievalResult:
+        """Ask the provider for ``candidate_limit`` candidates and decode a new turn."""
+        if not isinstance(query, str) or not query.strip():
+            raise MapMatchedValueError("query must be a non-empty string")
+        provider = self._retriever.provider
+        if provider is None:
+            raise MapMatchedRuntimeError(
+                "retrieve(query) needs a CandidateProvider: pass provider= to MapMatchedRetriever, "
+                "or call retrieve_candidates(candidates)"
+            )
+        return self.retrieve_candidates(provider.retrieve(query, self._retriever.candidate_limit))
+
+    def retrieve_candidates(self, candidates: Iterable[Any]) -> RetrievalResult:
+        """Decode a new turn from candidates given directly (provider order).
+
+        The first ``candidate_limit`` candidates are kept and normalized; the whole
+        trellis is re-decoded. If anything raises, the turn is removed again.
+        """
+        retriever = self._retriever
+        turn_index = len(self._trellis)
+        kept = as_scored_candidates(candidates)[: retriever.candidate_limit]
+        if not kept:
+            raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+        normalized = normalize_candidates(kept, retriever.score_normalization)
+        self._trellis.append(normalized)
+        try:
+            result = self._decode_turn(normalized)
+        except BaseException:
+            self._trellis.pop()
+            raise
+        self._path = result.path
+        self._trace = result.trace
+        return result
+
+    def _decode_turn(self, normalized: Tuple[DecoderCandidate, ...]) -> RetrievalResult:
+        retriever = self._retriever
+        path, ranking = retriever.decoder.decode_ranked(
+            self._trellis,
+            retriever.graph,
+            emission_weight=retriever.emission_weight,
+            transition_weight=retriever.transition_weight,
+            fixed_lag=retriever.fixed_lag,
+        )
+        revised = self._revised_indices(path)
+        trace = build_trace(
+            path,
+            self._trellis,
+            emission_weight=retriever.emission_weight,
+            maximum_distance=retriever.graph.maximum_distance,
+            revised_prior_indices=revised,
+        )
+        chunk_id = path.steps[-1].chunk_id
+        context = context_chunk_ids(
+            chunk_id,
+            retriever.graph.neighborhood(chunk_id, retriever.context_radius),
+            normalized,
+            retriever.context_limit,
+        )
+        return RetrievalResult(
+            chunk_id=chunk_id,
+            context_chunk_ids=context,
+            candidates=normalized,
+            path=path,
+            trace=trace,
+            candidate_ranking=ranking,
+        )
+
+    def _revised_indices(self, path: DecodedPath) -> Tuple[int, ...]:
+        if len(path.steps) != len(self._trellis):
+            raise MapMatchedRuntimeError(
+                f"decoder returned {len(path.steps)} steps for {len(self._trellis)} turns"
+            )
+        if self._path is None:
+            return ()
+        revised = tuple(
+            index
+            for index, (old, new) in enumerate(zip(self._path.chunk_ids, path.chunk_ids))
+            if old != new
+        )
+        committed = self._path.committed_through_index
+        if committed is not None and any(index <= committed for index in revised):
+            raise MapMatchedRuntimeError(
+                f"fixed-lag decoder revised a committed turn (committed through {committed}, revised {list(revised)})"
+            )
+        return revised

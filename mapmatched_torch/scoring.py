@@ -1,0 +1,127 @@
+"""Per-turn score normalization and the per-turn diagnostics of SPEC.md sections 2-3.
+
+Plain Python (``math.fsum`` for every sum, so results do not depend on summation order).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from .errors import MapMatchedValueError
+from .models import DecoderCandidate, ScoredCandidate
+
+__all__ = [
+    "SCORE_NORMALIZATIONS",
+    "check_score_normalization",
+    "normalize_scores",
+    "normalize_candidates",
+    "softmax_entropy",
+    "runner_up_index",
+    "normalized_margin",
+]
+
+#: The accepted values of ``score_normalization``.
+SCORE_NORMALIZATIONS = ("zscore", "center", "none")
+
+
+def check_score_normalization(method: object) -> str:
+    """Return ``method`` if it names a normalization, else raise ValueError.
+
+    The message is SPEC's: ``"unsupported score normalization: X"``.
+    """
+    if not isinstance(method, str) or method not in SCORE_NORMALIZATIONS:
+        raise MapMatchedValueError(f"unsupported score normalization: {method}")
+    return method
+
+
+def normalize_scores(scores: Sequence[float], method: str = "zscore") -> List[float]:
+    """Normalize one turn's raw scores.
+
+    Args:
+        scores: the turn's raw scores (finite floats), any length (empty gives []).
+        method: ``"zscore"`` (default): ``(r - mean) / std`` with the population std
+            (divide by n); all 0.0 when the std is exactly 0. ``"center"``:
+            ``r - mean``. ``"none"``: unchanged.
+
+    Returns:
+        A list of floats, one per score, in input order. ``mean = fsum(r) / n`` and
+        ``std = sqrt(fsum((r - mean)**2) / n)``.
+    """
+    method = check_score_normalization(method)
+    values = [float(value) for value in scores]
+    if method == "none" or not values:
+        return values
+    mean = math.fsum(values) / len(values)
+    centered = [value - mean for value in values]
+    if method == "center":
+        return centered
+    std = math.sqrt(math.fsum(value * value for value in centered) / len(values))
+    if std == 0.0:
+        return [0.0] * len(values)
+    return [value / std for value in centered]
+
+
+def normalize_candidates(
+    candidates: Iterable[ScoredCandidate], method: str = "zscore"
+) -> Tuple[DecoderCandidate, ...]:
+    """Turn a provider's :class:`ScoredCandidate` list into trellis states.
+
+    Args:
+        candidates: one turn's candidates, in provider order.
+        method: see :func:`normalize_scores`.
+
+    Returns:
+        One :class:`DecoderCandidate` per input (same order), keeping both the raw and
+        the normalized score. Raises ValueError if a normalized score is not finite
+        (e.g. overflow of ``r - mean``).
+    """
+    candidates = tuple(candidates)
+    normalized = normalize_scores([candidate.score for candidate in candidates], method)
+    return tuple(
+        DecoderCandidate(candidate.chunk_id, candidate.score, value)
+        for candidate, value in zip(candidates, normalized)
+    )
+
+
+def softmax_entropy(values: Sequence[float]) -> float:
+    """Shannon entropy (nats) of ``softmax(values)``.
+
+    The max is subtracted first, so large finite inputs are safe. One value (or none)
+    gives 0.0; the result is never negative.
+    """
+    values = [float(value) for value in values]
+    if len(values) <= 1:
+        return 0.0
+    top = max(values)
+    shifted = [value - top for value in values]
+    weights = [math.exp(value) for value in shifted]
+    total = math.fsum(weights)
+    # H = log Z - E[shifted], with Z = sum(exp(shifted)) >= 1.
+    expected = math.fsum(weight * value for weight, value in zip(weights, shifted)) / total
+    return max(0.0, math.log(total) - expected)
+
+
+def runner_up_index(normalized_scores: Sequence[float], chosen: int) -> Optional[int]:
+    """Index of the best candidate other than ``chosen`` (ties to the earlier one).
+
+    Returns None when the turn has a single candidate.
+    """
+    best: Optional[int] = None
+    for index, value in enumerate(normalized_scores):
+        if index == chosen:
+            continue
+        if best is None or value > normalized_scores[best]:
+            best = index
+    return best
+
+
+def normalized_margin(normalized_scores: Sequence[float], chosen: int) -> float:
+    """Normalized score of ``chosen`` minus the best other candidate's (0.0 when alone).
+
+    Unweighted; negative when graph coherence overruled the pointwise winner.
+    """
+    other = runner_up_index(normalized_scores, chosen)
+    if other is None:
+        return 0.0
+    return normalized_scores[chosen] - normalized_scores[other]

@@ -1,0 +1,77 @@
+"""Validation of the frozen value types."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from mapmatched_torch.models import (
+    CandidateScore,
+    DecodedPath,
+    DecodedStep,
+    DecoderCandidate,
+    RetrievalTrace,
+    ScoredCandidate,
+    TraceStep,
+)
+
+
+def step(**overrides):
+    fields = dict(
+        turn_index=0,
+        chunk_id="a",
+        raw_emission_score=1.0,
+        normalized_emission_score=0.5,
+        weighted_emission_score=0.5,
+        graph_distance=0.0,
+        weighted_transition_cost=0.0,
+        cumulative_score=0.5,
+    )
+    fields.update(overrides)
+    return DecodedStep(**fields)
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda: ScoredCandidate("", 1.0), "non-empty"),
+        (lambda: ScoredCandidate(3, 1.0), "must be a string"),
+        (lambda: ScoredCandidate("a", math.nan), "finite"),
+        (lambda: ScoredCandidate("a", math.inf), "finite"),
+        (lambda: ScoredCandidate("a", "1.0"), "finite number"),
+        (lambda: ScoredCandidate("a", True), "finite number"),
+        (lambda: DecoderCandidate("a", 1.0, math.nan), "normalized score"),
+        (lambda: CandidateScore("a", -math.inf), "finite"),
+        (lambda: step(graph_distance=-1.0), "nonnegative"),
+        (lambda: step(cumulative_score=math.nan), "cumulative_score"),
+        (lambda: step(turn_index=-1), "turn_index"),
+        (lambda: DecodedPath(steps=(), total_score=0.0), "at least one step"),
+        (lambda: RetrievalTrace(steps=(), path_chunk_ids=("a",)), "1 entries for 0 steps"),
+    ],
+)
+def test_invalid_values_raise_value_error(factory, message):
+    with pytest.raises(ValueError, match=message):
+        factory()
+
+
+def test_frozen_and_slotted():
+    candidate = ScoredCandidate("a", 1)
+    assert candidate.score == 1.0 and isinstance(candidate.score, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        candidate.score = 2.0
+    assert not hasattr(candidate, "__dict__")
+
+
+def test_trace_step_move_is_validated():
+    fields = {f.name: getattr(step(), f.name) for f in dataclasses.fields(DecodedStep)}
+    with pytest.raises(ValueError, match="unsupported move: 'teleport'"):
+        TraceStep(**fields, emission_entropy=0.0, normalized_emission_margin=0.0, move="teleport")
+
+
+def test_decoded_path_chunk_ids_and_len():
+    path = DecodedPath(steps=[step(), step(turn_index=1, chunk_id="b")], total_score=0.5)
+    assert path.chunk_ids == ("a", "b")
+    assert len(path) == 2
+    assert isinstance(path.steps, tuple)
