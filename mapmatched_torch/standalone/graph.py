@@ -1,0 +1,404 @@
+"""The pure-Python reference corpus graph (SPEC.md section 4).
+
+:class:`InMemoryCorpusGraph` is the oracle every tensor graph engine is tested against
+bit for bit: a bounded Dijkstra over a dict-of-dicts adjacency, with float64 path
+lengths accumulated from the source, and an LRU cache of bounded distance rows.
+Pure Python (``math``, ``heapq``, ``collections``): no torch, no numpy.
+
+Semantics, in one place:
+
+- Edges carry positive, finite float64 distances (default 1.0). An undirected graph
+  stores every edge in both directions. Parallel edges keep the smallest distance.
+  Self-loops are accepted (their distance is still validated, and their endpoint
+  becomes a node) but ignored: a positive-length loop can never shorten a path.
+- ``distance(a, b)`` is 0.0 when ``a == b``, even for IDs the graph does not know.
+  Otherwise it is the shortest path length from ``a`` to ``b`` among the paths whose
+  length is ``<= maximum_distance`` (a path exactly at the bound counts). A path's
+  length is the left fold ``((w1 + w2) + w3) + ...`` of its edge distances from the
+  source, so ``dist[v] = dist[u] + w`` along the search. Unreachable pairs, pairs
+  beyond the bound and unknown IDs all get ``maximum_distance``.
+- ``distance(a, b)`` is always answered from the row of the source ``a`` (never from
+  ``b``'s row, even in an undirected graph), so the value never depends on the state
+  of the cache.
+
+Node order: :attr:`InMemoryCorpusGraph.nodes` lists the declared ``nodes`` first (in
+their input order), then edge endpoints as the edges first mention them (source, then
+target). Out-neighbours and :meth:`InMemoryCorpusGraph.edges` follow that node order,
+which is the CSR order a tensor engine gets when it numbers nodes by ``nodes``.
+
+The graph is immutable after construction; its row cache is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import numbers
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple, Union
+
+from .._validation import check_chunk_id, check_positive_int, check_radius
+from ..errors import MapMatchedValueError
+
+__all__ = ["GraphEdge", "EdgeLike", "CacheInfo", "InMemoryCorpusGraph"]
+
+
+def _check_positive_finite(value: Any, what: str) -> float:
+    """A real number that is finite and > 0 (bools rejected); returned as ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{what} must be positive and finite, got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0.0):
+        raise MapMatchedValueError(f"{what} must be positive and finite, got {number!r}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEdge:
+    """One edge of a corpus graph.
+
+    Attributes:
+        source_chunk_id: non-empty ID of the node the edge leaves.
+        target_chunk_id: non-empty ID of the node the edge enters.
+        distance: positive, finite edge length (stored as ``float``; default 1.0).
+
+    Raises:
+        ValueError: an empty or non-string ID, or a distance that is not a positive
+            finite number (the message names the edge and the value).
+    """
+
+    source_chunk_id: str
+    target_chunk_id: str
+    distance: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_chunk_id(self.source_chunk_id, "edge source chunk ID")
+        check_chunk_id(self.target_chunk_id, "edge target chunk ID")
+        what = f"edge distance of {self.source_chunk_id!r} -> {self.target_chunk_id!r}"
+        object.__setattr__(self, "distance", _check_positive_finite(self.distance, what))
+
+
+#: What the graph constructor accepts as an edge.
+EdgeLike = Union[GraphEdge, Tuple[str, str], Tuple[str, str, float]]
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of the distance-row cache of an :class:`InMemoryCorpusGraph`.
+
+    Attributes:
+        hits: row lookups answered from the cache.
+        misses: row lookups that ran a bounded Dijkstra.
+        size: rows currently cached.
+        capacity: the most rows the cache holds (``distance_cache_size``).
+    """
+
+    hits: int
+    misses: int
+    size: int
+    capacity: int
+
+
+def _coerce_edge(item: Any, position: int) -> GraphEdge:
+    """A :class:`GraphEdge` from a GraphEdge or an ``(a, b)`` / ``(a, b, distance)`` tuple."""
+    if isinstance(item, GraphEdge):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) in (2, 3):
+        return GraphEdge(*item)
+    raise MapMatchedValueError(
+        f"edge {position} must be a GraphEdge or an (a, b) / (a, b, distance) tuple, got {item!r}"
+    )
+
+
+def _unit_edge(pair: Any, position: int) -> GraphEdge:
+    """A unit-distance :class:`GraphEdge` from an ``(a, b)`` pair."""
+    if isinstance(pair, (tuple, list)) and len(pair) == 2:
+        return GraphEdge(pair[0], pair[1])
+    raise MapMatchedValueError(f"pair {position} must be an (a, b) pair of chunk IDs, got {pair!r}")
+
+
+def _not_a_string(values: Any, name: str) -> Any:
+    """Reject a bare string where an iterable of items is expected (it would split into characters)."""
+    if isinstance(values, (str, bytes)):
+        raise MapMatchedValueError(f"{name} must be an iterable, not a string: {values!r}")
+    return values
+
+
+class InMemoryCorpusGraph:
+    """A corpus graph in memory with bounded shortest-path distances (SPEC.md section 4).
+
+    Implements the :class:`~mapmatched_torch.protocols.CorpusGraph` protocol. See the
+    module docstring for the exact semantics (bound, node order, self-loops).
+
+    Args:
+        edges: :class:`GraphEdge` objects or ``(a, b)`` / ``(a, b, distance)`` tuples.
+        nodes: chunk IDs declared as nodes even without edges (they come first in
+            :attr:`nodes`).
+        directed: if False (default), every edge is stored in both directions.
+        maximum_distance: the bound, finite and > 0 (default 10.0).
+        distance_cache_size: how many bounded distance rows (one per source) the LRU
+            cache keeps, a positive ``int`` (default 256).
+
+    Raises:
+        ValueError: empty IDs, non-positive or non-finite edge distances, a bad
+            ``maximum_distance`` or ``distance_cache_size``, a malformed edge.
+
+    Cost: construction is O(N + E log E) time and O(N + E) memory (N nodes, E stored
+    arcs); each cached row is O(ball) memory, where the ball is the set of nodes within
+    ``maximum_distance`` of the row's source.
+
+    Example:
+        >>> graph = InMemoryCorpusGraph([("a", "b", 0.5), ("b", "c", 0.25)], maximum_distance=1.0)
+        >>> graph.distance("a", "c"), graph.distance("a", "zzz"), graph.distance("x", "x")
+        (0.75, 1.0, 0.0)
+        >>> graph.neighborhood("b", 1.0)
+        (('c', 0.25), ('a', 0.5))
+    """
+
+    def __init__(
+        self,
+        edges: Iterable[EdgeLike] = (),
+        *,
+        nodes: Iterable[str] = (),
+        directed: bool = False,
+        maximum_distance: float = 10.0,
+        distance_cache_size: int = 256,
+    ) -> None:
+        self._maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        self._distance_cache_size = check_positive_int(distance_cache_size, "distance_cache_size")
+        self._directed = bool(directed)
+        self._adjacency = self._build_adjacency(edges, nodes)
+        self._nodes: Tuple[str, ...] = tuple(self._adjacency)
+        self._edge_count = sum(len(arcs) for arcs in self._adjacency.values())
+        self._rows: "OrderedDict[str, Dict[str, float]]" = OrderedDict()
+        self._hits = 0
+        self._misses = 0
+
+    @classmethod
+    def from_edges(cls, pairs: Iterable[Tuple[str, str]], **kwargs: Any) -> "InMemoryCorpusGraph":
+        """A graph with a unit-distance edge for every ``(a, b)`` pair.
+
+        Args:
+            pairs: ``(a, b)`` chunk-ID pairs.
+            **kwargs: the keyword arguments of the constructor (``nodes``,
+                ``directed``, ``maximum_distance``, ``distance_cache_size``).
+
+        Returns:
+            The new graph.
+        """
+        pairs = _not_a_string(pairs, "pairs")
+        return cls([_unit_edge(pair, position) for position, pair in enumerate(pairs)], **kwargs)
+
+    def _build_adjacency(self, edges: Iterable[EdgeLike], nodes: Iterable[str]) -> Dict[str, Dict[str, float]]:
+        """The adjacency ``{source: {target: distance}}`` in node order, arcs sorted by target order."""
+        adjacency: Dict[str, Dict[str, float]] = {}
+        for node in _not_a_string(nodes, "nodes"):
+            adjacency.setdefault(check_chunk_id(node, "node chunk ID"), {})
+        for position, item in enumerate(_not_a_string(edges, "edges")):
+            edge = _coerce_edge(item, position)
+            _add_arc(adjacency, edge.source_chunk_id, edge.target_chunk_id, edge.distance)
+            if not self._directed:
+                _add_arc(adjacency, edge.target_chunk_id, edge.source_chunk_id, edge.distance)
+        order = {node: index for index, node in enumerate(adjacency)}
+        return {
+            node: dict(sorted(arcs.items(), key=lambda arc: order[arc[0]]))
+            for node, arcs in adjacency.items()
+        }
+
+    # ------------------------------------------------------------------ structure
+
+    @property
+    def maximum_distance(self) -> float:
+        """The bound: unreachable, too-far and unknown pairs get this distance."""
+        return self._maximum_distance
+
+    @property
+    def directed(self) -> bool:
+        """Whether edges are one-way (False: every edge is stored in both directions)."""
+        return self._directed
+
+    @property
+    def distance_cache_size(self) -> int:
+        """The most bounded distance rows the LRU cache keeps."""
+        return self._distance_cache_size
+
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        """Every node ID, declared nodes first, then edge endpoints in first-seen order."""
+        return self._nodes
+
+    @property
+    def edge_count(self) -> int:
+        """The number of stored directed arcs, E (an undirected edge counts twice)."""
+        return self._edge_count
+
+    def __len__(self) -> int:
+        """The number of nodes, N."""
+        return len(self._nodes)
+
+    def __contains__(self, chunk_id: object) -> bool:
+        """Whether ``chunk_id`` is a node of the graph. O(1)."""
+        return chunk_id in self._adjacency
+
+    def neighbors(self, chunk_id: str) -> Tuple[Tuple[str, float], ...]:
+        """The out-arcs of a node.
+
+        Args:
+            chunk_id: the source node.
+
+        Returns:
+            ``(neighbor, distance)`` pairs in :attr:`nodes` order (CSR column order);
+            ``()`` for an unknown ID. O(degree).
+        """
+        return tuple(self._adjacency.get(chunk_id, {}).items())
+
+    def edges(self) -> Tuple[GraphEdge, ...]:
+        """Every stored directed arc once.
+
+        Returns:
+            One :class:`GraphEdge` per arc, ordered by (source, target) in
+            :attr:`nodes` order; an undirected graph lists both directions of each
+            edge. Self-loops are not stored. O(E).
+        """
+        return tuple(
+            GraphEdge(source, target, distance)
+            for source, arcs in self._adjacency.items()
+            for target, distance in arcs.items()
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(nodes={len(self)}, arcs={self._edge_count}, "
+            f"directed={self._directed}, maximum_distance={self._maximum_distance!r})"
+        )
+
+    # ------------------------------------------------------------------ distances
+
+    def distance(self, source_chunk_id: str, target_chunk_id: str) -> float:
+        """The bounded shortest-path distance from source to target.
+
+        Args:
+            source_chunk_id: where the path starts (its row is searched or cached).
+            target_chunk_id: where the path ends.
+
+        Returns:
+            0.0 when the IDs are equal (even unknown ones); the shortest path length
+            when it is ``<= maximum_distance``; ``maximum_distance`` for unreachable,
+            too-far or unknown pairs. Always read from the source's row.
+
+        Cost: O(1) on a cache hit; on a miss one bounded Dijkstra from the source,
+        O((N_b + E_b) log E_b) for the N_b nodes and E_b arcs within the bound.
+        """
+        if source_chunk_id == target_chunk_id:
+            return 0.0
+        row = self._row(source_chunk_id)
+        if row is None:
+            return self._maximum_distance
+        return row.get(target_chunk_id, self._maximum_distance)
+
+    def distances_from(self, source_chunk_id: str) -> Dict[str, float]:
+        """The bounded distance row of a source.
+
+        Args:
+            source_chunk_id: the source node.
+
+        Returns:
+            A new dict ``{node: distance}`` of every node within ``maximum_distance``
+            (the source included, at 0.0), in settling order (distance, then ID);
+            ``{source_chunk_id: 0.0}`` for an unknown source. A copy: changing it
+            never touches the cache. Cost: :meth:`distance`'s, plus O(N_b) to copy.
+        """
+        row = self._row(source_chunk_id)
+        if row is None:
+            return {source_chunk_id: 0.0}
+        return dict(row)
+
+    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
+        """Every other node within ``min(radius, maximum_distance)`` of ``chunk_id``.
+
+        Args:
+            chunk_id: the centre.
+            radius: a number >= 0 (``inf`` allowed).
+
+        Returns:
+            ``(chunk_id, distance)`` pairs ordered by (distance, chunk ID); ``()`` for
+            an unknown centre. Cost: :meth:`distance`'s, plus O(N_b log N_b) to sort.
+
+        Raises:
+            ValueError: ``radius`` is NaN, negative or not a number.
+        """
+        limit = min(check_radius(radius), self._maximum_distance)
+        row = self._row(chunk_id)
+        if row is None:
+            return ()
+        reached = [(distance, node) for node, distance in row.items() if node != chunk_id and distance <= limit]
+        return tuple((node, distance) for distance, node in sorted(reached))
+
+    # ------------------------------------------------------------------ cache
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, size and capacity of the row cache.
+
+        Only row lookups for known sources count (``a == b`` and unknown sources
+        never touch the cache).
+        """
+        return CacheInfo(self._hits, self._misses, len(self._rows), self._distance_cache_size)
+
+    def clear_cache(self) -> None:
+        """Drop every cached row and reset the hit and miss counters."""
+        self._rows.clear()
+        self._hits = 0
+        self._misses = 0
+
+    def _row(self, source_chunk_id: str) -> Optional[Dict[str, float]]:
+        """The cached bounded row of a known source (None for an unknown one); LRU update."""
+        if source_chunk_id not in self._adjacency:
+            return None
+        row = self._rows.get(source_chunk_id)
+        if row is not None:
+            self._hits += 1
+            self._rows.move_to_end(source_chunk_id)
+            return row
+        self._misses += 1
+        row = self._bounded_dijkstra(source_chunk_id)
+        self._rows[source_chunk_id] = row
+        if len(self._rows) > self._distance_cache_size:
+            self._rows.popitem(last=False)
+        return row
+
+    def _bounded_dijkstra(self, source_chunk_id: str) -> Dict[str, float]:
+        """``{node: distance}`` for every node within the bound, in settling order.
+
+        Tentative distances are ``dist[u] + w`` (float64 left fold from the source);
+        a tentative distance above ``maximum_distance`` is never queued, so only
+        paths within the bound are searched. The heap orders by (distance, ID).
+        """
+        bound = self._maximum_distance
+        settled: Dict[str, float] = {}
+        tentative: Dict[str, float] = {source_chunk_id: 0.0}
+        heap = [(0.0, source_chunk_id)]
+        while heap:
+            distance, node = heapq.heappop(heap)
+            if node in settled:
+                continue
+            settled[node] = distance
+            for neighbor, weight in self._adjacency[node].items():
+                candidate = distance + weight
+                if candidate <= bound and neighbor not in settled and candidate < tentative.get(neighbor, math.inf):
+                    tentative[neighbor] = candidate
+                    heapq.heappush(heap, (candidate, neighbor))
+        return settled
+
+
+def _add_arc(adjacency: Dict[str, Dict[str, float]], source: str, target: str, distance: float) -> None:
+    """Register both endpoints and store ``source -> target``, keeping the smaller distance.
+
+    A self-loop registers its node but stores nothing (it can never shorten a path).
+    """
+    arcs = adjacency.setdefault(source, {})
+    adjacency.setdefault(target, {})
+    if source == target:
+        return
+    current = arcs.get(target)
+    if current is None or distance < current:
+        arcs[target] = distance
