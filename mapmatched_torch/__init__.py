@@ -46,6 +46,8 @@ __version__ = "0.1.0"
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {
     "FAISSProvider": ".providers.faiss",
+    "DenseProvider": ".providers.dense",
+    "FusionProvider": ".providers.fusion",
 }
 
 __all__ = [

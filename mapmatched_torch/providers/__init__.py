@@ -1,10 +1,13 @@
 """Candidate providers: adapters from existing retrievers to ``ScoredCandidate`` lists.
 
 Each provider implements the ``CandidateProvider`` protocol
-(``retrieve(query, limit)``); optional dependencies are imported only when a provider
-is constructed, and a missing one raises an ImportError naming the pip extra.
+(``retrieve(query, limit)``) plus a batched ``retrieve_batch(queries, limit)``;
+optional dependencies are imported only when a provider is constructed, and a missing
+one raises an ImportError naming the pip extra.
 """
 
+from .dense import DenseProvider, exact_top_k
 from .faiss import FAISSProvider
+from .fusion import FusionProvider, reciprocal_rank_fusion
 
-__all__ = ["FAISSProvider"]
+__all__ = ["DenseProvider", "FAISSProvider", "FusionProvider", "exact_top_k", "reciprocal_rank_fusion"]

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, List, Sequence, Tuple
 import numpy as np
 
 from .._optional import require_faiss
-from .._validation import check_chunk_id, check_positive_int
+from ._common import as_array, check_chunk_ids, check_query
+from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
 
@@ -104,7 +105,7 @@ class FAISSProvider:
     ) -> None:
         require_faiss("FAISSProvider")
         self._score_mode = _check_score_mode(score_mode)
-        self._chunk_ids = _check_chunk_ids(chunk_ids)
+        self._chunk_ids = check_chunk_ids(chunk_ids)
         if not callable(embed_query):
             raise MapMatchedValueError(f"embed_query must be callable, got {type(embed_query).__name__}")
         self._dimension = _check_index(index, len(self._chunk_ids))
@@ -164,7 +165,7 @@ class FAISSProvider:
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
         limit = check_positive_int(limit, "limit")
         for query, name in zip(queries, names):
-            _check_query(query, name)
+            check_query(query, name)
         if not queries:
             return []
         # shape: (Q, D) float32, C-contiguous
@@ -209,23 +210,6 @@ def _check_score_mode(score_mode: Any) -> str:
     return score_mode
 
 
-def _check_chunk_ids(chunk_ids: Iterable[str]) -> Tuple[str, ...]:
-    if isinstance(chunk_ids, (str, bytes)):
-        raise MapMatchedValueError("chunk_ids must be a sequence of chunk IDs, not a single string")
-    ids = tuple(chunk_ids)
-    if not ids:
-        raise MapMatchedValueError("chunk_ids must contain at least one chunk ID")
-    first_position = {}
-    for position, chunk_id in enumerate(ids):
-        check_chunk_id(chunk_id, f"chunk ID at index position {position}")
-        if chunk_id in first_position:
-            raise MapMatchedValueError(
-                f"duplicate chunk ID {chunk_id!r} at index positions {first_position[chunk_id]} and {position}"
-            )
-        first_position[chunk_id] = position
-    return ids
-
-
 def _check_index(index: Any, count: int) -> int:
     """Check ``index`` against ``count`` chunk IDs; return its dimension."""
     for attribute in ("ntotal", "d"):
@@ -238,27 +222,10 @@ def _check_index(index: Any, count: int) -> int:
     return check_positive_int(index.d, "index dimension (index.d)")
 
 
-def _check_query(query: Any, name: str) -> None:
-    if not isinstance(query, str):
-        raise MapMatchedValueError(f"{name} must be a string, got {type(query).__name__}")
-    if not query:
-        raise MapMatchedValueError(f"{name} must be a non-empty string")
-
-
-def _as_array(vector: Any) -> np.ndarray:
-    """numpy view of an embedding; torch-like tensors are detached and moved to the CPU."""
-    if hasattr(vector, "detach"):
-        vector = vector.detach().cpu()
-        if hasattr(vector, "float"):
-            vector = vector.float()  # bfloat16 has no numpy dtype
-        vector = vector.numpy()
-    return np.asarray(vector)
-
-
 def _as_query_vector(vector: Any, dimension: int, name: str) -> np.ndarray:
     """The (D,) float32 query vector, or a ValueError naming what is wrong with it."""
     try:
-        array = _as_array(vector)
+        array = as_array(vector)
     except (TypeError, ValueError) as exc:
         raise MapMatchedValueError(f"embed_query returned no numeric vector for {name}: {exc}") from exc
     if array.dtype.kind not in "biuf":
