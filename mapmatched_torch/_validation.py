@@ -22,6 +22,7 @@ __all__ = [
     "check_optional_lag",
     "check_radius",
     "check_trellis",
+    "check_turn",
     "check_decode_options",
 ]
 
@@ -107,23 +108,28 @@ def check_trellis(trellis: Any) -> tuple:
     if not turns:
         raise MapMatchedValueError("trellis must contain at least one turn")
     for turn_index, turn in enumerate(turns):
-        if not turn:
-            raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
-        seen = set()
-        for candidate_index, candidate in enumerate(turn):
-            chunk_id = getattr(candidate, "chunk_id", None)
-            check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
-            if chunk_id in seen:
-                raise MapMatchedValueError(
-                    f"trellis turn {turn_index} contains duplicate chunk IDs ({chunk_id!r})"
-                )
-            seen.add(chunk_id)
-            for name in ("raw_score", "normalized_score"):
-                check_finite(
-                    getattr(candidate, name, None),
-                    f"trellis turn {turn_index} candidate {chunk_id!r} {name}",
-                )
+        check_turn(turn, turn_index)
     return turns
+
+
+def check_turn(turn: Any, turn_index: int) -> tuple:
+    """Validate one trellis turn (see :func:`check_trellis`); ``turn_index`` names it."""
+    turn = tuple(turn)
+    if not turn:
+        raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+    seen = set()
+    for candidate_index, candidate in enumerate(turn):
+        chunk_id = getattr(candidate, "chunk_id", None)
+        check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
+        if chunk_id in seen:
+            raise MapMatchedValueError(f"trellis turn {turn_index} contains duplicate chunk IDs ({chunk_id!r})")
+        seen.add(chunk_id)
+        for name in ("raw_score", "normalized_score"):
+            check_finite(
+                getattr(candidate, name, None),
+                f"trellis turn {turn_index} candidate {chunk_id!r} {name}",
+            )
+    return turn
 
 
 def check_decode_options(emission_weight: Any, transition_weight: Any, fixed_lag: Any) -> tuple:

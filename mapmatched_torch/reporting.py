@@ -33,6 +33,7 @@ def report_path(
     emission_weight: float,
     transition_weight: float,
     fixed_lag: Optional[int] = None,
+    reuse: Sequence[DecodedStep] = (),
 ) -> DecodedPath:
     """Build the :class:`DecodedPath` for chosen candidate indices.
 
@@ -44,15 +45,23 @@ def report_path(
             ``transition_weight`` is 0 (distances are then reported as 0.0).
         emission_weight, transition_weight: lambda and beta.
         fixed_lag: recorded on the path with the committed boundary.
+        reuse: the steps of an earlier decode of a prefix of this trellis (streaming).
+            Step t depends only on the chosen chunks of turns 0..t, so the longest
+            prefix whose chunk IDs agree is kept as is (same objects) and only the rest
+            is computed; ``step_distance`` is not called for the kept turns.
 
     The cumulative score follows the decoder's recursion exactly:
     ``cumulative_t = (cumulative_{t-1} - beta * d_t) + lambda * s_t``, so the total
     equals the max-plus forward score of the path bit for bit.
     """
     steps: List[DecodedStep] = []
-    cumulative = 0.0
-    for turn_index, (turn, index) in enumerate(zip(trellis, chosen)):
-        candidate = turn[index]
+    for step, turn, index in zip(reuse, trellis, chosen):
+        if step.chunk_id != turn[index].chunk_id:
+            break
+        steps.append(step)
+    cumulative = steps[-1].cumulative_score if steps else 0.0
+    for turn_index in range(len(steps), len(chosen)):
+        candidate = trellis[turn_index][chosen[turn_index]]
         emission = emission_weight * candidate.normalized_score
         if turn_index == 0:
             distance = 0.0

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from ._validation import check_decode_options, check_positive_int, check_weight
+from ._validation import check_decode_options, check_positive_int, check_turn, check_weight
 from .errors import MapMatchedRuntimeError, MapMatchedValueError
-from .models import DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, ScoredCandidate
+from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, ScoredCandidate
 from .protocols import CandidateProvider, CorpusGraph, Decoder
 from .scoring import check_score_normalization, normalize_candidates
 from .trace import build_trace
 
-__all__ = ["MapMatchedRetriever", "MapMatchedSession", "as_scored_candidates", "context_chunk_ids"]
+__all__ = [
+    "MapMatchedRetriever",
+    "MapMatchedSession",
+    "as_scored_candidates",
+    "context_chunk_ids",
+    "finish_turn",
+    "revised_indices",
+]
 
 
 def as_scored_candidates(candidates: Iterable[Any]) -> Tuple[ScoredCandidate, ...]:
@@ -123,6 +130,19 @@ class MapMatchedSession:
         self._trellis: List[Tuple[DecoderCandidate, ...]] = []
         self._path: Optional[DecodedPath] = None
         self._trace: Optional[RetrievalTrace] = None
+        # A decoder that can stream (TorchDecoder) decodes each turn incrementally.
+        factory = getattr(retriever.decoder, "stream", None)
+        self._stream = (
+            factory(
+                retriever.graph,
+                retriever.candidate_limit,
+                emission_weight=retriever.emission_weight,
+                transition_weight=retriever.transition_weight,
+                fixed_lag=retriever.fixed_lag,
+            )
+            if callable(factory)
+            else None
+        )
 
     @property
     def retriever(self) -> MapMatchedRetriever:
@@ -176,65 +196,79 @@ class MapMatchedSession:
         kept = as_scored_candidates(candidates)[: retriever.candidate_limit]
         if not kept:
             raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
-        normalized = normalize_candidates(kept, retriever.score_normalization)
+        normalized = check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)
         self._trellis.append(normalized)
+        pushed = False
         try:
-            result = self._decode_turn(normalized)
+            if self._stream is not None:
+                path, ranking = self._stream.push(normalized)
+                pushed = True
+            else:
+                path, ranking = retriever.decoder.decode_ranked(
+                    self._trellis,
+                    retriever.graph,
+                    emission_weight=retriever.emission_weight,
+                    transition_weight=retriever.transition_weight,
+                    fixed_lag=retriever.fixed_lag,
+                )
+            result = finish_turn(retriever, self._trellis, path, ranking, self._path, self._trace)
         except BaseException:
             self._trellis.pop()
+            if pushed:
+                self._stream.rollback()
             raise
         self._path = result.path
         self._trace = result.trace
         return result
 
-    def _decode_turn(self, normalized: Tuple[DecoderCandidate, ...]) -> RetrievalResult:
-        retriever = self._retriever
-        path, ranking = retriever.decoder.decode_ranked(
-            self._trellis,
-            retriever.graph,
-            emission_weight=retriever.emission_weight,
-            transition_weight=retriever.transition_weight,
-            fixed_lag=retriever.fixed_lag,
-        )
-        revised = self._revised_indices(path)
-        trace = build_trace(
-            path,
-            self._trellis,
-            emission_weight=retriever.emission_weight,
-            maximum_distance=retriever.graph.maximum_distance,
-            revised_prior_indices=revised,
-        )
-        chunk_id = path.steps[-1].chunk_id
-        context = context_chunk_ids(
-            chunk_id,
-            retriever.graph.neighborhood(chunk_id, retriever.context_radius),
-            normalized,
-            retriever.context_limit,
-        )
-        return RetrievalResult(
-            chunk_id=chunk_id,
-            context_chunk_ids=context,
-            candidates=normalized,
-            path=path,
-            trace=trace,
-            candidate_ranking=ranking,
-        )
 
-    def _revised_indices(self, path: DecodedPath) -> Tuple[int, ...]:
-        if len(path.steps) != len(self._trellis):
-            raise MapMatchedRuntimeError(
-                f"decoder returned {len(path.steps)} steps for {len(self._trellis)} turns"
-            )
-        if self._path is None:
-            return ()
-        revised = tuple(
-            index
-            for index, (old, new) in enumerate(zip(self._path.chunk_ids, path.chunk_ids))
-            if old != new
+
+def revised_indices(previous: Optional[DecodedPath], path: DecodedPath) -> Tuple[int, ...]:
+    """Earlier turns whose decoded chunk changed; RuntimeError if a committed one did."""
+    if previous is None:
+        return ()
+    revised = tuple(
+        index for index, (old, new) in enumerate(zip(previous.chunk_ids, path.chunk_ids)) if old != new
+    )
+    committed = previous.committed_through_index
+    if committed is not None and any(index <= committed for index in revised):
+        raise MapMatchedRuntimeError(
+            f"fixed-lag decoder revised a committed turn (committed through {committed}, revised {list(revised)})"
         )
-        committed = self._path.committed_through_index
-        if committed is not None and any(index <= committed for index in revised):
-            raise MapMatchedRuntimeError(
-                f"fixed-lag decoder revised a committed turn (committed through {committed}, revised {list(revised)})"
-            )
-        return revised
+    return revised
+
+
+def finish_turn(
+    retriever: MapMatchedRetriever,
+    trellis: Sequence[Tuple[DecoderCandidate, ...]],
+    path: DecodedPath,
+    ranking: Tuple[CandidateScore, ...],
+    previous_path: Optional[DecodedPath],
+    previous_trace: Optional[RetrievalTrace],
+) -> RetrievalResult:
+    """Everything after decoding a turn: revision check, trace, context, the result.
+
+    Shared by the session and the batched server, so both report identically.
+    """
+    if len(path.steps) != len(trellis):
+        raise MapMatchedRuntimeError(f"decoder returned {len(path.steps)} steps for {len(trellis)} turns")
+    trace = build_trace(
+        path,
+        trellis,
+        emission_weight=retriever.emission_weight,
+        maximum_distance=retriever.graph.maximum_distance,
+        revised_prior_indices=revised_indices(previous_path, path),
+        reuse=previous_trace.steps if previous_trace is not None else (),
+    )
+    chunk_id = path.steps[-1].chunk_id
+    context = context_chunk_ids(
+        chunk_id, retriever.graph.neighborhood(chunk_id, retriever.context_radius), trellis[-1], retriever.context_limit
+    )
+    return RetrievalResult(
+        chunk_id=chunk_id,
+        context_chunk_ids=context,
+        candidates=trellis[-1],
+        path=path,
+        trace=trace,
+        candidate_ranking=ranking,
+    )

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
-from .models import DecodedPath, DecoderCandidate, RetrievalTrace, TraceStep
+from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .scoring import normalized_margin, runner_up_index, softmax_entropy
 
 __all__ = ["classify_move", "build_trace", "trace_to_dict", "trace_to_json", "render_trace", "TRACE_COLUMNS"]
@@ -60,6 +60,7 @@ def build_trace(
     emission_weight: float,
     maximum_distance: float,
     revised_prior_indices: Sequence[int] = (),
+    reuse: Sequence[TraceStep] = (),
 ) -> RetrievalTrace:
     """Combine a decoded path with its trellis into a :class:`RetrievalTrace`.
 
@@ -69,16 +70,22 @@ def build_trace(
         emission_weight: lambda, for the emission entropy softmax(lambda * s).
         maximum_distance: the graph's bound, to tell a "jump" from a "drill".
         revised_prior_indices: earlier turns whose decoded chunk changed.
+        reuse: trace steps of an earlier call on a prefix of the same trellis (with the
+            same weights): kept as long as their decoded steps are unchanged.
     """
     steps: List[TraceStep] = []
-    previous: Optional[str] = None
-    for step, turn in zip(path.steps, trellis):
+    for old, step in zip(reuse, path.steps):
+        if _decoded_fields(old) != _decoded_fields(step):
+            break
+        steps.append(old)
+    previous: Optional[str] = steps[-1].chunk_id if steps else None
+    for step, turn in zip(path.steps[len(steps):], trellis[len(steps):]):
         normalized = [candidate.normalized_score for candidate in turn]
         chosen = next(index for index, candidate in enumerate(turn) if candidate.chunk_id == step.chunk_id)
         runner_up = runner_up_index(normalized, chosen)
         steps.append(
             TraceStep(
-                **{field.name: getattr(step, field.name) for field in dataclasses.fields(step)},
+                **dict(zip(_DECODED_FIELDS, _decoded_fields(step))),
                 emission_entropy=softmax_entropy([emission_weight * value for value in normalized]),
                 normalized_emission_margin=normalized_margin(normalized, chosen),
                 runner_up_chunk_id=None if runner_up is None else turn[runner_up].chunk_id,
@@ -93,6 +100,13 @@ def build_trace(
         fixed_lag=path.fixed_lag,
         committed_through_index=path.committed_through_index,
     )
+
+
+_DECODED_FIELDS = tuple(field.name for field in dataclasses.fields(DecodedStep))
+
+
+def _decoded_fields(step: Any) -> tuple:
+    return tuple(getattr(step, name) for name in _DECODED_FIELDS)
 
 
 def _plain(value: Any) -> Any:

@@ -16,7 +16,7 @@ import torch
 from ._validation import check_trellis
 from .errors import MapMatchedValueError
 
-__all__ = ["PackedTrellis", "pack_trellises", "pairwise_distances", "unpack_paths"]
+__all__ = ["PackedTrellis", "pack_trellises", "pairwise_distances", "consecutive_distances", "unpack_paths"]
 
 
 @dataclass(frozen=True)
@@ -95,26 +95,49 @@ def pack_trellises(
 
 
 def pairwise_distances(packed: PackedTrellis, graph: Any) -> torch.Tensor:
-    """Distances between consecutive turns' candidates, from any corpus graph.
+    """Distances between consecutive turns' candidates of a packed batch.
 
     Returns:
-        (B, T-1, M, M) float64 on the packed tensors' device, indexed [b, t, from, to]
-        = ``graph.distance(chunk j of turn t, chunk i of turn t+1)``; padding entries
-        hold ``graph.maximum_distance`` (the decoders mask them). A graph with a
-        ``trellis_distances_from_ids`` method (the tensor graph) fills the batch in one
-        call; any other ``CorpusGraph`` is asked pair by pair, each distinct pair once.
+        (B, T-1, M, M) float64 on the packed tensors' device; see
+        :func:`consecutive_distances`.
     """
     batch, turns, width = packed.shape
+    return consecutive_distances(packed.chunk_ids, graph, turns=turns, width=width, device=packed.mask.device)
+
+
+def consecutive_distances(
+    chunk_ids: Sequence[Sequence[Sequence[str]]],
+    graph: Any,
+    *,
+    turns: int,
+    width: int,
+    device: Optional[torch.device] = None,
+) -> torch.Tensor:
+    """Distances between consecutive turns' candidates, from any corpus graph.
+
+    Args:
+        chunk_ids: B conversations, each a list of turns of chunk IDs.
+        graph: a ``CorpusGraph``. A graph with a ``trellis_distances_from_ids`` method
+            (the tensor graph) fills the batch in one call; any other graph is asked
+            pair by pair, each distinct pair once.
+        turns, width: T and M of the padded output (at least the batch maxima).
+
+    Returns:
+        (B, T-1, M, M) float64, indexed [b, t, from, to] =
+        ``graph.distance(chunk j of turn t, chunk i of turn t+1)``; padding entries hold
+        ``graph.maximum_distance`` (the decoders mask them).
+    """
     batched = getattr(graph, "trellis_distances_from_ids", None)
     if batched is not None:
-        return batched(packed.chunk_ids, turns=turns, width=width).to(device=packed.mask.device, dtype=torch.float64)
+        return batched(chunk_ids, turns=turns, width=width).to(device=device, dtype=torch.float64)
     maximum = float(graph.maximum_distance)
     memo = {}
+    steps = max(turns - 1, 0)
     # shape: (B, T-1, M, M)
     table: List[List[List[List[float]]]] = [
-        [[[maximum] * width for _ in range(width)] for _ in range(max(turns - 1, 0))] for _ in range(batch)
+        [[[maximum] * width for _ in range(width)] for _ in range(steps)] for _ in chunk_ids
     ]
-    for b, trellis in enumerate(packed.chunk_ids):
+    for b, trellis in enumerate(chunk_ids):
         for t in range(1, len(trellis)):
             for j, source in enumerate(trellis[t - 1]):
                 row = table[b][t - 1][j]
@@ -124,9 +147,7 @@ def pairwise_distances(packed: PackedTrellis, graph: Any) -> torch.Tensor:
                     if value is None:
                         value = memo[key] = float(graph.distance(source, target))
                     row[i] = value
-    return torch.tensor(table, dtype=torch.float64, device=packed.mask.device).reshape(
-        batch, max(turns - 1, 0), width, width
-    )
+    return torch.tensor(table, dtype=torch.float64, device=device).reshape(len(chunk_ids), steps, width, width)
 
 
 def unpack_paths(paths: torch.Tensor, packed: PackedTrellis) -> List[Tuple[str, ...]]:

@@ -1,0 +1,174 @@
+"""Test helpers: a random trellis factory, a brute-force path enumerator, devices.
+
+:func:`enumerate_paths` is the oracle of the chain dynamic programs on tiny inputs. Its
+maximum score equals the Viterbi score exactly (float64 left folds in the decoder's
+order; ``fl(a + c)`` is monotone in ``a``, so the DP and the enumeration agree on the
+maximum bit for bit). Its *path* is guaranteed to equal the Viterbi path only on
+exactly representable inputs (integers, dyadic rationals): with general floats,
+rounding can make a path tie with the optimum although the DP, which compares partial
+sums, never saw that tie. Compare scores exactly everywhere, paths on integer inputs.
+
+The Viterbi tie rule, stated on whole paths: among the optimal paths, the one with the
+smallest last candidate index, then the smallest second-to-last, and so on (the
+reverse-lexicographic minimum).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import List, NamedTuple, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["RandomTrellis", "BruteForce", "random_trellis", "enumerate_paths", "DEVICES", "device_available"]
+
+#: Device names the device-generic tests run on (CUDA ones skip without a GPU).
+DEVICES = ("cpu", "cuda")
+
+
+def device_available(device: str) -> bool:
+    """Whether tests can run on ``device`` (``"cpu"`` always; ``"cuda"`` with a GPU)."""
+    return device == "cpu" or (device == "cuda" and torch.cuda.is_available())
+
+
+class RandomTrellis(NamedTuple):
+    """A random padded batch.
+
+    Attributes:
+        emissions: ``(B, T, M)`` scores (use as weighted emissions or as normalized
+            scores); ``fill`` at masked candidates.
+        distances: ``(B, T-1, M, M)`` raw nonnegative distances ``[b, t, from, to]``;
+            ``fill`` where a move touches a masked candidate.
+        mask: ``(B, T, M)`` bool; real turns first, holes inside turns.
+    """
+
+    emissions: Tensor
+    distances: Tensor
+    mask: Tensor
+
+
+def _copy_ties(values: Tensor, tie_prob: float, generator: torch.Generator) -> Tensor:
+    """Replace entries (prob ``tie_prob``) by another entry of the same last-axis row."""
+    width = values.shape[-1]
+    source = torch.randint(0, width, values.shape, generator=generator)
+    copied = values.gather(-1, source)
+    return torch.where(torch.rand(values.shape, generator=generator) < tie_prob, copied, values)
+
+
+def random_trellis(
+    batch: int,
+    turns: int,
+    candidates: int,
+    *,
+    generator: Optional[torch.Generator] = None,
+    dtype: torch.dtype = torch.float64,
+    device: Union[str, torch.device] = "cpu",
+    integer: bool = False,
+    tie_prob: float = 0.25,
+    pad: bool = True,
+    fill: float = float("nan"),
+) -> RandomTrellis:
+    """A random batch of trellises with exact ties and padding.
+
+    Values are drawn on the CPU from ``generator`` (reproducible on any device) and then
+    moved to ``device``.
+
+    Args:
+        batch, turns, candidates: B, T, M.
+        generator: a CPU ``torch.Generator`` (a fresh seed-0 one when None).
+        dtype, device: of the float outputs.
+        integer: integer-valued emissions in [-3, 3] and distances in [0, 4] (exact
+            arithmetic: brute-force paths then match the DP), else normal emissions
+            (std 2) and uniform [0, 3) distances.
+        tie_prob: probability that an emission copies another candidate's of the same
+            turn, and a distance another of the same source row.
+        pad: random lengths in [1, T] and random holes (>= 1 real candidate per real
+            turn); else every candidate is real.
+        fill: the value written at masked positions (NaN by default: padding must never
+            be read).
+
+    Returns:
+        :class:`RandomTrellis`.
+    """
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    shape = (batch, turns, candidates)
+    if integer:
+        emissions = torch.randint(-3, 4, shape, generator=generator).to(torch.float64)
+        distances = torch.randint(0, 5, (batch, turns - 1, candidates, candidates), generator=generator)
+        distances = distances.to(torch.float64)
+    else:
+        emissions = 2.0 * torch.randn(shape, generator=generator, dtype=torch.float64)
+        distances = 3.0 * torch.rand((batch, turns - 1, candidates, candidates), generator=generator, dtype=torch.float64)
+    emissions = _copy_ties(emissions, tie_prob, generator)
+    distances = _copy_ties(distances.transpose(-1, -2), tie_prob, generator).transpose(-1, -2)
+    if pad:
+        lengths = torch.randint(1, turns + 1, (batch,), generator=generator)
+        mask = torch.rand(shape, generator=generator) < 0.7
+        keep = torch.randint(0, candidates, (batch, turns), generator=generator)
+        mask |= torch.nn.functional.one_hot(keep, candidates).bool()
+        mask &= (torch.arange(turns) < lengths.unsqueeze(1)).unsqueeze(2)
+    else:
+        mask = torch.ones(shape, dtype=torch.bool)
+    emissions = torch.where(mask, emissions, fill)
+    pairs = mask[:, :-1, :, None] & mask[:, 1:, None, :]
+    distances = torch.where(pairs, distances, fill)
+    return RandomTrellis(emissions.to(device, dtype), distances.to(device, dtype), mask.to(device))
+
+
+class BruteForce(NamedTuple):
+    """What :func:`enumerate_paths` finds for one conversation (all in float64).
+
+    Attributes:
+        score: the best path score (left folds ``(s + trans) + e``).
+        path: the best path by the Viterbi tie rule, one index per real turn.
+        log_partition: logsumexp of all path scores.
+        marginals: ``(T, M)`` float64 posterior marginals, 0 at padding.
+        path_count: how many paths were enumerated.
+    """
+
+    score: float
+    path: Tuple[int, ...]
+    log_partition: float
+    marginals: Tensor
+    path_count: int
+
+
+def _path_score(emissions: List[List[float]], transitions: List[List[List[float]]], path: Tuple[int, ...]) -> float:
+    score = emissions[0][path[0]]
+    for t in range(1, len(path)):
+        score = (score + transitions[t - 1][path[t - 1]][path[t]]) + emissions[t][path[t]]
+    return score
+
+
+def enumerate_paths(emissions: Tensor, transitions: Tensor, mask_b: Tensor) -> BruteForce:
+    """Score every path of ONE conversation (tiny inputs only: prod of turn sizes paths).
+
+    Args:
+        emissions: ``(T, M)`` weighted emissions.
+        transitions: ``(T-1, M, M)`` weighted transitions ``[t, from, to]``.
+        mask_b: ``(T, M)`` bool; real turns first, each with >= 1 candidate. Lock a turn
+            by masking all but one candidate.
+
+    Returns:
+        :class:`BruteForce`. Cost: O(T * prod_t |S_t|) Python operations.
+    """
+    mask_list = mask_b.tolist()
+    length = sum(1 for row in mask_list if any(row))
+    if length == 0 or any(not any(row) for row in mask_list[:length]):
+        raise ValueError("enumerate_paths needs a conversation with real turns first")
+    values = emissions.detach().to("cpu", torch.float64).tolist()
+    moves = transitions.detach().to("cpu", torch.float64).tolist()
+    options = [[m for m, real in enumerate(row) if real] for row in mask_list[:length]]
+    scored = [(path, _path_score(values, moves, path)) for path in itertools.product(*options)]
+    best = max(score for _, score in scored)
+    best_path = min((path for path, score in scored if score == best), key=lambda path: path[::-1])
+    log_z = best + math.log(math.fsum(math.exp(score - best) for _, score in scored))
+    marginals = torch.zeros(mask_b.shape, dtype=torch.float64)
+    for path, score in scored:
+        weight = math.exp(score - log_z)
+        for t, m in enumerate(path):
+            marginals[t, m] += weight
+    return BruteForce(best, best_path, log_z, marginals, len(scored))

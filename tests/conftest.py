@@ -1,0 +1,16 @@
+"""Shared fixtures: the device parametrization (CPU always, CUDA when present)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mapmatched_torch.testing import DEVICES, device_available
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.cuda] if name == "cuda" else []) for name in DEVICES])
+def device(request) -> torch.device:
+    """Every device the tests can run on; CUDA skips (not fails) without a GPU."""
+    if not device_available(request.param):
+        pytest.skip(f"{request.param} is not available on this machine")
+    return torch.device(request.param)
