@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -25,6 +26,9 @@ from mapmatched_torch.decode import (
     viterbi,
 )
 from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.model import MapMatchedModel
+from mapmatched_torch.models import DecoderCandidate
+from mapmatched_torch.standalone.decoder import StandaloneDecoder
 from mapmatched_torch.testing import enumerate_paths, random_trellis
 
 NONFINITE = "decoder accumulation produced a nonfinite score"
@@ -566,10 +570,10 @@ def test_validation_errors(name):
     change, words = VALIDATION_CASES[name]
     emissions, transitions, mask = _case(change)
     for function in (viterbi, log_partition, marginals, forward_scores):
-        with pytest.raises(ValueError, match=__import__("re").escape(words)) as info:
+        with pytest.raises(ValueError, match=re.escape(words)) as info:
             function(emissions, transitions, mask)
         assert isinstance(info.value, MapMatchedValueError)
-    with pytest.raises(MapMatchedValueError, match=__import__("re").escape(words)):
+    with pytest.raises(MapMatchedValueError, match=re.escape(words)):
         fixed_lag_viterbi(emissions, transitions, mask, 1)
 
 
@@ -693,8 +697,6 @@ class DictGraph:
 
 def _parity_batch(rng, batch, max_turns, max_candidates, integer):
     """Random conversations as DecoderCandidate trellises + one dict graph + tensors."""
-    from mapmatched_torch.models import DecoderCandidate
-
     pool = [f"c{i}" for i in range(max_candidates + 2)]
     table = {
         (a, b): float(rng.randint(0, 4)) if integer else rng.choice([rng.uniform(0, 3), 1.0, 0.1 + 0.2])
@@ -728,19 +730,14 @@ def _parity_batch(rng, batch, max_turns, max_candidates, integer):
     return trellises, graph, scores, distances, mask
 
 
-standalone_decoder = pytest.importorskip("mapmatched_torch.standalone.decoder")
-
-
 class TestStandaloneParity:
     """Paths, committed turns and float64 scores equal the standalone decoder's (==)."""
 
     @pytest.mark.parametrize("integer", [True, False], ids=["integer", "float"])
     @pytest.mark.parametrize("seed", range(3))
     def test_decode_matches_standalone(self, seed, integer):
-        from mapmatched_torch.model import MapMatchedModel
-
         rng = random.Random(100 * seed + integer)
-        decoder = standalone_decoder.StandaloneDecoder()
+        decoder = StandaloneDecoder()
         trellises, graph, scores, distances, mask = _parity_batch(rng, 6, 5, 3, integer)
         turns = mask.shape[1]
         for lam, beta in ((1.0, 1.0), (0.5, 0.25), (2.0, 0.0), (0.0, 3.0), (1.3, 0.7)):
@@ -771,10 +768,7 @@ class TestStandaloneParity:
                         assert ours == [(item.chunk_id, item.score) for item in ranking]
 
     def test_single_turn_single_candidate_and_repeated_ids(self):
-        from mapmatched_torch.model import MapMatchedModel
-        from mapmatched_torch.models import DecoderCandidate
-
-        decoder = standalone_decoder.StandaloneDecoder()
+        decoder = StandaloneDecoder()
         graph = DictGraph({("a", "b"): 2.0, ("b", "a"): 1.0}, maximum_distance=4.0)
         trellis = [[DecoderCandidate("a", 1.0, 0.5)], [DecoderCandidate("b", 1.0, 0.25), DecoderCandidate("a", 0.0, 0.0)]]
         scores = torch.tensor([[[0.5, math.nan], [0.25, 0.0]]], dtype=torch.float64)
