@@ -45,6 +45,30 @@ __version__ = "0.1.0"
 
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {
+    # tensor decoding (functional)
+    **{
+        name: ".decode"
+        for name in (
+            "viterbi",
+            "fixed_lag_viterbi",
+            "pointwise_decode",
+            "geodesic_viterbi",
+            "forward_scores",
+            "log_partition",
+            "marginals",
+            "log_likelihood",
+            "path_score",
+            "ViterbiState",
+            "FixedLagState",
+        )
+    },
+    "MapMatchedModel": ".model",
+    "TorchDecoder": ".decoder",
+    "pack_trellises": ".trellis",
+    "SlotDecoder": ".streaming",
+    "DecodingStream": ".streaming",
+    "MapMatchedServer": ".serving",
+    # providers
     "FAISSProvider": ".providers.faiss",
     "DenseProvider": ".providers.dense",
     "FusionProvider": ".providers.fusion",
