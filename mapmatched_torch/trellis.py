@@ -117,9 +117,10 @@ def consecutive_distances(
 
     Args:
         chunk_ids: B conversations, each a list of turns of chunk IDs.
-        graph: a ``CorpusGraph``. A graph with a ``trellis_distances_from_ids`` method
-            (the tensor graph) fills the batch in one call; any other graph is asked
-            pair by pair, each distinct pair once.
+        graph: a ``CorpusGraph``. A tensor graph (one with ``index_trellis`` and
+            ``trellis_distances``, e.g. :class:`~mapmatched_torch.graph.TensorCorpusGraph`)
+            fills the batch in one call on its device; any other graph is asked pair by
+            pair, each distinct pair once.
         turns, width: T and M of the padded output (at least the batch maxima).
 
     Returns:
@@ -127,10 +128,13 @@ def consecutive_distances(
         ``graph.distance(chunk j of turn t, chunk i of turn t+1)``; padding entries hold
         ``graph.maximum_distance`` (the decoders mask them).
     """
-    batched = getattr(graph, "trellis_distances_from_ids", None)
-    if batched is not None:
-        return batched(chunk_ids, turns=turns, width=width).to(device=device, dtype=torch.float64)
     maximum = float(graph.maximum_distance)
+    if callable(getattr(graph, "index_trellis", None)) and callable(getattr(graph, "trellis_distances", None)):
+        # shape: (B, T', M') codes -> (B, T'-1, M', M') distances, padded below to (T-1, M, M)
+        found = graph.trellis_distances(graph.index_trellis(chunk_ids))
+        out = torch.full((len(chunk_ids), max(turns - 1, 0), width, width), maximum, dtype=torch.float64, device=found.device)
+        out[:, : found.shape[1], : found.shape[2], : found.shape[3]] = found
+        return out.to(device=device)
     memo = {}
     steps = max(turns - 1, 0)
     # shape: (B, T-1, M, M)

@@ -139,3 +139,14 @@ def test_cuda_equals_cpu():
     for _ in range(200):
         trellis, graph, options = random_case(rng)
         assert gpu.decode_ranked(trellis, graph, **options) == cpu.decode_ranked(trellis, graph, **options)
+
+
+def test_parity_with_distances_from_the_tensor_graph():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    rng = random.Random(7)
+    decoder = TorchDecoder()
+    for _ in range(150):
+        trellis, graph, options = random_case(rng)
+        tensor_graph = TensorCorpusGraph.from_graph(graph)
+        assert decoder.decode_ranked(trellis, tensor_graph, **options) == STANDALONE.decode_ranked(trellis, graph, **options)

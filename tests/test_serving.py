@@ -194,3 +194,22 @@ def test_state_dict_refuses_other_options():
     state = MapMatchedServer(make_graph(), candidate_limit=5).state_dict()
     with pytest.raises(ValueError, match="does not match"):
         MapMatchedServer(make_graph(), candidate_limit=6).load_state_dict(state)
+
+
+@pytest.mark.parametrize("fixed_lag", [None, 2])
+def test_server_on_a_tensor_graph_equals_sessions_on_the_standalone_graph(fixed_lag):
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    rng = random.Random(11)
+    graph = make_graph(4)
+    tensor_graph = TensorCorpusGraph.from_graph(graph)
+    server = MapMatchedServer(tensor_graph, candidate_limit=5, fixed_lag=fixed_lag)
+    sessions = {key: MapMatchedRetriever(graph, candidate_limit=5, fixed_lag=fixed_lag).session() for key in "abc"}
+    for key in sessions:
+        server.open(key)
+    for _ in range(6):
+        turns = {key: random_turn(rng) for key in sessions}
+        results, errors = server.step(turns)
+        assert not errors
+        for key, candidates in turns.items():
+            assert results[key] == sessions[key].retrieve_candidates(candidates)
