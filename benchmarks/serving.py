@@ -1,0 +1,138 @@
+"""Serving benchmark: latency of one batched MapMatchedServer step vs sessions one by one.
+
+A clustered kNN-like corpus graph (N nodes, 10 neighbours each) as a TensorCorpusGraph;
+S concurrent sessions whose 32 candidates per turn follow topic walks (the previous
+turn's neighbourhood plus random distractors). After a few warm-up turns (distance
+cache warm), each timed step sends every session one new turn. Reports p50/p99 latency
+and turns/s of one step, and the same turns served one session at a time by
+independent standalone sessions (MapMatchedRetriever + StandaloneDecoder, re-decoding
+the whole trellis each turn, on the same graph object), measured on a subset and
+scaled per turn.
+
+Run:  python benchmarks/serving.py            (sessions 1, 64, 1024, 4096)
+      python benchmarks/serving.py --quick    (a smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from mapmatched_torch.graph import TensorCorpusGraph
+from mapmatched_torch.models import ScoredCandidate
+from mapmatched_torch.retrieval import MapMatchedRetriever
+from mapmatched_torch.serving import MapMatchedServer
+
+
+def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10) -> TensorCorpusGraph:
+    """Nodes on clusters of 50; each links to `neighbours` random nodes of its cluster
+    (distance 0.1-0.6) and rarely to another cluster (distance 0.9)."""
+    cluster = torch.arange(nodes) // 50
+    offsets = torch.randint(1, 50, (nodes, neighbours), generator=generator)
+    targets = (cluster.unsqueeze(1) * 50 + (torch.arange(nodes).unsqueeze(1) % 50 + offsets) % 50).clamp_max(nodes - 1)
+    weights = 0.1 + 0.5 * torch.rand(nodes, neighbours, generator=generator, dtype=torch.float64)
+    far = torch.rand(nodes, generator=generator) < 0.05
+    targets[far, 0] = torch.randint(0, nodes, (int(far.sum()),), generator=generator)
+    weights[far, 0] = 0.9
+    sources = torch.arange(nodes).unsqueeze(1).expand(-1, neighbours)
+    keep = sources != targets
+    edge_index = torch.stack([sources[keep], targets[keep]])
+    ids = [f"c{i}" for i in range(nodes)]
+    return TensorCorpusGraph.from_edge_index(edge_index, weights[keep], chunk_ids=ids, maximum_distance=3.0)
+
+
+class Walkers:
+    """Each session reads one node; its turns' candidates sit around that node."""
+
+    def __init__(self, sessions: int, nodes: int, width: int, generator: torch.Generator) -> None:
+        self.position = torch.randint(0, nodes, (sessions,), generator=generator)
+        self.nodes, self.width, self.generator = nodes, width, generator
+
+    def turn(self):
+        g = self.generator
+        cluster = self.position // 50
+        near = cluster.unsqueeze(1) * 50 + torch.randint(0, 50, (len(self.position), self.width // 2), generator=g)
+        far = torch.randint(0, self.nodes, (len(self.position), self.width - self.width // 2), generator=g)
+        candidates = torch.cat([near.clamp_max(self.nodes - 1), far], dim=1)
+        scores = torch.randn(candidates.shape, generator=g, dtype=torch.float64)
+        jump = torch.rand(len(self.position), generator=g) < 0.1
+        self.position = torch.where(jump, torch.randint(0, self.nodes, self.position.shape, generator=g), near[:, 0])
+        turns = []
+        for row, score_row in zip(candidates.tolist(), scores.tolist()):
+            unique = dict.fromkeys(row)  # drop duplicate candidates, keep provider order
+            turns.append([ScoredCandidate(f"c{node}", score) for node, score in zip(unique, score_row)])
+        return turns
+
+
+def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    server = MapMatchedServer(graph, candidate_limit=width, fixed_lag=lag, transition_weight=1.0, device=device,
+                              capacity=sessions)
+    ids = [f"s{i}" for i in range(sessions)]
+    for name in ids:
+        server.open(name)
+    walkers = Walkers(sessions, len(graph), width, generator)
+    times = []
+    for step in range(warmup + steps):
+        turns = dict(zip(ids, walkers.turn()))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        results, errors = server.step(turns)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if errors:
+            raise RuntimeError(f"unexpected errors: {list(errors.items())[:3]}")
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def standalone_per_turn(graph, width: int, turns: int, lag, seed: int, sessions: int = 8) -> float:
+    """Seconds per turn of independent standalone sessions (turns 1..turns averaged)."""
+    generator = torch.Generator().manual_seed(seed)
+    walkers = Walkers(sessions, len(graph), width, generator)
+    plain = [MapMatchedRetriever(graph, candidate_limit=width, fixed_lag=lag).session() for _ in range(sessions)]
+    start = time.perf_counter()
+    for _ in range(turns):
+        for session, candidates in zip(plain, walkers.turn()):
+            session.retrieve_candidates(candidates)
+    return (time.perf_counter() - start) / (turns * sessions)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 1024, 4096])
+    parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--lag", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.nodes, args.steps, args.warmup = [1, 64], 2000, 3, 2
+    graph = clustered_graph(args.nodes, torch.Generator().manual_seed(args.seed)).to(args.device)
+    per_turn = standalone_per_turn(graph, args.width, args.warmup + args.steps, args.lag, args.seed)
+    mode = "full" if args.lag is None else f"fixed-lag {args.lag}"
+    print(f"graph: {len(graph)} nodes, {graph.edge_count} arcs; M = {args.width}; mode {mode}; device {args.device}; "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"standalone sessions one by one: {per_turn * 1e3:.2f} ms per turn (8 sessions x {args.warmup + args.steps} turns)")
+    print()
+    print("| sessions | p50 step (ms) | p99 step (ms) | turns/s (p50) | standalone one by one (ms, scaled) | speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for sessions in args.sessions:
+        times = sorted(measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed))
+        p50 = statistics.median(times)
+        p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
+        baseline = per_turn * sessions
+        print(f"| {sessions} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} | {sessions / p50:,.0f} | {baseline * 1e3:,.0f} | {baseline / p50:.0f}x |")
+
+
+if __name__ == "__main__":
+    main()
