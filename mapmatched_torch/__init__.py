@@ -68,6 +68,12 @@ _LAZY = {
     "SlotDecoder": ".streaming",
     "DecodingStream": ".streaming",
     "MapMatchedServer": ".serving",
+    # fitting and sampling
+    "fit_weights": ".fit",
+    "FitResult": ".fit",
+    "set_log_likelihood": ".fit",
+    "sample_paths": ".sampling",
+    "sample_conversations": ".sampling",
     # providers
     "FAISSProvider": ".providers.faiss",
     "DenseProvider": ".providers.dense",
