@@ -564,7 +564,11 @@ def log_likelihood(emissions: Tensor, transitions: Tensor, mask: Tensor, gold: T
     Args:
         emissions, transitions, mask: as in :func:`viterbi`.
         gold: ``(B, T)`` integer: a real candidate index at labelled turns, -1 at
-            unlabelled ones; entries after a conversation's end are ignored.
+            unlabelled ones; entries after a conversation's end are ignored. Or
+            ``(B, T, M)`` bool, the set-valued form: the relevant candidates of each
+            turn; a turn with no relevant real candidate is marginalized (unlabelled,
+            or its gold is not among the candidates), so ``Z(gold)`` sums the paths
+            that pass through a relevant candidate at every other turn.
 
     Returns:
         ``(B,)`` log-likelihoods (<= 0 up to rounding; 0 when gold fixes every turn of a
@@ -573,7 +577,16 @@ def log_likelihood(emissions: Tensor, transitions: Tensor, mask: Tensor, gold: T
     Cost: two :func:`log_partition` passes.
     """
     prepared = _prepare(emissions, transitions, mask)
-    consistent = _restrict(mask, _check_choices(gold, mask, prepared.active, "gold", optional=True))
+    if isinstance(gold, Tensor) and gold.dtype == torch.bool:
+        if gold.shape != mask.shape:
+            raise MapMatchedValueError(
+                f"a bool gold must have the mask's shape {_shape(mask)}, got {_shape(gold)}"
+            )
+        hits = mask & gold.to(mask.device)
+        # shape: (B, T, M): the relevant candidates where a turn has one, every real one elsewhere
+        consistent = torch.where(hits.any(dim=-1, keepdim=True), hits, mask)
+    else:
+        consistent = _restrict(mask, _check_choices(gold, mask, prepared.active, "gold", optional=True))
     log_z = _log_partition(prepared.emissions, prepared.pairwise, mask)
     return _log_partition(prepared.emissions, prepared.pairwise, consistent) - log_z
 

@@ -126,10 +126,7 @@ def set_log_likelihood(emissions: Tensor, transitions: Tensor, mask: Tensor, rel
             f"relevant must be a bool tensor of the mask's shape {tuple(getattr(mask, 'shape', ()))}, got "
             f"{getattr(relevant, 'dtype', type(relevant).__name__)} of shape {tuple(getattr(relevant, 'shape', ()))}"
         )
-    hits = mask & relevant
-    # shape: (B, T, M): relevant candidates at usable turns, every real candidate elsewhere
-    allowed = torch.where(hits.any(dim=-1, keepdim=True), hits, mask)
-    return decode.log_partition(emissions, transitions, allowed) - decode.log_partition(emissions, transitions, mask)
+    return decode.log_likelihood(emissions, transitions, mask, relevant)
 
 
 # ------------------------------------------------------------------------- packing

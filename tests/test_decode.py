@@ -786,3 +786,16 @@ class TestStandaloneParity:
             torch.ones(1, 1, 1, dtype=torch.bool),
         )
         assert decoded.paths.tolist() == [[0]] and decoded.scores.item() == single.total_score
+
+
+def test_log_likelihood_bool_gold_equals_index_gold():
+    generator = torch.Generator().manual_seed(17)
+    emissions = torch.randn(3, 4, 3, generator=generator, dtype=torch.float64)
+    transitions = torch.randn(3, 3, 3, 3, generator=generator, dtype=torch.float64)
+    mask = torch.ones(3, 4, 3, dtype=torch.bool)
+    gold = torch.tensor([[0, -1, 2, 1], [2, 2, -1, -1], [-1, -1, -1, 0]])
+    one_hot = torch.nn.functional.one_hot(gold.clamp_min(0), 3).bool() & (gold >= 0).unsqueeze(-1)
+    expected = log_likelihood(emissions, transitions, mask, gold)
+    assert torch.allclose(log_likelihood(emissions, transitions, mask, one_hot), expected, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="mask's shape"):
+        log_likelihood(emissions, transitions, mask, one_hot[:, :2])
