@@ -1,0 +1,321 @@
+"""The ``mapmatched-torch`` command line.
+
+``mapmatched-torch eval`` (also ``python -m mapmatched_torch eval``) evaluates
+pointwise retrieval, map-matching over a (lambda, beta, lag) grid, history
+concatenation, Maximal Marginal Relevance, the resolved-query oracle (when rewrites
+exist), the geodesic bound and cross-fitted weights, by slice, with bootstrap
+intervals and a verdict, and prints the markdown report.
+
+Without a data option it runs the built-in deterministic synthetic benchmark (a
+topic graph; conversations that drill and jump, with underspecified follow-ups) in
+seconds::
+
+    mapmatched-torch eval
+    mapmatched-torch eval --data ../shared/data/inscit_dev --embedder wordllama --graph knn \\
+        --json /tmp/inscit.json --markdown /tmp/inscit.md --plots /tmp/inscit-plots
+
+Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+__all__ = ["build_parser", "main"]
+
+PROG = "mapmatched-torch"
+
+
+# --------------------------------------------------------------------------- argument types
+
+
+def _float_list(text: str) -> Tuple[float, ...]:
+    values = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {part.strip()!r} (expected e.g. 0,0.5,1)") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"weights must be finite and nonnegative, got {part.strip()!r}")
+        values.append(value)
+    return tuple(values)
+
+
+def _lag_list(text: str) -> Tuple[Optional[int], ...]:
+    values: List[Optional[int]] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("full", "none"):
+            values.append(None)
+            continue
+        if not part.isdigit():
+            raise argparse.ArgumentTypeError(f"a lag is 'full' or an int >= 0, got {part!r}")
+        values.append(int(part))
+    return tuple(values)
+
+
+def _name_list(text: str) -> Tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mapmatched-torch`` argument parser (subcommand ``eval``)."""
+    from .eval.embedders import EMBEDDERS
+    from .eval.methods import DEFAULT_METHODS
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Map-matched retrieval on tensors.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    ev = commands.add_parser(
+        "eval",
+        help="offline evaluation: methods x slices, intervals, verdict, reports",
+        description="Evaluate map-matched retrieval against pointwise retrieval and baselines. "
+                    "Without a data option: the built-in deterministic synthetic benchmark.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    data = ev.add_argument_group("data (at most one; none = the synthetic benchmark)")
+    source = data.add_mutually_exclusive_group()
+    source.add_argument("--data", metavar="DIR", help="a directory with one *.conversations.jsonl and one "
+                        "*.passages.jsonl (the normalized format)")
+    source.add_argument("--inscit", metavar="PATH", help="INSCIT's original split file (e.g. dev.json)")
+    source.add_argument("--topiocqa", metavar="PATH", help="TopiOCQA rows (JSON array or JSON Lines); the "
+                        "corpus is the gold passages")
+    source.add_argument("--cast-topics", metavar="PATH", help="TREC CAsT topics JSON (with --cast-passages)")
+    data.add_argument("--cast-qrels", metavar="PATH", help="TREC CAsT qrels (with --cast-topics)")
+    data.add_argument("--cast-passages", metavar="PATH", help="the CAsT corpus as normalized passages JSON Lines")
+    data.add_argument("--conversations", type=_positive_int, default=200, help="synthetic: conversations")
+    data.add_argument("--turns", type=_positive_int, default=8, help="synthetic: turns per conversation")
+
+    retrieval = ev.add_argument_group("retrieval and graph")
+    retrieval.add_argument("--embedder", choices=EMBEDDERS, default="hash", help="text embedder (real data, or "
+                           "the synthetic corpus with --graph knn)")
+    retrieval.add_argument("--model", metavar="PATH", help="sentence-transformers model folder or cached name")
+    retrieval.add_argument("--embedding-dim", type=_positive_int, default=None, help="hash/wordllama dimension")
+    retrieval.add_argument("--graph", choices=("knn", "section"), default=None,
+                           help="corpus graph (default: knn for data, the topic graph for the synthetic benchmark)")
+    retrieval.add_argument("--k", type=_positive_int, default=10, help="kNN neighbours per passage")
+    retrieval.add_argument("--maximum-distance", type=float, default=10.0, help="graph distance bound")
+    retrieval.add_argument("--candidates", type=_positive_int, default=None, metavar="M",
+                           help="candidates per turn (default: 20 for data, 16 for the synthetic benchmark)")
+
+    grid = ev.add_argument_group("methods and grid")
+    grid.add_argument("--lambdas", type=_float_list, default=(1.0,), help="emission weights, comma-separated")
+    grid.add_argument("--betas", type=_float_list, default=(0.0, 0.25, 0.5, 1.0, 2.0, 4.0),
+                      help="transition weights, comma-separated")
+    grid.add_argument("--lags", type=_lag_list, default=(None,), help="fixed lags, comma-separated ('full' = none)")
+    grid.add_argument("--methods", type=_name_list, default=DEFAULT_METHODS, help="methods, comma-separated")
+    grid.add_argument("--maximal-marginal-relevance-lambda", type=_unit_interval, default=0.7,
+                      dest="relevance_weight", help="Maximal Marginal Relevance lambda (1 = pure relevance)")
+    grid.add_argument("--fit-folds", type=_positive_int, default=2, help="cross-fitting folds of the fitted method")
+
+    stats = ev.add_argument_group("slices, intervals, verdict")
+    stats.add_argument("--bootstrap", type=_nonnegative_int, default=1000, metavar="N",
+                       help="bootstrap resamples (0: no intervals)")
+    stats.add_argument("--confidence", type=float, default=0.95, help="interval coverage")
+    stats.add_argument("--tolerance", type=_nonnegative_float, default=0.01,
+                       help="allowed standalone nDCG@3 loss of the verdict")
+    stats.add_argument("--entropy-threshold", type=float, default=None,
+                       help="follow-up entropy threshold in nats (default: the median)")
+    stats.add_argument("--seed", type=int, default=0, help="seed of the synthetic data, bootstrap and folds")
+
+    run = ev.add_argument_group("running and output")
+    run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    run.add_argument("--batch-size", type=_positive_int, default=None, help="conversations per chunk (default: auto)")
+    run.add_argument("--split-conversation", type=_nonnegative_int, default=None,
+                     help="conversation index of the emission/transition plot (default: automatic)")
+    run.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    run.add_argument("--markdown", metavar="PATH", help="write the markdown report here")
+    run.add_argument("--plots", metavar="DIR", help="write the PNG plots into this directory")
+    run.add_argument("--quiet", action="store_true", help="no progress bars or status lines (the table is printed)")
+    return parser
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _status(args: argparse.Namespace, message: str) -> None:
+    if not args.quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.cast_qrels or args.cast_passages) and not args.cast_topics:
+        parser.error("--cast-qrels and --cast-passages need --cast-topics")
+    if args.cast_topics and not args.cast_passages:
+        parser.error("--cast-topics needs --cast-passages (the corpus to retrieve from)")
+    if args.embedder == "sentence-transformers" and not args.model:
+        parser.error("--embedder sentence-transformers needs --model PATH")
+    if not math.isfinite(args.maximum_distance) or args.maximum_distance <= 0:
+        parser.error(f"--maximum-distance must be finite and > 0, got {args.maximum_distance}")
+    if not 0.0 < args.confidence < 1.0:
+        parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
+    if args.fit_folds < 2:
+        parser.error(f"--fit-folds must be >= 2, got {args.fit_folds}")
+    if args.entropy_threshold is not None and not math.isfinite(args.entropy_threshold):
+        parser.error("--entropy-threshold must be finite")
+    from .eval.methods import METHODS
+
+    unknown = [name for name in args.methods if name not in METHODS]
+    if unknown:
+        parser.error(f"unknown method(s): {', '.join(unknown)} (choose from {', '.join(METHODS)})")
+    if "pointwise" not in args.methods:
+        parser.error("--methods must include pointwise (the baseline of every lift)")
+
+
+def _load_dataset(args: argparse.Namespace) -> Any:
+    from .eval import data
+
+    if args.data:
+        return data.load_directory(args.data)
+    if args.inscit:
+        return data.load_inscit(args.inscit)
+    if args.topiocqa:
+        return data.load_topiocqa(args.topiocqa)
+    if args.cast_topics:
+        return data.load_trec_cast(args.cast_topics, args.cast_qrels, args.cast_passages)
+    return None
+
+
+def _device(args: argparse.Namespace) -> Any:
+    import torch
+
+    try:
+        device = torch.device(args.device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        from .errors import MapMatchedValueError
+
+        raise MapMatchedValueError(f"--device {args.device!r} is not usable here: {error}") from None
+    return device
+
+
+def _inputs(args: argparse.Namespace, device: Any) -> Any:
+    from .eval.embedders import make_embedder
+    from .eval.runner import inputs_from_dataset, inputs_from_synthetic
+
+    dataset = _load_dataset(args)
+    make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
+                                 seed=args.seed)
+    if dataset is not None:
+        _status(args, f"{PROG} eval: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
+                      f"{len(dataset.passages)} passages; embedding with {args.embedder}")
+        return inputs_from_dataset(
+            dataset, make(), graph=args.graph or "knn", k=args.k, candidates=args.candidates or 20,
+            maximum_distance=args.maximum_distance, device=device, progress=False if args.quiet else None,
+        )
+    from .eval.candidates import passage_embedding_text
+    from .eval.distances import build_corpus_graph
+    from .eval.synthetic import make_synthetic
+
+    bench = make_synthetic(args.conversations, args.turns, args.candidates or 16, args.seed)
+    graph = None
+    if args.graph is not None:
+        texts = [passage_embedding_text(p) for p in bench.dataset.passages]
+        embeddings = make().encode(texts).to(device) if args.graph == "knn" else None
+        graph = build_corpus_graph(args.graph, bench.dataset.passages, embeddings, k=args.k,
+                                   maximum_distance=args.maximum_distance, device=device)
+    _status(args, f"{PROG} eval: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
+    return inputs_from_synthetic(bench, graph=graph, device=device, maximum_distance=args.maximum_distance)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .eval.plots import write_plots
+    from .eval.report import to_markdown, write_json, write_markdown
+    from .eval.runner import EvalConfig, evaluate
+
+    started = time.perf_counter()
+    device = _device(args)
+    inputs = _inputs(args, device)
+    config = EvalConfig(
+        lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
+        relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
+        seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
+        split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
+        progress=False if args.quiet else None,
+    )
+    result = evaluate(inputs, config)
+    report = to_markdown(result)
+    sys.stdout.write(report)
+    sys.stdout.flush()
+    if args.markdown:
+        _status(args, f"wrote {write_markdown(result, args.markdown)}")
+    if args.json:
+        _status(args, f"wrote {write_json(result, args.json)}")
+    if args.plots:
+        for path in write_plots(result, args.plots):
+            _status(args, f"wrote {path}")
+    _status(args, f"{PROG} eval: done in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+    """
+    from .errors import MapMatchedError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check_sources(parser, args)
+    except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return value
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        return _run(args)
+    except (MapMatchedError, FileNotFoundError, IsADirectoryError) as error:
+        print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Retrieval candidates of every turn as padded tensors, and their normalization.
+
+A :class:`Candidates` batch holds, for B conversations of up to T turns, each turn's
+M best passages (corpus indices) and raw scores in provider order (decreasing
+score). It comes either from the synthetic benchmark's precomputed tensors
+(:func:`candidates_from_synthetic`) or from an embedder and an exact dense top-M over
+the corpus (:func:`retrieve_candidates`, with the query texts of
+:func:`query_texts`: the raw queries, the rewrites, or the history concatenation).
+
+Layout (SPEC.md section 10): real turns come first in every conversation; real
+candidates fill each turn from slot 0; ``index`` holds -1 and ``scores`` 0.0 at
+padding. Flattening the real turns of a ``(B, T)`` tensor in row-major order gives the
+flat turn order of :meth:`Dataset.iter_turns <mapmatched_torch.eval.data.Dataset.iter_turns>`.
+
+Example:
+    >>> import torch
+    >>> c = Candidates(torch.tensor([[[4, 2], [1, -1]]]), torch.tensor([[[2.0, 1.0], [3.0, 0.0]]], dtype=torch.float64),
+    ...                torch.tensor([[[True, True], [True, False]]]))
+    >>> c.shape, c.lengths.tolist()
+    ((1, 2, 2), [2])
+    >>> normalize_candidate_scores(c.scores, c.mask).tolist()
+    [[[1.0, -1.0], [0.0, 0.0]]]
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, NamedTuple, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .._validation import check_positive_int
+from ..errors import MapMatchedValueError
+from ..scoring import check_score_normalization, normalize_scores
+from .data import Dataset
+
+__all__ = [
+    "QUERY_MODES",
+    "Candidates",
+    "passage_embedding_text",
+    "candidates_from_synthetic",
+    "query_texts",
+    "retrieve_candidates",
+    "normalize_candidate_scores",
+    "flatten_turns",
+]
+
+#: The accepted values of ``mode`` in :func:`query_texts`.
+QUERY_MODES = ("query", "rewrite", "history")
+
+Device = Union[str, torch.device, None]
+
+
+class Candidates(NamedTuple):
+    """Each turn's retrieval candidates, padded to (B, T, M).
+
+    Attributes:
+        index: (B, T, M) long, corpus passage indices in provider order; -1 at padding.
+        scores: (B, T, M) float64 raw retriever scores; 0.0 at padding.
+        mask: (B, T, M) bool, True at real candidates.
+    """
+
+    index: Tensor
+    scores: Tensor
+    mask: Tensor
+
+    @property
+    def shape(self) -> tuple:
+        """(B, T, M)."""
+        return tuple(self.mask.shape)
+
+    @property
+    def valid(self) -> Tensor:
+        """(B, T) bool, the real turns (at least one candidate)."""
+        return self.mask.any(dim=-1)
+
+    @property
+    def lengths(self) -> Tensor:
+        """(B,) long, the number of real turns of each conversation."""
+        return self.valid.sum(dim=-1)
+
+    def to(self, device: Device) -> "Candidates":
+        """All three tensors on ``device``."""
+        return Candidates(self.index.to(device), self.scores.to(device), self.mask.to(device))
+
+    def select(self, rows: Union[slice, Tensor]) -> "Candidates":
+        """The candidates of some conversations (a slice or an index tensor over B)."""
+        return Candidates(self.index[rows], self.scores[rows], self.mask[rows])
+
+    def check(self, num_passages: Optional[int] = None) -> "Candidates":
+        """Validate shapes, dtypes and the padding layout; returns ``self``.
+
+        Raises:
+            MapMatchedValueError: naming the first problem.
+        """
+        index, scores, mask = self
+        if not all(isinstance(t, Tensor) and t.dim() == 3 for t in self):
+            raise MapMatchedValueError("candidates index, scores and mask must be (B, T, M) tensors")
+        if index.shape != mask.shape or scores.shape != mask.shape:
+            raise MapMatchedValueError(
+                f"candidates index {tuple(index.shape)}, scores {tuple(scores.shape)} and mask {tuple(mask.shape)} "
+                "must have the same (B, T, M) shape"
+            )
+        if index.dtype != torch.long or mask.dtype != torch.bool or not scores.is_floating_point():
+            raise MapMatchedValueError(
+                f"candidates need a long index, float scores and a bool mask, got {index.dtype}, {scores.dtype}, "
+                f"{mask.dtype}"
+            )
+        if mask.shape[0] and not bool(mask[:, 0].any(dim=-1).all()):
+            b = int((~mask[:, 0].any(dim=-1)).nonzero()[0])
+            raise MapMatchedValueError(f"conversation b={b} has no candidate at its first turn")
+        if bool((mask & (index < 0)).any()):
+            raise MapMatchedValueError("a real candidate has a negative passage index")
+        if num_passages is not None and bool((index >= num_passages).any()):
+            raise MapMatchedValueError(f"a candidate passage index is >= the corpus size {num_passages}")
+        if bool((mask & ~torch.isfinite(scores)).any()):
+            raise MapMatchedValueError("candidate scores must be finite at real candidates")
+        return self
+
+
+def candidates_from_synthetic(bench: Any) -> Candidates:
+    """The :class:`Candidates` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticBenchmark` (every slot real)."""
+    index = bench.candidate_index.long()
+    return Candidates(index, bench.candidate_scores.to(torch.float64), torch.ones_like(index, dtype=torch.bool))
+
+
+def passage_embedding_text(passage: Any) -> str:
+    """The text a passage is embedded with: its section path (else its title), ``". "``, then its text.
+
+    The headings carry the topic that a passage's body often leaves implicit (on
+    ``shared/data/inscit_dev`` the raw-query MRR@10 of wordllama rises from 0.595 with
+    the body alone to 0.648, the figure the data's README reports).
+    """
+    heading = " ".join(passage.section_path) or (passage.title or "")
+    return f"{heading}. {passage.text}" if heading else passage.text
+
+
+def query_texts(dataset: Dataset, mode: str = "query") -> List[List[str]]:
+    """The text each turn is retrieved with, ``[conversation][turn]``.
+
+    Args:
+        dataset: the conversations.
+        mode: ``"query"`` (the raw query), ``"rewrite"`` (the turn's rewrite, or its
+            query when it has none: the resolved-query oracle), or ``"history"`` (all
+            queries of the conversation up to and including this one, joined by
+            spaces, oldest first: the history-concatenation baseline).
+
+    Raises:
+        MapMatchedValueError: an unknown mode.
+    """
+    if mode not in QUERY_MODES:
+        raise MapMatchedValueError(f"unsupported query mode: {mode!r} (expected one of {', '.join(QUERY_MODES)})")
+    texts: List[List[str]] = []
+    for conversation in dataset.conversations:
+        if mode == "query":
+            texts.append([turn.query for turn in conversation.turns])
+        elif mode == "rewrite":
+            texts.append([turn.rewrite if turn.rewrite is not None else turn.query for turn in conversation.turns])
+        else:
+            queries = [turn.query for turn in conversation.turns]
+            texts.append([" ".join(queries[: position + 1]) for position in range(len(queries))])
+    return texts
+
+
+def retrieve_candidates(
+    texts: Sequence[Sequence[str]],
+    embedder: Any,
+    provider: Any,
+    limit: int,
+    *,
+    device: Device = None,
+) -> Candidates:
+    """Embed every turn's text and take the exact top-``limit`` passages of ``provider``.
+
+    Args:
+        texts: ``[conversation][turn]`` query texts (e.g. from :func:`query_texts`);
+            every conversation needs at least one turn.
+        embedder: an :class:`~mapmatched_torch.eval.embedders.Embedder` (all texts are
+            encoded in one call).
+        provider: a :class:`~mapmatched_torch.providers.dense.DenseProvider` over the
+            corpus, rows in corpus order (its ``search_tensors`` ranks by
+            (-score, row)).
+        limit: M, candidates per turn (at most the corpus size are returned).
+        device: where the returned tensors live (default: the provider's device).
+
+    Returns:
+        :class:`Candidates` of shape (B, T, min(limit, N)), scores as float64.
+    """
+    limit = check_positive_int(limit, "candidates")
+    if not texts or any(len(turns) == 0 for turns in texts):
+        raise MapMatchedValueError("every conversation needs at least one turn to retrieve for")
+    flat = [text for turns in texts for text in turns]
+    # shape: (N, D)
+    queries = embedder.encode(flat)
+    # shape: (N, M) each
+    scores, rows = provider.search_tensors(queries, limit)
+    device = provider.device if device is None else torch.device(device)
+    lengths = torch.tensor([len(turns) for turns in texts], dtype=torch.long, device=device)
+    batch, turns, width = len(texts), int(lengths.max()), rows.shape[1]
+    # shape: (B, T) the real turns, row-major = flat order
+    valid = torch.arange(turns, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    index = torch.full((batch, turns, width), -1, dtype=torch.long, device=device)
+    values = torch.zeros((batch, turns, width), dtype=torch.float64, device=device)
+    index[valid] = rows.to(device=device, dtype=torch.long)
+    values[valid] = scores.to(device=device, dtype=torch.float64)
+    return Candidates(index, values, valid.unsqueeze(2).expand(-1, -1, width).clone())
+
+
+def normalize_candidate_scores(
+    scores: Tensor, mask: Tensor, method: str = "zscore", *, exact: bool = True
+) -> Tensor:
+    """Normalize every turn's raw scores over its real candidates (SPEC.md section 2).
+
+    Args:
+        scores: (B, T, M) float raw scores.
+        mask: (B, T, M) bool real candidates.
+        method: ``"zscore"`` (default), ``"center"`` or ``"none"``.
+        exact: True (default) runs :func:`mapmatched_torch.scoring.normalize_scores` on
+            every turn (``math.fsum`` sums: bit-for-bit the session's normalized scores,
+            O(B T M) Python work); False uses tensor sums (the same up to the last bits
+            of rounding; what the large-scale benchmark uses).
+
+    Returns:
+        (B, T, M) float64 on the scores' device, 0.0 at padding.
+    """
+    method = check_score_normalization(method)
+    if scores.shape != mask.shape:
+        raise MapMatchedValueError(f"scores {tuple(scores.shape)} and mask {tuple(mask.shape)} differ in shape")
+    values = scores.to(torch.float64)
+    if method == "none":
+        return torch.where(mask, values, 0.0)
+    if exact:
+        out = torch.zeros_like(values)
+        rows = mask.reshape(-1, mask.shape[-1])
+        real = rows.any(dim=1).nonzero().flatten().tolist()
+        if real:
+            flat = values.reshape(-1, mask.shape[-1])
+            row_values, row_mask = flat[real].tolist(), rows[real].tolist()
+            normalized = [
+                normalize_scores([v for v, keep in zip(vals, keeps) if keep], method)
+                for vals, keeps in zip(row_values, row_mask)
+            ]
+            # real candidates fill each turn from slot 0 (Candidates layout); holes are handled too
+            filled = [[0.0] * mask.shape[-1] for _ in real]
+            for target, keeps, turn in zip(filled, row_mask, normalized):
+                slots = [slot for slot, keep in enumerate(keeps) if keep]
+                for slot, value in zip(slots, turn):
+                    target[slot] = value
+            out.reshape(-1, mask.shape[-1])[real] = torch.tensor(filled, dtype=torch.float64, device=values.device)
+        return out
+    count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
+    mean = torch.where(mask, values, 0.0).sum(dim=-1, keepdim=True) / count
+    centered = torch.where(mask, values - mean, 0.0)
+    if method == "center":
+        return centered
+    std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / count)
+    return torch.where(std > 0, centered / torch.where(std > 0, std, 1.0), 0.0)
+
+
+def flatten_turns(values: Tensor, valid: Tensor) -> Tensor:
+    """(B, T, ...) -> (N, ...): the real turns in flat (conversation, position) order."""
+    if values.shape[:2] != valid.shape:
+        raise MapMatchedValueError(f"values {tuple(values.shape)} do not start with the (B, T) shape {tuple(valid.shape)}")
+    return values[valid]

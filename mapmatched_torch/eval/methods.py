@@ -1,0 +1,681 @@
+"""Evaluation methods: every one ranks each turn's retrieval candidates.
+
+Every method turns a batch of B conversations into a ``(B, T, M)`` long *order*: a
+permutation of each turn's candidate slots, best first, padding slots last. The
+ranked passage list of a turn (what the metrics score) is the candidates' passage
+indices in that order (:func:`gather_passages`). The first entry is the method's
+answer for the turn (the decoded chunk); the rest are the turn's other candidates by
+the method's own score, ties broken by candidate (provider) order everywhere (so the
+first entry is always the decoder's first-maximum choice; a session's
+``candidate_ranking`` breaks exact score ties by chunk ID instead, and lists only the
+candidates a lock leaves reachable: here those follow, in candidate order).
+
+The methods (all rankings are *online*: turn t's ranking uses turns 0..t only, as a
+streaming session would show it at turn t):
+
+- **pointwise** (:func:`rank_slots` of the normalized scores): the retriever's own
+  ranking, i.e. map-matching with beta = 0 (``pointwise_decode``'s per-turn argmax
+  first).
+- **map-matched** (:func:`map_matched_orders`): for each setting (lambda, beta, lag)
+  of a grid, turn t's candidates are ranked by their *max-plus forward score at turn
+  t* (:func:`online_forward_scores`): the score of the best path over turns 0..t that
+  ends at the candidate. Why this is the session's online answer: the forward score
+  ``alpha[t, i] = max_j (alpha[t-1, j] + trans[t-1, j, i]) + e[t, i]`` depends only on
+  turns 0..t, so computing it on the whole conversation gives, for every t at once,
+  exactly the numbers a session computes after its turn t; the session's decoded chunk
+  at turn t is the first maximum of them (the end of the prefix's best path), and its
+  ``candidate_ranking`` lists them sorted. With a fixed lag L the session's prefix
+  decode at turn t holds the locks of turns <= t - L (turn t - L is committed at turn
+  t, earlier ones before), so turn t is ranked by the forward scores of turn t - L
+  under those locks (``fixed_lag_viterbi``'s locks with ``forward_scores``: the
+  locked forward score of turn t - L depends only on locks <= t - L) carried L
+  unlocked steps forward. beta = 0 settings are pointwise (``pointwise_decode``).
+  The distances are computed once per batch and reused for every setting;
+  the settings sharing a lag are decoded as one stacked batch.
+- **history concatenation** (:func:`history_concatenation_scores`): on text data,
+  retrieval with the query concatenated to all previous queries (its own candidates,
+  ranked by the retriever). Without text (the synthetic benchmark) it is defined on
+  the candidate scores: a candidate's score is the mean, over the current and all
+  previous turns, of that turn's normalized score of the same passage (a turn that
+  did not retrieve the passage contributes its lowest candidate score).
+- **Maximal Marginal Relevance** (:func:`maximal_marginal_relevance_order`): greedy
+  re-ranking of the turn's candidates by ``lambda * relevance - (1 - lambda) *
+  max similarity to the passages already ranked`` (Carbonell and Goldstein's lambda:
+  1 = pure relevance). Relevance is the raw score min-max scaled to [0, 1] per turn;
+  similarity is the cosine of the passage embeddings when there are any, else
+  ``1 - d_G / maximum_distance`` in the corpus graph.
+- **resolved-query oracle**: retrieval with each turn's rewrite instead of its query
+  (turns without a rewrite keep the query); only where rewrites exist.
+- **geodesic bound** (:func:`geodesic_online_order`): the beta -> infinity limit
+  (``geodesic_viterbi``): turn t's candidates are ranked by the least total graph
+  distance of a path over turns 0..t ending at them, then by its largest total
+  emission.
+- **fitted**: map-matching (full decoding) with lambda and beta fitted by gradient
+  descent (:func:`mapmatched_torch.fit.fit_weights`), cross-fitted: the conversations
+  are split into folds and each fold is ranked with the weights fitted on the others,
+  so no conversation is scored by weights fitted on its own labels.
+
+:data:`METHODS` is the registry the runner reads: :func:`register_method` adds a
+method (a :class:`MethodSpec`: a ``run`` on batches, an optional one-off ``prepare``
+such as the fitted method's cross-fitting) without touching the runner.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import chain
+from .._validation import check_decode_options
+from ..decode import fixed_lag_viterbi, forward_scores, pointwise_decode, viterbi
+from ..errors import MapMatchedValueError
+from ..semiring import LEXICOGRAPHIC
+from .candidates import Candidates
+
+__all__ = [
+    "Setting",
+    "settings_grid",
+    "MethodOptions",
+    "MethodBatch",
+    "MethodOutput",
+    "MethodSpec",
+    "MethodUnavailable",
+    "FittedState",
+    "labelled_conversations",
+    "METHODS",
+    "DEFAULT_METHODS",
+    "register_method",
+    "rank_slots",
+    "gather_passages",
+    "weighted_trellis",
+    "online_forward_scores",
+    "map_matched_orders",
+    "decode_setting",
+    "history_concatenation_scores",
+    "maximal_marginal_relevance_order",
+    "similarity_from_embeddings",
+    "similarity_from_distances",
+    "geodesic_online_order",
+]
+
+_INF = float("inf")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+class Setting(NamedTuple):
+    """One map-matching setting.
+
+    Attributes:
+        emission_weight: lambda (finite, >= 0).
+        transition_weight: beta (finite, >= 0); 0 is pointwise.
+        fixed_lag: None (full decoding) or L >= 0.
+    """
+
+    emission_weight: float
+    transition_weight: float
+    fixed_lag: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        """``"lambda=1 beta=0.5 full"`` / ``"... lag=2"``."""
+        lag = "full" if self.fixed_lag is None else f"lag={self.fixed_lag}"
+        return f"lambda={self.emission_weight:g} beta={self.transition_weight:g} {lag}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """``{"lambda", "beta", "lag"}`` (lag None = full decoding)."""
+        return {"lambda": self.emission_weight, "beta": self.transition_weight, "lag": self.fixed_lag}
+
+
+def settings_grid(
+    lambdas: Iterable[float], betas: Iterable[float], lags: Iterable[Optional[int]] = (None,)
+) -> Tuple[Setting, ...]:
+    """Every (lambda, beta, lag) combination, validated, duplicates dropped, in product order.
+
+    Raises:
+        MapMatchedValueError: an empty axis or a value the decoders reject (the
+            decoders' messages: weights finite and >= 0, lag >= 0).
+    """
+    axes = [tuple(lambdas), tuple(betas), tuple(lags)]
+    for name, axis in zip(("lambdas", "betas", "lags"), axes):
+        if not axis:
+            raise MapMatchedValueError(f"the grid needs at least one value in {name}")
+    settings = [Setting(*check_decode_options(*values)) for values in itertools.product(*axes)]
+    return tuple(dict.fromkeys(settings))
+
+
+# --------------------------------------------------------------------------- ranking helpers
+
+
+def rank_slots(values: Tensor, mask: Tensor) -> Tensor:
+    """Order each turn's candidate slots by decreasing value; ties and -inf by slot; padding last.
+
+    Args:
+        values: (..., M) float scores (-inf allowed at real candidates, e.g. locked out).
+        mask: (..., M) bool real candidates.
+
+    Returns:
+        (..., M) long slot indices (a permutation per turn). Cost: two stable sorts.
+
+    Example:
+        >>> rank_slots(torch.tensor([[1.0, 3.0, 1.0, 0.0]]), torch.tensor([[True, True, True, False]])).tolist()
+        [[1, 0, 2, 3]]
+    """
+    keyed = torch.where(mask, values.to(torch.float64), -_INF)
+    order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
+    # padding after every real candidate (a real -inf ties with padding above)
+    padding = (~mask.gather(-1, order)).to(torch.uint8)
+    return order.gather(-1, torch.sort(padding, dim=-1, stable=True).indices)
+
+
+def gather_passages(index: Tensor, order: Tensor) -> Tensor:
+    """(B, T, M) ranked passage indices: ``index`` (-1 padding) permuted by ``order``."""
+    return index.gather(-1, order)
+
+
+def weighted_trellis(
+    normalized: Tensor, distances: Tensor, setting: Setting
+) -> Tuple[Tensor, Tensor]:
+    """Emissions ``lambda * s`` (B, T, M) and transitions ``-(beta * d)`` (B, T-1, M, M) [b, t, from, to]."""
+    return setting.emission_weight * normalized, -(setting.transition_weight * distances)
+
+
+# --------------------------------------------------------------------------- map-matched
+
+
+def online_forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, lag: Optional[int] = None) -> Tensor:
+    """The forward scores a streaming session ranks turn t's candidates by, for every t at once.
+
+    Args:
+        emissions: (B, T, M) float weighted emissions.
+        transitions: (B, T-1, M, M) weighted transitions ``[b, t, from, to]``.
+        mask: (B, T, M) bool.
+        lag: None (full decoding: :func:`~mapmatched_torch.decode.forward_scores`) or
+            L >= 0 (fixed lag: the forward scores of turn t - L under the locks of
+            ``fixed_lag_viterbi``, then L unlocked max-plus steps; turns t < L are
+            unlocked).
+
+    Returns:
+        (B, T, M) forward scores; -inf at padding and at candidates a lock excludes.
+        Bit for bit what the session computes (same recursion, same order of
+        operations: predecessor plus transition, max, plus emission).
+
+    Cost: O(B T M^2) without a lag; O(B T (2 L + 2) M^2) with one.
+    """
+    if lag is None:
+        return forward_scores(emissions, transitions, mask)
+    locks = fixed_lag_viterbi(emissions, transitions, mask, lag).locks
+    # shape: (B, T, M): at turn s, the forward scores under the locks of turns <= s
+    scores = forward_scores(emissions, transitions, mask, locks)
+    if lag == 0 or emissions.shape[1] == 1:
+        return scores
+    # shape: (B, 1, M): turn 0 without a lock (the session before its first commit)
+    first = torch.where(mask[:, :1], emissions[:, :1], -_INF)
+    for _ in range(lag):
+        # shape: (B, T-1, M_to): one unlocked step from every turn to the next
+        stepped = (scores[:, :-1, :, None] + transitions).amax(dim=2) + emissions[:, 1:]
+        scores = torch.cat([first, torch.where(mask[:, 1:], stepped, -_INF)], dim=1)
+    return scores
+
+
+def map_matched_orders(
+    normalized: Tensor, distances: Optional[Tensor], mask: Tensor, settings: Sequence[Setting]
+) -> Tensor:
+    """Online rankings of every setting (see the module docstring), distances reused.
+
+    Args:
+        normalized: (B, T, M) float64 normalized scores.
+        distances: (B, T-1, M, M) float64 raw graph distances ``[b, t, from, to]``,
+            computed once for all settings (None only if every beta is 0).
+        mask: (B, T, M) bool.
+        settings: S settings.
+
+    Returns:
+        (S, B, T, M) long slot orders, in ``settings`` order.
+
+    Cost: the settings sharing a lag are decoded as one stacked batch of S_g * B
+    conversations: O(S B T M^2) time (times 2 L + 2 with a lag), O(S_g B T M^2)
+    memory for the stacked transitions.
+    """
+    batch, turns, width = mask.shape
+    out = torch.empty((len(settings), batch, turns, width), dtype=torch.long, device=mask.device)
+    groups: Dict[Optional[int], List[int]] = {}
+    for position, setting in enumerate(settings):
+        if setting.transition_weight == 0.0:
+            out[position] = pointwise_order(normalized, mask, setting)
+        else:
+            groups.setdefault(setting.fixed_lag, []).append(position)
+    if groups and distances is None:
+        raise MapMatchedValueError("map-matched settings with beta > 0 need the (B, T-1, M, M) distances")
+    for lag, members in groups.items():
+        count = len(members)
+        # shape: (S_g, 1, 1, 1)
+        lambdas = torch.tensor([settings[p].emission_weight for p in members], dtype=normalized.dtype,
+                               device=normalized.device).view(count, 1, 1, 1)
+        betas = lambdas.new_tensor([settings[p].transition_weight for p in members]).view(count, 1, 1, 1, 1)
+        # shape: (S_g * B, T, M) and (S_g * B, T-1, M, M): the same arithmetic as weighted_trellis
+        emissions = (lambdas * normalized.unsqueeze(0)).reshape(count * batch, turns, width)
+        transitions = (-(betas * distances.unsqueeze(0))).reshape(count * batch, max(turns - 1, 0), width, width)
+        stacked = mask.unsqueeze(0).expand(count, -1, -1, -1).reshape(count * batch, turns, width)
+        scores = online_forward_scores(emissions, transitions, stacked, lag)
+        out[members] = rank_slots(scores, stacked).view(count, batch, turns, width)
+    return out
+
+
+def pointwise_order(normalized: Tensor, mask: Tensor, setting: Optional[Setting] = None) -> Tensor:
+    """The beta = 0 ranking: ``lambda * s`` decreasing, ties by slot (``pointwise_decode``'s argmax first).
+
+    Without a setting lambda is 1 (the retriever's own order: normalization is monotone).
+    """
+    weight = 1.0 if setting is None else setting.emission_weight
+    return rank_slots(weight * normalized, mask)
+
+
+def decode_setting(normalized: Tensor, distances: Optional[Tensor], mask: Tensor, setting: Setting) -> Tensor:
+    """The whole-conversation decoded path of one setting (what the session's trace ends with).
+
+    Returns:
+        (B, T) long candidate slots, -1 after each conversation's end.
+    """
+    if setting.transition_weight == 0.0 or distances is None:
+        return pointwise_decode(setting.emission_weight * normalized, mask, fixed_lag=setting.fixed_lag).paths
+    emissions, transitions = weighted_trellis(normalized, distances, setting)
+    if setting.fixed_lag is None:
+        return viterbi(emissions, transitions, mask).paths
+    return fixed_lag_viterbi(emissions, transitions, mask, setting.fixed_lag).paths
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def history_concatenation_scores(normalized: Tensor, index: Tensor, mask: Tensor) -> Tensor:
+    """Score-level history concatenation: each candidate's mean normalized score over turns 0..t.
+
+    For turn t and candidate passage p: the mean over u = 0..t of turn u's normalized
+    score of p, where a turn u that did not retrieve p contributes its lowest real
+    candidate score (everything outside the top M scored at most that).
+
+    Args:
+        normalized: (B, T, M) float normalized scores. index: (B, T, M) long passage
+            indices (-1 padding). mask: (B, T, M) bool.
+
+    Returns:
+        (B, T, M) float64 (0.0 at padding). Cost: O(B T^2 M^2) time and memory.
+    """
+    values = normalized.to(torch.float64)
+    batch, turns, width = mask.shape
+    # shape: (B, T): each turn's floor, +inf on padded turns (never averaged)
+    floor = torch.where(mask, values, _INF).amin(dim=-1)
+    # shape: (B, T_now, M_now, T_then, M_then)
+    same = (index[:, :, :, None, None] == index[:, None, None, :, :]) & mask[:, None, None, :, :]
+    then = torch.where(same, values[:, None, None, :, :], -_INF).amax(dim=-1)
+    # shape: (B, T_now, M_now, T_then)
+    then = torch.where(torch.isfinite(then), then, floor[:, None, None, :])
+    steps = torch.arange(turns, device=mask.device)
+    # shape: (B, T_now, 1, T_then): real earlier-or-same turns
+    counted = (steps[None, :, None] >= steps[None, None, :]) & mask.any(dim=-1)[:, None, :]
+    counted = counted.unsqueeze(2)
+    total = torch.where(counted, then, 0.0).sum(dim=-1)
+    mean = total / counted.sum(dim=-1).clamp(min=1).to(torch.float64)
+    return torch.where(mask, mean, 0.0)
+
+
+def similarity_from_embeddings(index: Tensor, embeddings: Tensor) -> Tensor:
+    """(B, T, M, M) cosine similarity between each turn's candidates (unit or zero rows; padding 0)."""
+    # shape: (B, T, M, D)
+    vectors = embeddings[index.clamp(min=0)].to(torch.float64)
+    vectors = torch.where((index >= 0).unsqueeze(-1), vectors, 0.0)
+    return vectors @ vectors.transpose(-1, -2)
+
+
+def similarity_from_distances(distances: Tensor, maximum_distance: float) -> Tensor:
+    """(B, T, M, M) ``1 - d / maximum_distance`` from within-turn graph distances (in [0, 1])."""
+    return 1.0 - distances.to(torch.float64) / float(maximum_distance)
+
+
+def maximal_marginal_relevance_order(
+    scores: Tensor, similarity: Tensor, mask: Tensor, relevance_weight: float = 0.7
+) -> Tensor:
+    """Greedy Maximal Marginal Relevance re-ranking of each turn's candidates.
+
+    At each step the next passage maximizes ``lambda * relevance - (1 - lambda) *
+    max similarity to the passages ranked so far`` (the first step: relevance alone);
+    ties go to the earlier slot. Relevance is the raw score min-max scaled to [0, 1]
+    over the turn's real candidates (all 1 when they are equal).
+
+    Args:
+        scores: (B, T, M) float raw scores.
+        similarity: (B, T, M, M) float pairwise similarity of each turn's candidates.
+        mask: (B, T, M) bool.
+        relevance_weight: Carbonell and Goldstein's lambda in [0, 1] (default 0.7;
+            1 gives the pointwise ranking).
+
+    Returns:
+        (B, T, M) long slot order. Cost: O(B T M^2).
+    """
+    if isinstance(relevance_weight, bool) or not 0.0 <= float(relevance_weight) <= 1.0:
+        raise MapMatchedValueError(
+            f"the Maximal Marginal Relevance lambda must be in [0, 1], got {relevance_weight!r}"
+        )
+    weight = float(relevance_weight)
+    values = scores.to(torch.float64)
+    low = torch.where(mask, values, _INF).amin(dim=-1, keepdim=True)
+    high = torch.where(mask, values, -_INF).amax(dim=-1, keepdim=True)
+    spread = high - low
+    relevance = torch.where(spread > 0, (values - low) / torch.where(spread > 0, spread, 1.0), 1.0)
+    relevance = torch.where(mask, relevance, 0.0)
+    similarity = similarity.to(torch.float64)
+    width = mask.shape[-1]
+    taken = torch.zeros_like(mask)
+    penalty = torch.zeros_like(relevance)
+    picks: List[Tensor] = []
+    for step in range(width):
+        score = weight * relevance - (1.0 - weight) * penalty if step else relevance
+        available = mask & ~taken
+        # shape: (...,): the best available slot, else the first slot not yet taken (padding)
+        best = torch.where(available, score, -_INF).argmax(dim=-1)
+        fallback = (~taken).to(torch.uint8).argmax(dim=-1)
+        pick = torch.where(available.any(dim=-1), best, fallback)
+        picks.append(pick)
+        taken = taken.scatter(-1, pick.unsqueeze(-1), True)
+        # shape: (..., M): similarity of every slot to the new pick
+        row = similarity.gather(-2, pick[..., None, None].expand(*pick.shape, 1, width)).squeeze(-2)
+        penalty = row if step == 0 else torch.maximum(penalty, row)
+    return torch.stack(picks, dim=-1)
+
+
+def geodesic_online_order(emissions: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
+    """Online geodesic-bound ranking: least total distance to each candidate, then most emission.
+
+    Turn t's candidates are ordered by the lexicographic max-plus forward score
+    ``(-total distance, total emission)`` of the best path over turns 0..t ending at
+    them (the semiring of :func:`~mapmatched_torch.decode.geodesic_viterbi`, whose
+    prefix decode at turn t picks the first of this order), ties by slot.
+
+    Args:
+        emissions: (B, T, M) float weighted emissions. distances: (B, T-1, M, M)
+            nonnegative raw distances ``[b, t, from, to]``. mask: (B, T, M) bool.
+
+    Returns:
+        (B, T, M) long slot order. Cost: O(B T M^2), twice the memory of Viterbi.
+    """
+    if bool((~torch.isfinite(distances) | (distances < 0)).any()):
+        raise MapMatchedValueError("geodesic ranking needs finite nonnegative distances")
+    clean = torch.where(mask, emissions, 0.0)
+    # shape: (B, T, M, 2) and (B, T-1, M, M, 2)
+    pair_emissions = torch.stack((torch.zeros_like(clean), clean), dim=-1)
+    pair_transitions = torch.stack((-distances, torch.zeros_like(distances)), dim=-1)
+    alphas = chain.forward(LEXICOGRAPHIC, pair_emissions, pair_transitions, mask).alphas
+    secondary = rank_slots(alphas[..., 1], mask)
+    primary = torch.where(mask, alphas[..., 0], -_INF).gather(-1, secondary)
+    # a stable sort on the primary keeps the secondary order among equal distances
+    order = torch.sort(primary, dim=-1, descending=True, stable=True).indices
+    merged = secondary.gather(-1, order)
+    padding = (~mask.gather(-1, merged)).to(torch.uint8)
+    return merged.gather(-1, torch.sort(padding, dim=-1, stable=True).indices)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """What the methods are run with.
+
+    Attributes:
+        settings: the map-matching grid.
+        relevance_weight: the Maximal Marginal Relevance lambda.
+        score_normalization: the normalization the fitted method fits with.
+        seed: seeds the fitted method's folds and fits.
+        fit_folds: cross-fitting folds of the fitted method (>= 2).
+        extra: free-form options of registered methods (e.g. a fitting budget).
+    """
+
+    settings: Tuple[Setting, ...]
+    relevance_weight: float = 0.7
+    score_normalization: str = "zscore"
+    seed: int = 0
+    fit_folds: int = 2
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class MethodBatch(NamedTuple):
+    """What a method sees for one chunk of conversations.
+
+    Attributes:
+        rows: (B,) long, the conversations' indices in the whole evaluation.
+        candidates: the query candidates (B, T, M).
+        normalized: (B, T, M) float64 normalized scores.
+        distances: (B, T-1, M, M) float64 graph distances, computed once per chunk.
+        similarity: (B, T, M, M) within-turn passage similarity, or None when no
+            method asked for it.
+        alternatives: other candidate sets of the same conversations by name
+            (``"history"``: history-concatenation retrieval, ``"rewrite"``: the
+            resolved queries).
+        state: per-method state from :attr:`MethodSpec.prepare`, by method name.
+    """
+
+    rows: Tensor
+    candidates: Candidates
+    normalized: Tensor
+    distances: Optional[Tensor]
+    similarity: Optional[Tensor]
+    alternatives: Mapping[str, Candidates]
+    state: Mapping[str, Any]
+
+
+class MethodOutput(NamedTuple):
+    """One ranking of a batch.
+
+    Attributes:
+        key: unique name in reports (e.g. ``"map-matched lambda=1 beta=0.5 full"``).
+        method: the method's registry name.
+        params: its parameters (JSON-friendly).
+        passages: (B, T, K) long ranked passage indices, -1 padding.
+    """
+
+    key: str
+    method: str
+    params: Dict[str, Any]
+    passages: Tensor
+
+
+class MethodUnavailable(Exception):
+    """Raised by :attr:`MethodSpec.prepare` when a method cannot run on these inputs (the message says why)."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method.
+
+    Attributes:
+        name: registry name (``"pointwise"``, ``"map-matched"``, ...).
+        title: human-readable name for reports.
+        run: ``run(batch, options) -> list of MethodOutput``.
+        prepare: optional ``prepare(inputs, options) -> state`` run once before the
+            batches (e.g. fitting); it raises :class:`MethodUnavailable` to skip the
+            method. ``inputs`` is the runner's :class:`~mapmatched_torch.eval.runner.EvalInputs`.
+        needs_distances: the runner fills :attr:`MethodBatch.distances`.
+        needs_similarity: the runner computes :attr:`MethodBatch.similarity`.
+    """
+
+    name: str
+    title: str
+    run: Callable[[MethodBatch, MethodOptions], List[MethodOutput]]
+    prepare: Optional[Callable[[Any, MethodOptions], Any]] = None
+    needs_distances: bool = False
+    needs_similarity: bool = False
+
+
+#: The registry of methods, by name (the runner runs them in this order).
+METHODS: Dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
+    """Add a method to :data:`METHODS` (``replace=True`` to override one)."""
+    if not isinstance(spec, MethodSpec):
+        raise MapMatchedValueError(f"register_method needs a MethodSpec, got {type(spec).__name__}")
+    if spec.name in METHODS and not replace:
+        raise MapMatchedValueError(f"method {spec.name!r} is already registered (pass replace=True)")
+    METHODS[spec.name] = spec
+    return spec
+
+
+def _ranked(batch: MethodBatch, order: Tensor) -> Tensor:
+    return gather_passages(batch.candidates.index, order)
+
+
+def _run_pointwise(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    order = pointwise_order(batch.normalized, batch.candidates.mask)
+    return [MethodOutput("pointwise", "pointwise", {}, _ranked(batch, order))]
+
+
+def _run_map_matched(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    orders = map_matched_orders(batch.normalized, batch.distances, batch.candidates.mask, options.settings)
+    return [
+        MethodOutput(f"map-matched {setting.label}", "map-matched", setting.to_dict(), _ranked(batch, order))
+        for setting, order in zip(options.settings, orders)
+    ]
+
+
+def _run_history(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    retrieved = batch.alternatives.get("history")
+    if retrieved is not None:
+        return [MethodOutput("history concatenation", "history-concatenation", {"level": "query text"}, retrieved.index)]
+    cands = batch.candidates
+    order = rank_slots(history_concatenation_scores(batch.normalized, cands.index, cands.mask), cands.mask)
+    return [MethodOutput("history concatenation", "history-concatenation", {"level": "candidate scores"},
+                         _ranked(batch, order))]
+
+
+def _run_maximal_marginal_relevance(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    if batch.similarity is None:
+        raise MapMatchedValueError("Maximal Marginal Relevance needs the within-turn similarity")
+    cands = batch.candidates
+    order = maximal_marginal_relevance_order(cands.scores, batch.similarity, cands.mask, options.relevance_weight)
+    key = f"Maximal Marginal Relevance lambda={options.relevance_weight:g}"
+    return [MethodOutput(key, "maximal-marginal-relevance", {"lambda": options.relevance_weight},
+                         _ranked(batch, order))]
+
+
+def _prepare_oracle(inputs: Any, options: MethodOptions) -> None:
+    if "rewrite" not in getattr(inputs, "alternatives", {}):
+        raise MethodUnavailable("the dataset has no rewrites (or no embedder to retrieve with them)")
+
+
+def _run_oracle(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    return [MethodOutput("resolved-query oracle", "resolved-query-oracle", {}, batch.alternatives["rewrite"].index)]
+
+
+def _run_geodesic(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    if batch.distances is None:
+        raise MapMatchedValueError("the geodesic bound needs the graph distances")
+    order = geodesic_online_order(batch.normalized, batch.distances, batch.candidates.mask)
+    return [MethodOutput("geodesic bound", "geodesic", {}, _ranked(batch, order))]
+
+
+class FittedState(NamedTuple):
+    """What the fitted method's prepare step leaves for its runs.
+
+    Attributes:
+        fold: (B,) long, the cross-fitting fold of each conversation.
+        settings: one fitted :class:`Setting` per fold (fitted on the other folds).
+        results: the :class:`~mapmatched_torch.fit.FitResult` of each fold.
+    """
+
+    fold: Tensor
+    settings: Tuple[Setting, ...]
+    results: Tuple[Any, ...]
+
+
+def labelled_conversations(inputs: Any) -> List[List[Tuple[List[Any], frozenset]]]:
+    """The inputs as ``fit_weights`` conversations: per turn (ScoredCandidate list, relevant IDs)."""
+    from ..models import ScoredCandidate
+
+    ids = inputs.passage_ids
+    cands = inputs.candidates
+    relevant = iter([
+        frozenset(ids[i] for i, g in zip(row_ids, row_grades) if g > 0 and i >= 0)
+        for row_ids, row_grades in zip(inputs.qrels.ids.tolist(), inputs.qrels.grades.tolist())
+    ])
+    conversations = []
+    for index_rows, score_rows, mask_rows in zip(cands.index.tolist(), cands.scores.tolist(), cands.mask.tolist()):
+        turns = []
+        for index_row, score_row, mask_row in zip(index_rows, score_rows, mask_rows):
+            if not any(mask_row):
+                break
+            scored = [ScoredCandidate(ids[i], s) for i, s, keep in zip(index_row, score_row, mask_row) if keep]
+            turns.append((scored, next(relevant)))
+        conversations.append(turns)
+    return conversations
+
+
+def _prepare_fitted(inputs: Any, options: MethodOptions) -> FittedState:
+    """Cross-fitted weights: ``mapmatched_torch.fit.fit_weights`` on all folds but one, per fold.
+
+    Each conversation is ranked with weights fitted without it (``options.fit_folds``
+    balanced folds drawn with ``options.seed``), full decoding (no lag). A fit that
+    cannot run (e.g. no training turn whose relevant passage is among its candidates)
+    skips the method with fit_weights' message.
+    """
+    try:
+        from ..fit import fit_weights
+    except ImportError:
+        raise MethodUnavailable("mapmatched_torch.fit.fit_weights is not available") from None
+    folds = options.fit_folds
+    batch = inputs.candidates.shape[0]
+    if batch < folds:
+        raise MethodUnavailable(f"cross-fitting with {folds} folds needs at least {folds} conversations, got {batch}")
+    generator = torch.Generator().manual_seed(options.seed)
+    # shape: (B,) fold of every conversation, balanced
+    fold = torch.empty(batch, dtype=torch.long)
+    fold[torch.randperm(batch, generator=generator)] = torch.arange(batch) % folds
+    conversations = labelled_conversations(inputs)
+    settings, results = [], []
+    for held_out in range(folds):
+        train = [c for c, f in zip(conversations, fold.tolist()) if f != held_out]
+        try:
+            # no validation split: two weights cannot overfit much, and the folds already hold out
+            result = fit_weights(train, inputs.graph, score_normalization=options.score_normalization,
+                                 validation_fraction=0.0, seed=options.seed, progress=False)
+        except ValueError as error:
+            raise MethodUnavailable(f"fit_weights failed on fold {held_out}: {error}") from None
+        results.append(result)
+        settings.append(Setting(result.emission_weight, result.transition_weight, None))
+    return FittedState(fold.to(inputs.candidates.mask.device), tuple(settings), tuple(results))
+
+
+def _run_fitted(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+    state: FittedState = batch.state["fitted"]
+    # shape: (B_c,) fold of each conversation of the batch
+    fold = state.fold.to(batch.rows.device)[batch.rows]
+    mask = batch.candidates.mask
+    order = torch.empty_like(batch.candidates.index)
+    for held_out, setting in enumerate(state.settings):
+        rows = (fold == held_out).nonzero().flatten()
+        if rows.numel():
+            distances = None if batch.distances is None else batch.distances[rows]
+            order[rows] = map_matched_orders(batch.normalized[rows], distances, mask[rows], (setting,))[0]
+    params = {"folds": len(state.settings), "weights": [s.to_dict() for s in state.settings]}
+    return [MethodOutput(f"fitted ({len(state.settings)}-fold cross-fitted)", "fitted", params, _ranked(batch, order))]
+
+
+for _spec in (
+    MethodSpec("pointwise", "pointwise (beta = 0)", _run_pointwise),
+    MethodSpec("map-matched", "map-matched", _run_map_matched, needs_distances=True),
+    MethodSpec("history-concatenation", "history concatenation", _run_history),
+    MethodSpec("maximal-marginal-relevance", "Maximal Marginal Relevance", _run_maximal_marginal_relevance,
+               needs_similarity=True),
+    MethodSpec("resolved-query-oracle", "resolved-query oracle", _run_oracle, prepare=_prepare_oracle),
+    MethodSpec("geodesic", "geodesic bound", _run_geodesic, needs_distances=True),
+    MethodSpec("fitted", "fitted weights", _run_fitted, prepare=_prepare_fitted, needs_distances=True),
+):
+    register_method(_spec)
+
+#: Every built-in method, in report order.
+DEFAULT_METHODS = tuple(METHODS)

@@ -1,0 +1,212 @@
+"""Reports of an :class:`~mapmatched_torch.eval.runner.EvalResult`: markdown and JSON.
+
+- :func:`to_markdown`: a header (data, slice rule with the entropy threshold, interval
+  method), the nDCG@3 table (methods x slices, with intervals), the verdict table
+  (follow-up lift and standalone change vs pointwise), and one table per slice
+  (nDCG@3 with its interval, the lift, MRR, Recall@10, n).
+- :func:`to_json_dict` / :func:`to_json` / :func:`write_json`: everything except the
+  per-turn tensors, with sorted keys; NaN and infinities become ``null`` (the output is
+  strict JSON).
+
+Example:
+    >>> sanitize({"b": float("nan"), "a": (1, float("inf"))})
+    {'b': None, 'a': [1, None]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from ..errors import MapMatchedValueError
+from .bootstrap import BootstrapResult
+from .runner import PRIMARY_METRIC, EvalResult, MethodResult
+
+__all__ = ["SLICE_TITLES", "sanitize", "to_json_dict", "to_json", "write_json", "to_markdown", "write_markdown"]
+
+#: Report titles of the slice names.
+SLICE_TITLES = {
+    "all": "all",
+    "follow-up": "follow-up",
+    "standalone": "standalone",
+    "topic-switch": "topic switch",
+    "same-topic": "same topic",
+}
+
+
+def sanitize(value: Any) -> Any:
+    """A JSON-ready copy: NaN/inf -> None, tuples -> lists, dict keys -> str, numbers as float/int."""
+    if isinstance(value, dict):
+        return {str(key): sanitize(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(item) for item in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # 0-dim tensors / numpy scalars
+        return sanitize(value.item())
+    raise MapMatchedValueError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _interval(result: Optional[BootstrapResult]) -> Optional[Dict[str, Any]]:
+    return None if result is None else result.to_dict()
+
+
+def _method_dict(method: MethodResult) -> Dict[str, Any]:
+    verdict = method.verdict
+    return {
+        "key": method.key,
+        "method": method.method,
+        "title": method.title,
+        "params": method.params,
+        "verdict": None if verdict is None else {
+            "passed": verdict.passed, "followup_ok": verdict.followup_ok, "standalone_ok": verdict.standalone_ok,
+            "tolerance": verdict.tolerance, "reason": verdict.reason,
+        },
+        "slices": {
+            name: {
+                "n_turns": piece.n_turns, "n_conversations": piece.n_conversations, "means": piece.means,
+                "interval": _interval(piece.interval), "lift": _interval(piece.lift),
+            }
+            for name, piece in method.slices.items()
+        },
+    }
+
+
+def to_json_dict(result: EvalResult) -> Dict[str, Any]:
+    """The result as plain JSON-ready data (no per-turn tensors)."""
+    split = result.split
+    return sanitize({
+        "name": result.name,
+        "info": result.info,
+        "config": result.config,
+        "primary_metric": PRIMARY_METRIC,
+        "entropy_threshold": {"value": result.threshold, "configured": result.threshold_configured},
+        "primary": {"key": result.primary, "selected_on_data": result.primary_selected_on_data},
+        "methods": [_method_dict(method) for method in result.methods],
+        "skipped": result.skipped,
+        "split": None if split is None else {
+            "conversation_id": split.conversation_id, "setting": split.setting.to_dict(),
+            "chunk_ids": split.chunk_ids, "relevant": split.relevant,
+            "weighted_emission": split.weighted_emission, "distance": split.distance,
+            "weighted_transition": split.weighted_transition, "cumulative": split.cumulative,
+            "pointwise_chunk_ids": split.pointwise_chunk_ids,
+        },
+        "timings": result.timings,
+    })
+
+
+def to_json(result: EvalResult, indent: Optional[int] = 2) -> str:
+    """Strict JSON text (sorted keys, ``null`` for NaN)."""
+    return json.dumps(to_json_dict(result), sort_keys=True, allow_nan=False, indent=indent)
+
+
+def write_json(result: EvalResult, path: Union[str, Path]) -> Path:
+    """Write :func:`to_json` to ``path`` (parents created); returns the path."""
+    return _write(path, to_json(result) + "\n")
+
+
+def write_markdown(result: EvalResult, path: Union[str, Path]) -> Path:
+    """Write :func:`to_markdown` to ``path`` (parents created); returns the path."""
+    return _write(path, to_markdown(result))
+
+
+def _write(path: Union[str, Path], text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _number(value: float, signed: bool = False) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _with_interval(result: Optional[BootstrapResult], signed: bool = False) -> str:
+    if result is None:
+        return ""
+    text = _number(result.mean, signed)
+    if math.isfinite(result.low) and math.isfinite(result.high):
+        text += f" [{_number(result.low, signed)}, {_number(result.high, signed)}]"
+    return text
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _verdict_word(method: MethodResult) -> str:
+    if method.verdict is None:
+        return "baseline"
+    return "PASS" if method.verdict.passed else "FAIL"
+
+
+def _header(result: EvalResult) -> List[str]:
+    info, config = result.info, result.config
+    facts = [f"{info.get('conversations', '?')} conversations", f"{info.get('turns', '?')} turns"]
+    if "labelled_turns" in info:
+        facts.append(f"{info['labelled_turns']} labelled")
+    facts += [f"{info.get('passages', '?')} passages", f"{info.get('candidates_per_turn', '?')} candidates per turn",
+              f"graph: {info.get('graph', '?')}"]
+    if "embedder" in info:
+        facts.append(f"embedder: {info['embedder']}")
+    rule = "given" if result.threshold_configured else "median of the later labelled turns"
+    lines = [
+        f"# Map-matched retrieval evaluation: {result.name}",
+        "",
+        ", ".join(facts) + ".",
+        "",
+        f"Slices (labelled turns only): **follow-up** = a later turn whose emission entropy at lambda = "
+        f"{config.get('slice_emission_weight', 1.0):g} is > {_number(result.threshold)} nats ({rule}); "
+        "**standalone** = first turns and the other later turns; **topic switch** / **same topic** as labelled.",
+        f"Intervals: {config.get('confidence', 0.95):.0%} percentile bootstrap over conversations "
+        f"({config.get('n_bootstrap')} resamples, seed {config.get('seed')}); "
+        "lift = paired difference to pointwise. Rankings are online (turn t uses turns 0..t).",
+    ]
+    if result.primary is not None:
+        how = "best nDCG@3 over all turns, chosen on this data" if result.primary_selected_on_data else "configured"
+        verdict = result.method(result.primary).verdict
+        lines += ["", f"**Verdict** for {result.primary} ({how}): {verdict.reason if verdict is not None else 'n/a'}."]
+    return lines
+
+
+def to_markdown(result: EvalResult) -> str:
+    """The markdown report (see the module docstring)."""
+    slices = [name for name in SLICE_TITLES if any(name in m.slices for m in result.methods)]
+    lines = _header(result)
+
+    lines += ["", "## nDCG@3 by slice", ""]
+    rows = [[m.key] + [_with_interval(m.slices[s].interval) for s in slices] + [_verdict_word(m)]
+            for m in result.methods]
+    lines += _table(["method"] + [SLICE_TITLES[s] for s in slices] + ["verdict"], rows)
+
+    tolerance = result.config.get("tolerance", 0.0)
+    lines += ["", f"## Verdict: follow-up lift > 0, standalone change >= -{tolerance:g} (nDCG@3 vs pointwise)", ""]
+    rows = [[m.key, _with_interval(m.slices["follow-up"].lift, True), _with_interval(m.slices["standalone"].lift, True),
+             _verdict_word(m)] for m in result.methods if m.verdict is not None]
+    lines += _table(["method", "follow-up lift", "standalone change", "verdict"], rows)
+
+    for name in slices:
+        first = result.methods[0].slices[name]
+        lines += ["", f"## {SLICE_TITLES[name]} ({first.n_turns} turns, {first.n_conversations} conversations)", ""]
+        rows = [[m.key, _with_interval(m.slices[name].interval), _with_interval(m.slices[name].lift, True),
+                 _number(m.slices[name].means.get("mrr", math.nan)),
+                 _number(m.slices[name].means.get("recall@10", math.nan)), str(m.slices[name].n_turns)]
+                for m in result.methods]
+        lines += _table(["method", "nDCG@3", "lift", "MRR", "Recall@10", "n"], rows)
+
+    if result.skipped:
+        lines += ["", "Skipped: " + "; ".join(f"{name} ({reason})" for name, reason in result.skipped.items()) + "."]
+    return "\n".join(lines) + "\n"

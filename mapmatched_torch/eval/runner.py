@@ -1,0 +1,737 @@
+"""The evaluation harness: every method's per-turn metrics, slices, intervals and verdicts.
+
+Data flow (one direction):
+
+1. :class:`EvalInputs`: each turn's query candidates (B, T, M), the flat qrels of the
+   real turns, topic-switch labels, the corpus graph, optional passage embeddings
+   and alternative candidate sets (history-concatenation and resolved-query
+   retrieval). :func:`inputs_from_synthetic` and :func:`inputs_from_dataset` build
+   them (the latter embeds and retrieves: everything later is embedding-free).
+2. :func:`evaluate` walks the conversations in chunks (a progress bar on long runs):
+   normalizes the scores, fills the (B, T-1, M, M) distances ONCE per chunk, runs
+   every method of :data:`~mapmatched_torch.eval.methods.METHODS` (the map-matched
+   grid reuses the distances), and scores each ranking per turn (nDCG@{3,5,10},
+   Recall@{3,5,10}, MRR) as tensors.
+3. Slices over the labelled turns: ``all``; ``follow-up`` / ``standalone`` by
+   emission entropy at lambda = ``slice_emission_weight`` (turn 0 standalone; median
+   threshold over later labelled turns unless configured; the threshold is
+   reported); ``topic-switch`` / ``same-topic`` where labelled.
+4. Per method and slice: the mean of every metric, a bootstrap interval of the
+   primary metric (nDCG@3), and the paired bootstrap interval of its lift over
+   pointwise, resampling conversations (seeded). Per method, the verdict: follow-up
+   lift interval above 0 and standalone change not below ``-tolerance``.
+5. For one conversation, the per-turn emission vs transition split of the decoded
+   path of the primary map-matched setting (for the plot).
+
+Choices where the issue was silent: the slices use the entropy of the query
+candidates at ``slice_emission_weight`` (1.0), the same for every method; the
+primary map-matched setting (verdict headline, split plot) is ``config.primary`` or
+else the grid setting with the best nDCG@3 over all labelled turns (chosen on the
+evaluated data, which the report says); the split conversation is
+``config.split_conversation`` or else the one where that setting gains most nDCG@3
+over pointwise (ties: the first).
+
+Example:
+    >>> from mapmatched_torch.eval.synthetic import make_synthetic
+    >>> bench = make_synthetic(8, 3, 4, topics=6, passages_per_topic=4)
+    >>> config = EvalConfig(methods=("pointwise", "map-matched"), betas=(0.5,), n_bootstrap=10, progress=False)
+    >>> result = evaluate(inputs_from_synthetic(bench), config)
+    >>> [method.key for method in result.methods], result.primary
+    (['pointwise', 'map-matched lambda=1 beta=0.5 full'], 'map-matched lambda=1 beta=0.5 full')
+    >>> result.per_turn["pointwise"]["ndcg@3"].shape
+    torch.Size([24])
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .._validation import check_positive_int
+from ..errors import MapMatchedValueError
+from .bootstrap import BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
+from .candidates import (
+    Candidates,
+    candidates_from_synthetic,
+    normalize_candidate_scores,
+    passage_embedding_text,
+    query_texts,
+    retrieve_candidates,
+)
+from .data import Dataset
+from .distances import CorpusDistances, build_corpus_graph, synthetic_graph
+from .methods import (
+    DEFAULT_METHODS,
+    METHODS,
+    MethodBatch,
+    MethodOptions,
+    MethodUnavailable,
+    Setting,
+    decode_setting,
+    settings_grid,
+    similarity_from_distances,
+    similarity_from_embeddings,
+)
+from .metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
+from .slices import emission_entropy, entropy_slices, topic_slices
+
+__all__ = [
+    "SLICES",
+    "PRIMARY_METRIC",
+    "EvalInputs",
+    "EvalConfig",
+    "SliceResult",
+    "MethodResult",
+    "PathSplit",
+    "EvalResult",
+    "inputs_from_synthetic",
+    "inputs_from_dataset",
+    "evaluate",
+]
+
+#: Slice names, in report order.
+SLICES = ("all", "follow-up", "standalone", "topic-switch", "same-topic")
+#: The metric with intervals, lifts and verdicts.
+PRIMARY_METRIC = "ndcg@3"
+
+Device = Union[str, torch.device, None]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    """Everything :func:`evaluate` needs; no text, no embedder.
+
+    B conversations, T turns, M candidates, N real turns, P passages.
+
+    Attributes:
+        name: dataset name for reports.
+        candidates: the query candidates (B, T, M).
+        qrels: flat qrels of the N real turns in (conversation, position) order.
+        topic_switch: (B, T) int8, 1 switch / 0 same topic / -1 unknown.
+        graph: the corpus graph (any ``CorpusGraph``; nodes may be in any order).
+        passage_ids: the P corpus IDs in corpus order.
+        conversation_ids: B conversation IDs.
+        passage_embeddings: (P, D) unit rows, or None (synthetic).
+        alternatives: other candidate sets of the same turns by name (``"history"``,
+            ``"rewrite"``), each (B, T, M').
+        info: free-form facts for the report (dataset counts, embedder, graph).
+    """
+
+    name: str
+    candidates: Candidates
+    qrels: SparseQrels
+    topic_switch: Tensor
+    graph: Any
+    passage_ids: Tuple[str, ...]
+    conversation_ids: Tuple[str, ...]
+    passage_embeddings: Optional[Tensor] = None
+    alternatives: Mapping[str, Candidates] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        batch, turns, _ = self.candidates.check(len(self.passage_ids)).shape
+        real = int(self.candidates.valid.sum())
+        if self.qrels.ids.shape[0] != real:
+            raise MapMatchedValueError(f"qrels has {self.qrels.ids.shape[0]} turns but the candidates have {real}")
+        if tuple(self.topic_switch.shape) != (batch, turns):
+            raise MapMatchedValueError(f"topic_switch must be (B, T) = {(batch, turns)}, got {tuple(self.topic_switch.shape)}")
+        if len(self.conversation_ids) != batch:
+            raise MapMatchedValueError(f"{len(self.conversation_ids)} conversation IDs for {batch} conversations")
+        for name, other in self.alternatives.items():
+            if other.check(len(self.passage_ids)).shape[:2] != (batch, turns) or not bool(
+                (other.valid == self.candidates.valid).all()
+            ):
+                raise MapMatchedValueError(f"alternative candidates {name!r} must cover the same (B, T) turns")
+
+
+def inputs_from_synthetic(
+    bench: Any, *, graph: Any = None, device: Device = None, maximum_distance: float = 10.0
+) -> EvalInputs:
+    """:class:`EvalInputs` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticBenchmark`.
+
+    The graph defaults to the benchmark's topic graph (:func:`synthetic_graph`, dense
+    table precomputed). History concatenation is score-level; the resolved-query
+    oracle is not available (the candidates are simulated, not retrieved).
+    """
+    candidates = candidates_from_synthetic(bench).to(device)
+    batch = candidates.shape[0]
+    conversations = bench.dataset.conversations
+    ids = tuple(c.conversation_id for c in conversations) if conversations else tuple(
+        f"{bench.dataset.name}-{b}" for b in range(batch)
+    )
+    return EvalInputs(
+        name=bench.dataset.name,
+        candidates=candidates,
+        qrels=bench.qrels().to(candidates.mask.device),
+        topic_switch=bench.topic_switch.to(device=candidates.mask.device, dtype=torch.int8),
+        graph=graph if graph is not None else synthetic_graph(bench, maximum_distance=maximum_distance, device=device),
+        passage_ids=bench.dataset.passage_ids,
+        conversation_ids=ids,
+        info={"source": "synthetic", "generator": dict(bench.config), "conversations": batch,
+              "turns": int(candidates.valid.sum()), "passages": len(bench.dataset.passages),
+              "candidates_per_turn": candidates.shape[2], "graph": "synthetic topic graph"},
+    )
+
+
+def inputs_from_dataset(
+    dataset: Dataset,
+    embedder: Any,
+    *,
+    graph: Union[str, Any] = "knn",
+    k: int = 10,
+    candidates: int = 20,
+    maximum_distance: float = 10.0,
+    device: Device = None,
+    progress: Optional[bool] = None,
+) -> EvalInputs:
+    """Embed a dataset's corpus and queries, retrieve the candidates, build the graph.
+
+    Passages are embedded with their headings (:func:`~mapmatched_torch.eval.candidates.passage_embedding_text`).
+    Retrieval is exact inner-product top-``candidates`` over the unit passage
+    embeddings (:class:`~mapmatched_torch.providers.dense.DenseProvider`), for the raw
+    queries, the history concatenation, and (when any turn has one) the rewrites.
+
+    Args:
+        dataset: conversations and a non-empty corpus.
+        embedder: an :class:`~mapmatched_torch.eval.embedders.Embedder`.
+        graph: ``"knn"`` (default, over the passage embeddings, ``k`` neighbours),
+            ``"section"``, or a ready ``CorpusGraph`` over the passage IDs.
+        k: kNN neighbours. candidates: M per turn.
+        maximum_distance: the graph bound. device: where tensors live.
+        progress: progress bars of the graph build.
+    """
+    from ..providers.dense import DenseProvider
+
+    if not dataset.passages:
+        raise MapMatchedValueError(f"dataset {dataset.name!r} has no passages: give the corpus to retrieve from")
+    if not dataset.conversations:
+        raise MapMatchedValueError(f"dataset {dataset.name!r} has no conversations")
+    candidates = check_positive_int(candidates, "candidates")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    # shape: (P, D)
+    embeddings = embedder.encode([passage_embedding_text(p) for p in dataset.passages]).to(device)
+    provider = DenseProvider(embeddings, dataset.passage_ids, metric="inner_product", device=device)
+    retrieve = lambda mode: retrieve_candidates(query_texts(dataset, mode), embedder, provider, candidates,
+                                                device=device)  # noqa: E731
+    query = retrieve("query")
+    alternatives = {"history": retrieve("history")}
+    if any(turn.rewrite is not None for _, _, turn in dataset.iter_turns()):
+        alternatives["rewrite"] = retrieve("rewrite")
+    graph_name = graph if isinstance(graph, str) else type(graph).__name__
+    if isinstance(graph, str):
+        graph = build_corpus_graph(graph, dataset.passages, embeddings, k=k, maximum_distance=maximum_distance,
+                                   device=device, progress=progress)
+    table = dataset.turn_table()
+    switch = torch.full(query.valid.shape, -1, dtype=torch.int8)
+    switch[table.conversation, table.position] = table.topic_switch
+    info = dict(dataset.summary())
+    info.update({"source": "dataset", "embedder": repr(embedder), "graph": graph_name, "k": k,
+                 "candidates_per_turn": query.shape[2], "rewrites": "rewrite" in alternatives})
+    return EvalInputs(
+        name=dataset.name,
+        candidates=query,
+        qrels=pack_qrels(dataset.turn_qrels(), dataset.passage_index, device=device),
+        topic_switch=switch.to(device),
+        graph=graph,
+        passage_ids=dataset.passage_ids,
+        conversation_ids=tuple(c.conversation_id for c in dataset.conversations),
+        passage_embeddings=embeddings,
+        alternatives=alternatives,
+        info=info,
+    )
+
+
+# --------------------------------------------------------------------------- config and results
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Options of :func:`evaluate`.
+
+    Attributes:
+        lambdas, betas, lags: the map-matching grid (lag None = full decoding).
+        methods: registry names to run, in report order (default: all).
+        relevance_weight: the Maximal Marginal Relevance lambda (1 = pure relevance).
+        ks: cut-offs of nDCG@k and Recall@k.
+        n_bootstrap: bootstrap resamples (0 skips the intervals: NaN bounds).
+        confidence: interval coverage. seed: bootstrap seed.
+        tolerance: the verdict's standalone tolerance (nDCG@3 units).
+        entropy_threshold: a fixed follow-up threshold in nats (None: the median).
+        slice_emission_weight: lambda of the slicing entropy.
+        score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
+        exact_normalization: bit-exact (Python) normalization, else tensor sums.
+        fit_folds: cross-fitting folds of the fitted method (>= 2).
+        primary: the map-matched setting of the headline verdict and the split plot
+            (None: the best on the data).
+        split_conversation: conversation index of the split plot (None: automatic).
+        batch_size: conversations per chunk (None: from ``memory_budget``).
+        memory_budget: bytes of stacked transitions per chunk (default 256 MiB).
+        device: where the work runs (None: where the inputs are).
+        progress: progress bars (None: only on a terminal).
+    """
+
+    lambdas: Tuple[float, ...] = (1.0,)
+    betas: Tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+    lags: Tuple[Optional[int], ...] = (None,)
+    methods: Tuple[str, ...] = DEFAULT_METHODS
+    relevance_weight: float = 0.7
+    ks: Tuple[int, ...] = (3, 5, 10)
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
+    tolerance: float = 0.01
+    entropy_threshold: Optional[float] = None
+    slice_emission_weight: float = 1.0
+    score_normalization: str = "zscore"
+    exact_normalization: bool = True
+    fit_folds: int = 2
+    primary: Optional[Setting] = None
+    split_conversation: Optional[int] = None
+    batch_size: Optional[int] = None
+    memory_budget: int = 256 << 20
+    device: Device = None
+    progress: Optional[bool] = None
+
+    @property
+    def settings(self) -> Tuple[Setting, ...]:
+        """The validated grid."""
+        return settings_grid(self.lambdas, self.betas, self.lags)
+
+    def check(self) -> "EvalConfig":
+        """Validate every option; returns ``self``.
+
+        Raises:
+            MapMatchedValueError: naming the bad option.
+        """
+        self.settings  # noqa: B018 (validates the grid)
+        unknown = [name for name in self.methods if name not in METHODS]
+        if unknown:
+            raise MapMatchedValueError(f"unknown method(s) {unknown} (registered: {', '.join(METHODS)})")
+        if "pointwise" not in self.methods:
+            raise MapMatchedValueError("the methods must include pointwise (the baseline of every lift)")
+        for k in self.ks:
+            check_positive_int(k, "k")
+        if PRIMARY_METRIC.split("@")[1] not in {str(k) for k in self.ks}:
+            raise MapMatchedValueError(f"ks must include {PRIMARY_METRIC.split('@')[1]} (the primary metric)")
+        if isinstance(self.n_bootstrap, bool) or not isinstance(self.n_bootstrap, int) or self.n_bootstrap < 0:
+            raise MapMatchedValueError(f"n_bootstrap must be an int >= 0, got {self.n_bootstrap!r}")
+        if not 0.0 < float(self.confidence) < 1.0:
+            raise MapMatchedValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        if not math.isfinite(float(self.tolerance)) or self.tolerance < 0:
+            raise MapMatchedValueError(f"tolerance must be finite and nonnegative, got {self.tolerance!r}")
+        if not 0.0 <= float(self.relevance_weight) <= 1.0:
+            raise MapMatchedValueError(f"the Maximal Marginal Relevance lambda must be in [0, 1], got {self.relevance_weight!r}")
+        if self.batch_size is not None:
+            check_positive_int(self.batch_size, "batch_size")
+        check_positive_int(self.memory_budget, "memory_budget")
+        if isinstance(self.fit_folds, bool) or not isinstance(self.fit_folds, int) or self.fit_folds < 2:
+            raise MapMatchedValueError(f"fit_folds must be an int >= 2, got {self.fit_folds!r}")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The options as plain JSON-friendly values."""
+        return {
+            "lambdas": list(self.lambdas), "betas": list(self.betas), "lags": list(self.lags),
+            "methods": list(self.methods), "maximal_marginal_relevance_lambda": self.relevance_weight,
+            "ks": list(self.ks), "n_bootstrap": self.n_bootstrap, "confidence": self.confidence,
+            "seed": self.seed, "tolerance": self.tolerance, "entropy_threshold": self.entropy_threshold,
+            "slice_emission_weight": self.slice_emission_weight, "score_normalization": self.score_normalization,
+            "exact_normalization": self.exact_normalization, "fit_folds": self.fit_folds,
+            "primary": None if self.primary is None else self.primary.to_dict(),
+            "device": None if self.device is None else str(self.device),
+        }
+
+
+@dataclass(frozen=True)
+class SliceResult:
+    """One method on one slice.
+
+    Attributes:
+        n_turns: labelled turns in the slice. n_conversations: conversations with one.
+        means: every metric's mean over the slice's turns (NaN when empty).
+        interval: bootstrap interval of the primary metric's mean.
+        lift: paired bootstrap interval of the primary metric minus pointwise's (None
+            for pointwise itself).
+    """
+
+    n_turns: int
+    n_conversations: int
+    means: Dict[str, float]
+    interval: BootstrapResult
+    lift: Optional[BootstrapResult]
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """One ranking method (one grid setting for map-matched) on every slice.
+
+    Attributes:
+        key: unique report name. method: registry name. title: the method's title.
+        params: its parameters. slices: slice name -> :class:`SliceResult`.
+        verdict: follow-up lift vs standalone tolerance (None for pointwise).
+    """
+
+    key: str
+    method: str
+    title: str
+    params: Dict[str, Any]
+    slices: Dict[str, SliceResult]
+    verdict: Optional[Verdict]
+
+
+@dataclass(frozen=True)
+class PathSplit:
+    """Per-turn emission vs transition split of one decoded conversation.
+
+    Attributes:
+        conversation_id: the conversation. setting: the map-matched setting.
+        chunk_ids: the decoded chunk of each turn. relevant: whether it is relevant.
+        weighted_emission: lambda * s of each step. distance: d to the previous step
+            (0 at turn 0). weighted_transition: beta * d. cumulative: the running
+            score (emission minus transition), as in the session's trace.
+        pointwise_chunk_ids: the pointwise choice of each turn, for comparison.
+    """
+
+    conversation_id: str
+    setting: Setting
+    chunk_ids: Tuple[str, ...]
+    relevant: Tuple[bool, ...]
+    weighted_emission: Tuple[float, ...]
+    distance: Tuple[float, ...]
+    weighted_transition: Tuple[float, ...]
+    cumulative: Tuple[float, ...]
+    pointwise_chunk_ids: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The outcome of :func:`evaluate` (turn it into reports with :mod:`~mapmatched_torch.eval.report`).
+
+    Attributes:
+        name: dataset name. info: facts about the inputs. config: the options used.
+        threshold: the follow-up entropy threshold (nats; NaN when there was no later
+            turn). threshold_configured: whether it was given rather than the median.
+        methods: one :class:`MethodResult` per ranking, pointwise first.
+        skipped: methods that could not run, with the reason.
+        primary: key of the primary map-matched method (None without one), and
+            whether it was selected on the data.
+        split: the per-turn split of one conversation (None without map-matching).
+        timings: seconds per phase.
+        per_turn: method key -> metric -> (N,) float64 per-turn values (not in JSON).
+        slice_masks: slice name -> (N,) bool (not in JSON).
+        conversation: (N,) long conversation index of each turn (not in JSON).
+    """
+
+    name: str
+    info: Dict[str, Any]
+    config: Dict[str, Any]
+    threshold: float
+    threshold_configured: bool
+    methods: Tuple[MethodResult, ...]
+    skipped: Dict[str, str]
+    primary: Optional[str]
+    primary_selected_on_data: bool
+    split: Optional[PathSplit]
+    timings: Dict[str, float]
+    per_turn: Dict[str, Dict[str, Tensor]] = field(repr=False, default_factory=dict)
+    slice_masks: Dict[str, Tensor] = field(repr=False, default_factory=dict)
+    conversation: Optional[Tensor] = field(repr=False, default=None)
+
+    def method(self, key: str) -> MethodResult:
+        """The result of one method key (KeyError naming the keys otherwise)."""
+        for result in self.methods:
+            if result.key == key:
+                return result
+        raise KeyError(f"no method {key!r}; have {[m.key for m in self.methods]}")
+
+
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def _show_progress(progress: Optional[bool]) -> bool:
+    if progress is not None:
+        return bool(progress)
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def _chunk_size(config: EvalConfig, shape: Tuple[int, int, int]) -> int:
+    """Conversations per chunk: the stacked transitions of the largest lag group fit ``memory_budget``."""
+    if config.batch_size is not None:
+        return config.batch_size
+    _, turns, width = shape
+    groups: Dict[Optional[int], int] = {}
+    for setting in config.settings:
+        groups[setting.fixed_lag] = groups.get(setting.fixed_lag, 0) + 1
+    # float64 stacked transitions plus two (B, T-1, M, M) temporaries per setting of the group
+    per_conversation = max(groups.values(), default=1) * max(turns - 1, 1) * width * width * 8 * 3
+    return max(1, config.memory_budget // per_conversation)
+
+
+def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOptions):
+    """The methods that can run (registry order), their prepared state, and the skipped ones with reasons."""
+    active, state, skipped = [], {}, {}
+    for name in config.methods:
+        spec = METHODS[name]
+        try:
+            state[name] = spec.prepare(inputs, options) if spec.prepare is not None else None
+        except MethodUnavailable as reason:
+            skipped[name] = str(reason)
+            continue
+        active.append(spec)
+    return active, state, skipped
+
+
+class _Scored(NamedTuple):
+    """What the chunk loop produces."""
+
+    metrics: Dict[str, Dict[str, Tensor]]  # method key -> metric -> (N,)
+    described: Dict[str, Tuple[str, Dict[str, Any]]]  # method key -> (method name, params)
+    normalized: Tensor  # (B, T, M)
+    clock: Dict[str, float]
+
+
+def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions, active: List[Any],
+                  state: Dict[str, Any], lookup: CorpusDistances, device: torch.device, show: bool) -> _Scored:
+    """Normalize, fill the distances once, run every method and score it, chunk by chunk."""
+    candidates = inputs.candidates.to(device)
+    alternatives = {name: other.to(device) for name, other in inputs.alternatives.items()}
+    embeddings = None if inputs.passage_embeddings is None else inputs.passage_embeddings.to(device)
+    qrels = inputs.qrels.to(device)
+    needs_similarity = any(spec.needs_similarity for spec in active)
+    needs_distances = any(spec.needs_distances for spec in active)
+    batch = candidates.shape[0]
+    # (B + 1,) flat offset of each conversation's first turn
+    offsets = torch.cat([candidates.valid.sum(dim=1).new_zeros(1), candidates.valid.sum(dim=1).cumsum(0)]).tolist()
+    step = _chunk_size(config, candidates.shape)
+    per_turn: Dict[str, Dict[str, List[Tensor]]] = {}
+    described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+    normalized_parts: List[Tensor] = []
+    clock = {"normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
+    bar = tqdm(total=batch, unit="conv", desc=f"evaluating {inputs.name}", disable=not show, leave=False)
+    for start in range(0, batch, step):
+        rows = slice(start, min(start + step, batch))
+        chunk = candidates.select(rows)
+        tick = time.perf_counter()
+        normalized = normalize_candidate_scores(chunk.scores, chunk.mask, config.score_normalization,
+                                                exact=config.exact_normalization)
+        normalized_parts.append(normalized)
+        tock = time.perf_counter()
+        # shape: (B_c, T-1, M, M), ONCE for every setting and method of the chunk
+        distances = lookup.consecutive(chunk.index) if needs_distances else None
+        similarity = None
+        if needs_similarity:
+            similarity = (similarity_from_embeddings(chunk.index, embeddings) if embeddings is not None
+                          else similarity_from_distances(lookup.within_turn(chunk.index), lookup.maximum_distance))
+        clock["normalize"] += tock - tick
+        clock["distances"] += time.perf_counter() - tock
+        method_batch = MethodBatch(
+            torch.arange(rows.start, rows.stop, device=device), chunk, normalized, distances, similarity,
+            {name: other.select(rows) for name, other in alternatives.items()}, state,
+        )
+        chunk_qrels = qrels.select(slice(offsets[rows.start], offsets[rows.stop]))
+        for spec in active:
+            tick = time.perf_counter()
+            outputs = spec.run(method_batch, options)
+            tock = time.perf_counter()
+            for output in outputs:
+                described.setdefault(output.key, (output.method, output.params))
+                values = ranking_metrics(output.passages[chunk.valid], chunk_qrels, config.ks)
+                for metric, tensor in values.items():
+                    per_turn.setdefault(output.key, {}).setdefault(metric, []).append(tensor)
+            clock["methods"] += tock - tick
+            clock["metrics"] += time.perf_counter() - tock
+        bar.update(rows.stop - rows.start)
+    bar.close()
+    metrics = {key: {m: torch.cat(parts) for m, parts in values.items()} for key, values in per_turn.items()}
+    return _Scored(metrics, described, torch.cat(normalized_parts), clock)
+
+
+def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalResult:
+    """Run every method on every conversation and summarize (see the module docstring).
+
+    Args:
+        inputs: the candidates, qrels, labels and graph.
+        config: the options (default :class:`EvalConfig`).
+
+    Returns:
+        The :class:`EvalResult`.
+
+    Raises:
+        MapMatchedValueError: bad options or inputs (naming them).
+    """
+    config = (config or EvalConfig()).check()
+    device = torch.device(config.device) if config.device is not None else inputs.candidates.mask.device
+    show = _show_progress(config.progress)
+    started = time.perf_counter()
+    lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
+    options = MethodOptions(config.settings, config.relevance_weight, config.score_normalization, config.seed,
+                            config.fit_folds)
+    active, state, skipped = _prepare_methods(inputs, config, options)
+    timings = {"prepare": time.perf_counter() - started}
+    scored = _score_chunks(inputs, config, options, active, state, lookup, device, show)
+    timings.update(scored.clock)
+
+    tick = time.perf_counter()
+    candidates = inputs.candidates.to(device)
+    batch, turns, _ = candidates.shape
+    valid = candidates.valid
+    # shape: (N,) conversation of each real turn
+    conversation = torch.arange(batch, device=device).unsqueeze(1).expand(batch, turns)[valid]
+    masks, slicing = _slices(inputs, config, candidates, scored.normalized, device)
+    results = _summaries(scored.metrics, scored.described, masks, conversation, config, show)
+    timings["bootstrap"] = time.perf_counter() - tick
+
+    primary, selected = _primary(results, config)
+    split = None if primary is None else _split(
+        inputs, candidates, scored.normalized, lookup, scored.metrics, conversation, primary, config
+    )
+    timings["total"] = time.perf_counter() - started
+    return EvalResult(
+        name=inputs.name,
+        info=dict(inputs.info),
+        config=config.to_dict(),
+        threshold=slicing.threshold,
+        threshold_configured=slicing.configured,
+        methods=tuple(results),
+        skipped=skipped,
+        primary=None if primary is None else primary[0],
+        primary_selected_on_data=selected,
+        split=split,
+        timings=timings,
+        per_turn=scored.metrics,
+        slice_masks=masks,
+        conversation=conversation,
+    )
+
+
+def _slices(inputs: EvalInputs, config: EvalConfig, candidates: Candidates, normalized: Tensor,
+            device: torch.device) -> Tuple[Dict[str, Tensor], Any]:
+    """(N,) masks of every slice over the labelled turns, and the entropy slicing (its threshold)."""
+    valid = candidates.valid
+    batch, turns = valid.shape
+    # shape: (N,)
+    entropy = emission_entropy(normalized, candidates.mask, config.slice_emission_weight)[valid]
+    position = torch.arange(turns, device=device).unsqueeze(0).expand(batch, turns)[valid]
+    eligible = labelled(inputs.qrels.to(device))
+    by_entropy = entropy_slices(entropy, position, config.entropy_threshold, eligible)
+    by_topic = topic_slices(inputs.topic_switch.to(device)[valid], position, eligible)
+    masks = {"all": eligible, "follow-up": by_entropy.followup, "standalone": by_entropy.standalone}
+    if bool(by_topic.switch.any() | by_topic.same.any()):
+        masks.update({"topic-switch": by_topic.switch, "same-topic": by_topic.same})
+    return masks, by_entropy
+
+
+def _summaries(metrics: Dict[str, Dict[str, Tensor]], described: Dict[str, Tuple[str, Dict[str, Any]]],
+               masks: Dict[str, Tensor], conversation: Tensor, config: EvalConfig, show: bool) -> List[MethodResult]:
+    baseline = metrics["pointwise"][PRIMARY_METRIC]
+    resamples = max(config.n_bootstrap, 1)
+    options = dict(n_resamples=resamples, confidence=config.confidence, seed=config.seed)
+    results: List[MethodResult] = []
+    keys = list(metrics)
+    for key in tqdm(keys, desc="bootstrap", unit="method", disable=not show, leave=False):
+        method, params = described[key]
+        values = metrics[key]
+        slices: Dict[str, SliceResult] = {}
+        for name, mask in masks.items():
+            turns = int(mask.sum())
+            means = {m: float(v[mask].mean()) if turns else math.nan for m, v in values.items()}
+            interval = bootstrap_mean(values[PRIMARY_METRIC], conversation, mask, **options)
+            lift = None if key == "pointwise" else paired_bootstrap(
+                values[PRIMARY_METRIC], baseline, conversation, mask, **options)
+            if config.n_bootstrap == 0:
+                interval = _without_interval(interval)
+                lift = None if lift is None else _without_interval(lift)
+            slices[name] = SliceResult(turns, interval.n, means, interval, lift)
+        judged = None
+        if key != "pointwise":
+            judged = verdict(slices["follow-up"].lift, slices["standalone"].lift, config.tolerance)
+        results.append(MethodResult(key, method, METHODS[method].title, dict(params), slices, judged))
+    return results
+
+
+def _without_interval(result: BootstrapResult) -> BootstrapResult:
+    return BootstrapResult(result.mean, math.nan, math.nan, result.n, result.n_turns, result.confidence, 0,
+                           result.weighting, result.seed)
+
+
+def _primary(results: List[MethodResult], config: EvalConfig) -> Tuple[Optional[Tuple[str, Setting]], bool]:
+    """((key, setting) of the primary map-matched method or None, whether it was chosen on the data)."""
+    grid = {r.key: Setting(r.params["lambda"], r.params["beta"], r.params["lag"])
+            for r in results if r.method == "map-matched" and r.params["beta"] > 0}
+    if not grid:
+        return None, False
+    if config.primary is not None:
+        for key, setting in grid.items():
+            if setting == config.primary:
+                return (key, setting), False
+        raise MapMatchedValueError(f"the primary setting {config.primary.label} is not a beta > 0 setting of the grid")
+
+    def score(key: str) -> float:
+        value = next(r for r in results if r.key == key).slices["all"].means[PRIMARY_METRIC]
+        return -math.inf if math.isnan(value) else value
+
+    best = max(grid, key=score)  # the first of equals (max keeps the first maximum)
+    return (best, grid[best]), True
+
+
+def _split_conversation(metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor, key: str, batch: int,
+                        config: EvalConfig) -> int:
+    """The configured conversation, else the one whose summed nDCG@3 gain over pointwise is largest (first of equals)."""
+    if config.split_conversation is not None:
+        index = int(config.split_conversation)
+        if not 0 <= index < batch:
+            raise MapMatchedValueError(f"split_conversation must be in [0, {batch - 1}], got {index}")
+        return index
+    gain = metrics[key][PRIMARY_METRIC] - metrics["pointwise"][PRIMARY_METRIC]
+    per_conversation = torch.zeros(batch, dtype=torch.float64, device=gain.device).index_add_(0, conversation, gain)
+    return int(per_conversation.argmax())
+
+
+def _split(inputs: EvalInputs, candidates: Candidates, normalized: Tensor, lookup: CorpusDistances,
+           metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor, primary: Tuple[str, Setting],
+           config: EvalConfig) -> PathSplit:
+    """The per-turn emission vs transition split of one conversation's decoded path (whole conversation)."""
+    key, setting = primary
+    b = _split_conversation(metrics, conversation, key, candidates.shape[0], config)
+    length = int(candidates.lengths[b])
+    # shape: (1, T_b, M) and (1, T_b - 1, M, M)
+    one = Candidates(*(tensor[b : b + 1, :length] for tensor in candidates))
+    scores = normalized[b : b + 1, :length]
+    distances = lookup.consecutive(one.index)
+    path = decode_setting(scores, distances, one.mask, setting)[0].tolist()
+    pointwise = decode_setting(scores, None, one.mask, Setting(1.0, 0.0))[0].tolist()
+    ids, index = inputs.passage_ids, one.index[0].tolist()
+    turns = (conversation == b).nonzero().flatten()
+    qrels = inputs.qrels.to(turns.device).select(turns)
+    relevant = [{i for i, g in zip(row_ids, row_grades) if g > 0}
+                for row_ids, row_grades in zip(qrels.ids.tolist(), qrels.grades.tolist())]
+    emissions, gaps, costs, cumulative = [], [], [], []
+    for t, slot in enumerate(path):
+        emissions.append(setting.emission_weight * float(scores[0, t, slot]))
+        gaps.append(float(distances[0, t - 1, path[t - 1], slot]) if t else 0.0)
+        costs.append(setting.transition_weight * gaps[-1])
+        # the trace's running score: (cumulative - transition) + emission
+        cumulative.append(emissions[-1] if t == 0 else (cumulative[-1] - costs[-1]) + emissions[-1])
+    return PathSplit(
+        conversation_id=inputs.conversation_ids[b],
+        setting=setting,
+        chunk_ids=tuple(ids[index[t][slot]] for t, slot in enumerate(path)),
+        relevant=tuple(index[t][slot] in relevant[t] for t, slot in enumerate(path)),
+        weighted_emission=tuple(emissions),
+        distance=tuple(gaps),
+        weighted_transition=tuple(costs),
+        cumulative=tuple(cumulative),
+        pointwise_chunk_ids=tuple(ids[index[t][slot]] for t, slot in enumerate(pointwise)),
+    )

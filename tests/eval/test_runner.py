@@ -1,0 +1,192 @@
+"""The evaluation harness: inputs, per-turn metrics, slices, intervals, verdicts, distance reuse."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.eval.data import load_directory
+from mapmatched_torch.eval.embedders import HashEmbedder
+from mapmatched_torch.eval.methods import Setting, gather_passages, map_matched_orders
+from mapmatched_torch.eval.candidates import normalize_candidate_scores
+from mapmatched_torch.eval.metrics import ndcg_at_k, recall_at_k, reciprocal_rank
+from mapmatched_torch.eval.runner import EvalConfig, evaluate, inputs_from_dataset, inputs_from_synthetic
+from mapmatched_torch.eval.slices import median
+from mapmatched_torch.eval.synthetic import make_synthetic
+
+FAST = ("pointwise", "map-matched", "history-concatenation", "maximal-marginal-relevance", "geodesic")
+
+
+@pytest.fixture(scope="module")
+def small_inputs():
+    return inputs_from_synthetic(make_synthetic(n_conversations=24, turns=5, candidates=8, seed=3, topics=16,
+                                                passages_per_topic=6))
+
+
+def _config(**options) -> EvalConfig:
+    defaults = dict(methods=FAST, betas=(0.0, 0.5, 2.0), n_bootstrap=50, progress=False)
+    defaults.update(options)
+    return EvalConfig(**defaults)
+
+
+class CountingGraph:
+    """A tensor graph proxy counting the batched distance calls."""
+
+    def __init__(self, graph):
+        self._graph = graph
+        self.batches = []  # conversations per trellis_distances call
+
+    def __getattr__(self, name):
+        return getattr(self._graph, name)
+
+    def trellis_distances(self, chunk_index, **kwargs):
+        self.batches.append(chunk_index.shape[0])
+        return self._graph.trellis_distances(chunk_index, **kwargs)
+
+
+def test_distances_are_computed_once_per_chunk_for_the_whole_grid(small_inputs):
+    counting = CountingGraph(small_inputs.graph)
+    inputs = type(small_inputs)(**{**small_inputs.__dict__, "graph": counting})
+    evaluate(inputs, _config(methods=("pointwise", "map-matched", "geodesic"), betas=(0.25, 0.5, 1.0, 2.0),
+                             lags=(None, 0, 1), batch_size=1000))
+    # 12 settings and the geodesic bound: one call for all 24 conversations (+ one for the split plot's)
+    assert counting.batches == [24, 1]
+    counting.batches.clear()
+    evaluate(inputs, _config(methods=("pointwise", "map-matched"), betas=(0.5,), batch_size=10))
+    assert counting.batches == [10, 10, 4, 1]
+
+
+def test_chunking_does_not_change_results(small_inputs):
+    whole = evaluate(small_inputs, _config(batch_size=1000))
+    chunked = evaluate(small_inputs, _config(batch_size=7))
+    for key, metrics in whole.per_turn.items():
+        for name, values in metrics.items():
+            assert torch.equal(values, chunked.per_turn[key][name]), (key, name)
+
+
+def test_result_structure_slices_and_threshold(small_inputs):
+    result = evaluate(small_inputs, _config())
+    keys = [m.key for m in result.methods]
+    assert keys[0] == "pointwise"
+    assert "map-matched lambda=1 beta=0.5 full" in keys and "geodesic bound" in keys
+    assert "Maximal Marginal Relevance lambda=0.7" in keys and "history concatenation" in keys
+    assert set(result.skipped) == set()  # fitted and the oracle were not asked for
+    turns = int(small_inputs.candidates.valid.sum())
+    assert all(v.shape == (turns,) for m in result.per_turn.values() for v in m.values())
+    masks = result.slice_masks
+    assert set(masks) == {"all", "follow-up", "standalone", "topic-switch", "same-topic"}
+    assert torch.equal(masks["follow-up"] | masks["standalone"], masks["all"])
+    assert not bool((masks["follow-up"] & masks["standalone"]).any())
+    # the threshold is the median entropy of the later labelled turns (first turns are standalone)
+    position = torch.arange(5).repeat(24)
+    assert not bool((masks["follow-up"] & (position == 0)).any())
+    assert result.threshold_configured is False and math.isfinite(result.threshold)
+    pointwise = result.method("pointwise")
+    assert pointwise.verdict is None and pointwise.slices["all"].lift is None
+    beta0 = result.method("map-matched lambda=1 beta=0 full")
+    assert beta0.slices["all"].means == pointwise.slices["all"].means
+    assert beta0.slices["all"].lift.mean == 0.0
+    assert result.primary in keys and result.primary_selected_on_data
+    assert result.split is not None and len(result.split.chunk_ids) == 5
+
+
+def test_configured_threshold_and_verdict_tolerance(small_inputs):
+    result = evaluate(small_inputs, _config(entropy_threshold=0.0, tolerance=1.0))
+    assert result.threshold == 0.0 and result.threshold_configured
+    later = result.slice_masks["follow-up"]
+    assert int(later.sum()) > 0
+    best = result.method(result.primary)
+    assert best.verdict.standalone_ok  # a tolerance of 1 nDCG point allows anything
+
+
+def test_metrics_are_those_of_the_map_matched_ranking(small_inputs):
+    result = evaluate(small_inputs, _config(betas=(0.5,), methods=("pointwise", "map-matched")))
+    cands = small_inputs.candidates
+    normalized = normalize_candidate_scores(cands.scores, cands.mask)
+    distances = small_inputs.graph.trellis_distances(cands.index)
+    order = map_matched_orders(normalized, distances, cands.mask, [Setting(1.0, 0.5)])[0]
+    ranked = gather_passages(cands.index, order)[cands.valid]
+    got = result.per_turn["map-matched lambda=1 beta=0.5 full"]
+    assert set(got) == {"ndcg@3", "ndcg@5", "ndcg@10", "recall@3", "recall@5", "recall@10", "mrr"}
+    for k in (3, 5, 10):
+        assert torch.equal(got[f"ndcg@{k}"], ndcg_at_k(ranked, small_inputs.qrels, k))
+        assert torch.equal(got[f"recall@{k}"], recall_at_k(ranked, small_inputs.qrels, k))
+    assert torch.equal(got["mrr"], reciprocal_rank(ranked, small_inputs.qrels))
+
+
+def test_bootstrap_is_seeded(small_inputs):
+    first = evaluate(small_inputs, _config(seed=5))
+    second = evaluate(small_inputs, _config(seed=5))
+    assert first.methods == second.methods
+
+
+def test_fitted_method_is_cross_fitted(small_inputs):
+    result = evaluate(small_inputs, _config(methods=("pointwise", "fitted"), n_bootstrap=10))
+    fitted = result.method("fitted (2-fold cross-fitted)")
+    weights = fitted.params["weights"]
+    assert fitted.params["folds"] == 2 and len(weights) == 2
+    assert all(w["lambda"] >= 0 and w["beta"] >= 0 and w["lag"] is None for w in weights)
+
+
+def test_dataset_inputs_retrieve_query_history_and_rewrites(fixtures):
+    dataset = load_directory(fixtures / "normalized")
+    inputs = inputs_from_dataset(dataset, HashEmbedder(dim=64), graph="knn", k=2, candidates=3)
+    assert inputs.candidates.shape == (2, 3, 3)
+    assert set(inputs.alternatives) == {"history", "rewrite"}  # the fixture has one rewrite
+    assert inputs.topic_switch.tolist() == [[0, 1, 0], [-1, 0, -1]]
+    result = evaluate(inputs, EvalConfig(n_bootstrap=20, progress=False, methods=(
+        "pointwise", "map-matched", "history-concatenation", "maximal-marginal-relevance", "resolved-query-oracle",
+        "geodesic")))
+    keys = [m.key for m in result.methods]
+    assert "resolved-query oracle" in keys and "history concatenation" in keys
+    assert result.method("history concatenation").params == {"level": "query text"}
+    # turn 1 of c-cheese is the only rewritten turn: the oracle retrieves with "Can cheese be vegan?"
+    oracle = result.per_turn["resolved-query oracle"]["mrr"]
+    assert oracle.shape == (5,)
+
+
+def test_oracle_is_skipped_without_rewrites(small_inputs):
+    result = evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle")))
+    assert "rewrites" in result.skipped["resolved-query-oracle"]
+    assert [m.key for m in result.methods] == ["pointwise"]
+
+
+def test_bad_config_is_rejected(small_inputs):
+    with pytest.raises(MapMatchedValueError, match="unknown method"):
+        evaluate(small_inputs, EvalConfig(methods=("pointwise", "nope")))
+    with pytest.raises(MapMatchedValueError, match="pointwise"):
+        evaluate(small_inputs, EvalConfig(methods=("map-matched",)))
+    with pytest.raises(MapMatchedValueError, match="transition_weight"):
+        evaluate(small_inputs, EvalConfig(betas=(-1.0,)))
+    with pytest.raises(MapMatchedValueError, match="primary"):
+        evaluate(small_inputs, _config(primary=Setting(1.0, 9.0, None)))
+
+
+def test_median_threshold_matches_slices_helper(small_inputs):
+    result = evaluate(small_inputs, _config(methods=("pointwise",), n_bootstrap=0))
+    assert result.method("pointwise").slices["all"].interval.n_resamples == 0
+    assert math.isnan(result.method("pointwise").slices["all"].interval.low)
+    assert isinstance(median(torch.tensor([1.0, 3.0])), float)
+
+
+def test_any_corpus_graph_gives_the_tensor_graphs_results():
+    from mapmatched_torch import InMemoryCorpusGraph
+
+    bench = make_synthetic(n_conversations=6, turns=4, candidates=5, seed=8, topics=8, passages_per_topic=4)
+    tensor = evaluate(inputs_from_synthetic(bench), _config())
+    reference = evaluate(inputs_from_synthetic(bench, graph=InMemoryCorpusGraph(bench.edges)), _config())
+    for key, metrics in tensor.per_turn.items():
+        for name, values in metrics.items():
+            assert torch.equal(values, reference.per_turn[key][name]), (key, name)
+
+
+def test_single_turn_conversations():
+    bench = make_synthetic(n_conversations=5, turns=1, candidates=4, seed=1, topics=6, passages_per_topic=4)
+    result = evaluate(inputs_from_synthetic(bench), _config(n_bootstrap=10))
+    # one turn: no follow-ups, every method is pointwise
+    assert int(result.slice_masks["follow-up"].sum()) == 0
+    assert all(torch.equal(m["ndcg@3"], result.per_turn["pointwise"]["ndcg@3"])
+               for k, m in result.per_turn.items() if k != "Maximal Marginal Relevance lambda=0.7")
