@@ -143,7 +143,12 @@ class KNNGraph(InMemoryCorpusGraph):
                 not 2-D, ragged, of dimension 0, with a row count other than n, with
                 a non-finite value or a zero row (messages name the row and ID).
 
-        Cost: O(n^2 D) time and O(n^2) memory (pure Python reference).
+        Cost: with torch importable, the picks come from
+        :func:`mapmatched_torch.graph.knn.knn_neighbors_tensor` on CPU (blockwise
+        GEMM plus exact re-scoring: O(n^2 D) flops at BLAS speed, O(n D) memory),
+        identical to the pure-Python rules; building the in-memory graph is then
+        O(n k) Python. Without torch: O(n^2 D) time and O(n^2) memory (the
+        pure-Python reference, :func:`knn_neighbors`).
 
         Example:
             >>> graph = KNNGraph.from_embeddings(["a", "b", "c"], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], neighbor_count=1)
@@ -155,7 +160,20 @@ class KNNGraph(InMemoryCorpusGraph):
         count, maximum, minimum = _check_knn_options(neighbor_count, maximum_distance, minimum_edge_distance)
         check_positive_int(distance_cache_size, "distance_cache_size")
         ids = _check_chunk_ids(chunk_ids)
-        picks = knn_neighbors(ids, embeddings, count)
+        try:  # lazily: the standalone package must import without torch
+            import torch
+        except ImportError:
+            picks = knn_neighbors(ids, embeddings, count)
+        else:
+            from ..graph.knn import knn_neighbors_tensor
+
+            if isinstance(embeddings, torch.Tensor):
+                embeddings = embeddings.detach().cpu()
+            neighbors, distances = knn_neighbors_tensor(embeddings, ids, count)
+            picks = [
+                [(ids[j], distance) for j, distance in zip(row, row_distances)]
+                for row, row_distances in zip(neighbors.tolist(), distances.tolist())
+            ]
         edges = [
             GraphEdge(source, target, min(max(distance, minimum), maximum))
             for source, row in zip(ids, picks)

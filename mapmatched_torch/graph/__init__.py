@@ -1,0 +1,60 @@
+"""The corpus graph as tensors: vocabulary, CSR graph, exact bounded shortest paths.
+
+Public names (import them from here; the modules behind them are implementation):
+
+- :class:`ChunkVocabulary`: chunk IDs <-> int64 node indices (``-1`` padding,
+  ``<= -2`` distinct unknown IDs).
+- :class:`TensorCorpusGraph`: CSR graph on a device implementing the ``CorpusGraph``
+  protocol bit for bit like ``InMemoryCorpusGraph``, plus batched
+  ``trellis_distances`` / ``pair_distances`` / ``neighborhoods``, PyG and networkx
+  interop.
+- :func:`bounded_rows`, :func:`source_target_distances`, :func:`pair_distances`:
+  the shortest-path engines (``"torch"`` frontier relaxation, ``"scipy"`` Dijkstra,
+  target-aware early stopping), on a :class:`CSRAdjacency`.
+- :class:`DistanceCache`: the LRU of exact distance rows.
+- :func:`build_dense_table` and its size helpers: the optional ``(N, N)`` table.
+"""
+
+from __future__ import annotations
+
+from ._csr import CSRAdjacency, build_csr
+from .cache import CacheInfo, DistanceCache
+from .dense import DEFAULT_DENSE_BUDGET, build_dense_table, dense_table_bytes, max_dense_nodes
+from .knn import knn_edges, knn_graph, knn_neighbors_tensor
+from .sections import SectionPassage, section_edges, section_graph
+from .shortest_paths import (
+    DEFAULT_MEMORY_BUDGET,
+    ENGINES,
+    bounded_rows,
+    pair_distances,
+    resolve_engine,
+    source_target_distances,
+)
+from .tensor_graph import TensorCorpusGraph
+from .vocabulary import PADDING_INDEX, ChunkVocabulary
+
+__all__ = [
+    "ChunkVocabulary",
+    "PADDING_INDEX",
+    "TensorCorpusGraph",
+    "CSRAdjacency",
+    "build_csr",
+    "ENGINES",
+    "DEFAULT_MEMORY_BUDGET",
+    "resolve_engine",
+    "bounded_rows",
+    "source_target_distances",
+    "pair_distances",
+    "DistanceCache",
+    "CacheInfo",
+    "DEFAULT_DENSE_BUDGET",
+    "build_dense_table",
+    "dense_table_bytes",
+    "max_dense_nodes",
+    "knn_neighbors_tensor",
+    "knn_edges",
+    "knn_graph",
+    "SectionPassage",
+    "section_edges",
+    "section_graph",
+]

@@ -1,0 +1,188 @@
+"""An LRU cache of exact bounded distances, in rows keyed by source node.
+
+Every entry ``(source, target) -> distance`` is *exact*: a float64 shortest-path
+length within the bound, or ``inf`` for "no path within the bound" (callers turn
+``inf`` into ``maximum_distance``). A row is *complete* when it holds every node the
+source reaches within the bound (a full bounded search), so a target absent from it is
+known to be beyond the bound; a partial row (the targets of a target-aware search)
+only answers the targets it holds.
+
+Rows are the unit of recency and eviction (least recently used first), bounded by a
+number of rows and a number of entries. All state is tensors on one device, lookups
+are vectorised (a sorted key array and ``searchsorted``), so a warm trellis batch is a
+handful of kernels on GPU. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple, Union
+
+import torch
+
+from .._validation import check_positive_int
+from ..standalone.graph import CacheInfo
+
+__all__ = ["DistanceCache", "CacheInfo"]
+
+
+class DistanceCache:
+    """LRU rows of exact distances from source nodes of an N-node graph.
+
+    Args:
+        num_nodes: N (keys are ``source * N + target``).
+        max_rows: the most source rows kept, an ``int`` > 0.
+        max_entries: the most ``(source, target)`` entries kept, an ``int`` > 0
+            (16 bytes each). A row larger than this is dropped right after insertion.
+        device: where the state lives (the graph's device).
+
+    Cost: a lookup of Q pairs is O(Q log K) for K cached entries; an insertion of Q
+    new entries is O(K + Q log Q) (a merge of sorted keys, no full re-sort); memory is
+    16 bytes per entry plus 9 bytes per node.
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        max_rows: int = 65536,
+        max_entries: int = 1 << 24,
+        device: Union[torch.device, str, None] = None,
+    ) -> None:
+        self.num_nodes = int(num_nodes)
+        self.max_rows = check_positive_int(max_rows, "distance_cache_size")
+        self.max_entries = check_positive_int(max_entries, "distance_cache_entries")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop every row and reset the hit and miss counters."""
+        # shape: (K,) sorted unique keys source * N + target, and their distances
+        self._keys = torch.empty(0, dtype=torch.long, device=self.device)
+        self._values = torch.empty(0, dtype=torch.float64, device=self.device)
+        # shape: (N,) last use of each source row (0: not cached) and completeness
+        self._stamp = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
+        self._complete = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
+        self._clock = 0
+        self._hits = 0
+        self._misses = 0
+
+    def cache_info(self) -> CacheInfo:
+        """Hits and misses (counted per distinct source of each lookup: a hit answers
+        all of that source's targets), rows cached, and the row capacity."""
+        return CacheInfo(self._hits, self._misses, int((self._stamp > 0).sum()), self.max_rows)
+
+    @property
+    def entry_count(self) -> int:
+        """K, the number of cached ``(source, target)`` entries."""
+        return int(self._keys.numel())
+
+    def lookup(self, sources: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Cached distances of node pairs.
+
+        Args:
+            sources: ``(Q,)`` int64 node indices in ``[0, N)``.
+            targets: ``(Q,)`` int64 node indices in ``[0, N)``.
+
+        Returns:
+            ``(values, answered)``: ``(Q,)`` float64 distances (``inf`` = beyond the
+            bound; meaningless where not answered) and a ``(Q,)`` bool mask of the
+            pairs the cache could answer. Looked-up rows become most recently used.
+        """
+        # shape: (Q,)
+        keys = sources * self.num_nodes + targets
+        if self._keys.numel():
+            position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
+            found = self._keys[position] == keys
+            values = torch.where(found, self._values[position], torch.inf)
+        else:
+            found = torch.zeros_like(keys, dtype=torch.bool)
+            values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
+        answered = found | ((self._stamp[sources] > 0) & self._complete[sources])
+        self._count(sources, answered)
+        return values, answered
+
+    def _count(self, sources: torch.Tensor, answered: torch.Tensor) -> None:
+        """Count hits/misses per distinct source and refresh the cached rows' recency."""
+        if not sources.numel():
+            return
+        # shape: (N,) which nodes were looked up, and whether all their targets were answered
+        looked = torch.zeros(self.num_nodes, dtype=torch.bool, device=sources.device).index_fill_(0, sources, True)
+        hit = torch.ones(self.num_nodes, dtype=torch.bool, device=sources.device)
+        hit.scatter_reduce_(0, sources, answered, reduce="amin")
+        hits = int((looked & hit).sum())
+        self._hits += hits
+        self._misses += int(looked.sum()) - hits
+        self._clock += 1
+        self._stamp.masked_fill_(looked & (self._stamp > 0), self._clock)
+
+    def insert(
+        self,
+        sources: torch.Tensor,
+        targets: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        complete: bool = False,
+    ) -> None:
+        """Store exact distances, then evict least recently used rows if over capacity.
+
+        Args:
+            sources: ``(Q,)`` int64 node indices.
+            targets: ``(Q,)`` int64 node indices.
+            values: ``(Q,)`` float64 exact distances (``inf`` = beyond the bound).
+            complete: whether these entries are, for each of their sources, every node
+                that source reaches within the bound (a full bounded row; ``inf``
+                entries are then unnecessary).
+
+        Entries already cached are kept (both are exact, hence equal). An insertion of
+        more than ``max_entries`` entries is ignored (it could never fit).
+        """
+        if not sources.numel() or sources.numel() > self.max_entries:
+            return
+        # shape: (Q',) new keys, sorted and unique
+        keys, order = torch.sort(sources * self.num_nodes + targets)
+        values = values[order]
+        first = torch.ones_like(keys, dtype=torch.bool)
+        first[1:] = keys[1:] != keys[:-1]
+        if self._keys.numel():
+            position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
+            first &= self._keys[position] != keys
+        keys, values = keys[first], values[first]
+        self._merge(keys, values)
+        self._clock += 1
+        self._stamp[sources] = self._clock
+        if complete:
+            self._complete[sources] = True
+        self._evict()
+
+    def _merge(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Merge sorted new keys (none already cached) into the sorted key array."""
+        old = self._keys
+        # shape: (K + Q',) final position of every old and every new key
+        new_position = torch.searchsorted(old, keys) + torch.arange(keys.numel(), device=keys.device)
+        old_position = torch.searchsorted(keys, old) + torch.arange(old.numel(), device=old.device)
+        merged_keys = torch.empty(old.numel() + keys.numel(), dtype=torch.long, device=keys.device)
+        merged_values = torch.empty(merged_keys.shape, dtype=torch.float64, device=keys.device)
+        merged_keys[old_position], merged_values[old_position] = old, self._values
+        merged_keys[new_position], merged_values[new_position] = keys, values
+        self._keys, self._values = merged_keys, merged_values
+
+    def _evict(self) -> None:
+        """Drop least recently used rows until both capacities hold."""
+        cached = (self._stamp > 0).nonzero().squeeze(1)
+        if cached.numel() <= self.max_rows and self._keys.numel() <= self.max_entries:
+            return
+        # shape: (R,) cached rows, most recently used first, and their entry counts
+        rows = cached[torch.argsort(self._stamp[cached], descending=True, stable=True)]
+        counts = torch.bincount(self._keys // self.num_nodes, minlength=self.num_nodes)[rows]
+        keep = (torch.arange(rows.numel(), device=rows.device) < self.max_rows) & (
+            torch.cumsum(counts, 0) <= self.max_entries
+        )
+        dropped = rows[~keep]
+        self._stamp[dropped] = 0
+        self._complete[dropped] = False
+        alive = self._stamp[self._keys // self.num_nodes] > 0
+        self._keys, self._values = self._keys[alive], self._values[alive]
+
+    def to(self, device: Union[torch.device, str]) -> "DistanceCache":
+        """An empty cache with the same capacities on ``device``."""
+        return DistanceCache(self.num_nodes, max_rows=self.max_rows, max_entries=self.max_entries, device=device)

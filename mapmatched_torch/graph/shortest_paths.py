@@ -1,0 +1,343 @@
+"""Exact bounded shortest paths for batches of sources (SPEC.md section 4).
+
+Every engine returns, for a pair ``(s, t)``, the minimum over paths from ``s`` to ``t``
+of the path's float64 left-fold length ``((w1 + w2) + w3) + ...``, among paths no
+longer than the bound (a path exactly at the bound counts). Float addition is
+monotone and the distances are positive, so Dijkstra (the standalone graph, scipy)
+and frontier relaxation (Bellman-Ford style, the torch engine) compute exactly that
+minimum: every engine agrees bit for bit with
+:class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph`.
+
+Engines (``engine=``):
+
+- ``"torch"``: batched frontier relaxation with ``scatter_reduce("amin")`` on the
+  graph's device (:mod:`._frontier`). Work is proportional to the arcs relaxed (no
+  O(N) per source); on CPU each relaxed arc costs ~10x what it costs in scipy's C
+  loop, on a GPU it runs thousands of sources at once.
+- ``"scipy"``: ``scipy.sparse.csgraph.dijkstra`` on CPU for many sources per call.
+  scipy's ``limit`` is inclusive (checked by the tests), and the CSR it reads has no
+  duplicate arcs and no explicit zeros. Each source costs at least O(N) in scipy
+  (its per-source initialisation), however small the search.
+- ``"hybrid"`` (CPU): target-aware torch searches settle the sources whose search
+  stays small (no O(N) set-up); a source whose search grows past ``work_limit``
+  expanded entries (default ``max(256, N // 64)``) is abandoned and gets scipy's full
+  bounded search instead, where scipy's per-arc speed wins.
+- ``"dense"``: gathers from a precomputed ``(N, N)`` table (:mod:`.dense`).
+- ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator
+  and ``"hybrid"`` on CPU (the fastest there in ``benchmarks/distances.py``).
+
+Target-aware search (``target_aware=True``, the default) answers pairs without
+completing whole bounded rows:
+
+- torch: each source keeps a cap, the largest current distance among its targets
+  (``inf`` while one is unreached); candidates and frontier entries at or past the cap
+  are dropped (they cannot shorten a target). When the frontier empties, every target
+  is exact.
+- scipy: searches with a small limit first (``initial_radius``, default twice the
+  median arc distance), then ``4x`` wider up to the bound, repeating only the sources
+  with a target not reached yet. A target reached within limit ``r`` is exact, since
+  every path up to ``r`` was explored.
+- hybrid: the torch pass uses caps; the scipy pass for abandoned sources is full.
+
+``target_aware=False`` runs one full bounded search per distinct source (the
+predecessor's way; ``"hybrid"`` then means plain scipy). Either way the values are
+identical.
+
+Index codes (see :mod:`.vocabulary`): ``>= 0`` a node, ``-1`` padding, ``<= -2`` an
+unknown chunk ID (equal codes are the same ID). :func:`pair_distances` gives 0.0 to
+equal non-padding codes (SPEC's ``d(a, a) = 0``, unknown IDs included) and
+``maximum_distance`` to every other pair involving a negative code; padding is
+``maximum_distance`` even to itself (the decoder masks it anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from ..errors import MapMatchedValueError
+from ._csr import CSRAdjacency
+from ._frontier import torch_pairs, torch_rows
+from ._memory import DEFAULT_MEMORY_BUDGET
+from ._scipy import scipy_pairs, scipy_rows
+from .cache import DistanceCache
+
+__all__ = [
+    "ENGINES",
+    "DEFAULT_MEMORY_BUDGET",
+    "resolve_engine",
+    "bounded_rows",
+    "source_target_distances",
+    "pair_distances",
+]
+
+#: The accepted ``engine`` values.
+ENGINES = ("auto", "torch", "scipy", "hybrid", "dense")
+#: The engines that search (the others resolve to one of these, or gather).
+_SEARCH_ENGINES = ("torch", "scipy", "hybrid")
+
+
+def resolve_engine(engine: str, device: torch.device, *, has_table: bool = False) -> str:
+    """The concrete engine for ``engine`` on ``device``.
+
+    Args:
+        engine: one of :data:`ENGINES`.
+        device: the graph's device.
+        has_table: whether a dense table is available.
+
+    Returns:
+        ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"dense"``.
+
+    Raises:
+        ValueError: an unknown engine, or ``"dense"`` without a table.
+    """
+    if engine not in ENGINES:
+        raise MapMatchedValueError(f"unsupported distance engine: {engine!r} (expected one of {ENGINES})")
+    if engine == "auto":
+        if has_table:
+            return "dense"
+        return "hybrid" if torch.device(device).type == "cpu" else "torch"
+    if engine == "dense" and not has_table:
+        raise MapMatchedValueError(
+            "engine 'dense' needs a precomputed table: call TensorCorpusGraph.precompute_dense() first"
+        )
+    return engine
+
+
+def _search_engine(engine: str, device: torch.device) -> str:
+    """A search engine (never ``"dense"``): ``"auto"`` resolves as without a table."""
+    resolved = resolve_engine(engine, device) if engine != "dense" else engine
+    if resolved not in _SEARCH_ENGINES:
+        expected = ("auto",) + _SEARCH_ENGINES
+        raise MapMatchedValueError(f"unsupported search engine: {engine!r} (expected one of {expected})")
+    return resolved
+
+
+# ---------------------------------------------------------------------- public API
+
+
+def bounded_rows(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    *,
+    limit: float,
+    engine: str = "auto",
+    memory_budget: Optional[int] = None,
+) -> torch.Tensor:
+    """Full bounded distance rows of S sources.
+
+    Args:
+        adjacency: the graph.
+        sources: ``(S,)`` int64 node indices in ``[0, N)``, on the graph's device.
+        limit: the bound (``inf`` allowed): paths longer than it are not searched.
+        engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` (= scipy here).
+        memory_budget: bytes of search state per chunk of sources (torch engine).
+
+    Returns:
+        ``(S, N)`` float64 on the graph's device: ``[s, v]`` = the shortest path length
+        from ``sources[s]`` to ``v`` when it is ``<= limit``, else ``inf``.
+
+    Cost: O(S * N) memory for the result; one bounded search per source.
+    """
+    if _search_engine(engine, adjacency.device) == "torch":
+        return torch_rows(adjacency, sources, float(limit), memory_budget)
+    return torch.from_numpy(scipy_rows(adjacency, sources.cpu().numpy(), limit)).to(adjacency.device)
+
+
+def source_target_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bound: float,
+    engine: str = "auto",
+    target_aware: bool = True,
+    memory_budget: Optional[int] = None,
+    initial_radius: Optional[float] = None,
+    work_limit: Optional[int] = None,
+) -> torch.Tensor:
+    """Bounded distances of Q node pairs, one search per distinct source.
+
+    Args:
+        adjacency: the graph.
+        sources: ``(Q,)`` int64 node indices in ``[0, N)``, on the graph's device.
+        targets: ``(Q,)`` int64 node indices in ``[0, N)``.
+        bound: the bound (finite, > 0).
+        engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"``.
+        target_aware: stop each search once its targets are exact (see the module
+            docstring); False runs full bounded searches (the predecessor's way).
+        memory_budget: bytes of search state per chunk of sources.
+        initial_radius: first radius of the scipy target-aware search (default twice
+            the median arc distance).
+        work_limit: frontier entries a hybrid torch search may expand before its
+            source goes to scipy (default ``max(256, N // 64)``).
+
+    Returns:
+        ``(Q,)`` float64: the shortest path length when ``<= bound``, else ``inf``.
+        Identical for every engine and ``target_aware`` setting.
+    """
+    engine = _search_engine(engine, adjacency.device)
+    # shape: (S,), (P,), (P,), (Q,): distinct sources, distinct pairs, pair of each query
+    row_sources, pair_row, pair_target, inverse = _group_by_source(sources, targets, adjacency.num_nodes)
+    if engine == "torch":
+        values, _ = torch_pairs(adjacency, row_sources, pair_row, pair_target, bound, target_aware, memory_budget)
+    elif engine == "hybrid" and target_aware:
+        values = _hybrid_pairs(adjacency, row_sources, pair_row, pair_target, bound, memory_budget, work_limit)
+    else:
+        values = scipy_pairs(
+            adjacency, row_sources, pair_row, pair_target, bound, target_aware, memory_budget, initial_radius
+        )
+    return values[inverse]
+
+
+def pair_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    maximum_distance: float,
+    engine: str = "auto",
+    cache: Optional[DistanceCache] = None,
+    table: Optional[torch.Tensor] = None,
+    **search: Any,
+) -> torch.Tensor:
+    """SPEC.md distances ``d(sources[...], targets[...])`` of index codes, elementwise.
+
+    Args:
+        adjacency: the graph.
+        sources: int64 index codes of any shape, on the graph's device (``>= 0`` a
+            node, ``-1`` padding, ``<= -2`` an unknown ID; see the module docstring).
+        targets: int64 index codes, the same shape.
+        maximum_distance: the bound, and the distance of everything not within it.
+        engine: one of :data:`ENGINES`.
+        cache: answers the pairs it holds first; receives the pairs computed here.
+        table: an ``(N, N)`` dense table (:func:`~.dense.build_dense_table`).
+        **search: the tuning options of :func:`source_target_distances`
+            (``target_aware``, ``memory_budget``, ``initial_radius``, ``work_limit``).
+
+    Returns:
+        float64 tensor of the same shape on the graph's device: 0.0 for equal
+        non-padding codes, the bounded shortest path length between nodes, and
+        ``maximum_distance`` otherwise.
+
+    Raises:
+        ValueError: mismatched shapes, a non-integer dtype, another device, a node
+            index ``>= N``, an unknown engine.
+
+    Cost: one search per distinct source among the pairs the cache does not hold.
+    """
+    _check_codes(sources, targets, adjacency)
+    engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
+    # shape: (Q,)
+    flat_sources, flat_targets = sources.reshape(-1), targets.reshape(-1)
+    result = torch.full(flat_sources.shape, maximum_distance, dtype=torch.float64, device=adjacency.device)
+    equal = (flat_sources == flat_targets) & (flat_sources != -1)
+    result[equal] = 0.0
+    need = (flat_sources >= 0) & (flat_targets >= 0) & ~equal
+    if bool(need.any()):
+        node_sources, node_targets = flat_sources[need], flat_targets[need]
+        if engine == "dense":
+            values = table[node_sources, node_targets]
+        else:
+            values = _cached_distances(adjacency, node_sources, node_targets, maximum_distance, engine, cache, search)
+        result[need] = torch.where(torch.isinf(values), maximum_distance, values)
+    return result.view(sources.shape)
+
+
+# ---------------------------------------------------------------------- shared helpers
+
+
+def _check_codes(sources: torch.Tensor, targets: torch.Tensor, adjacency: CSRAdjacency) -> None:
+    """Index-code tensors: same shape, integer dtype, the graph's device, nodes < N."""
+    for name, codes in (("sources", sources), ("targets", targets)):
+        if not isinstance(codes, torch.Tensor) or codes.dtype != torch.long:
+            dtype = codes.dtype if isinstance(codes, torch.Tensor) else type(codes).__name__
+            raise MapMatchedValueError(f"{name} must be an int64 tensor of index codes, got {dtype}")
+        if codes.device != adjacency.device:
+            raise MapMatchedValueError(
+                f"{name} is on {codes.device} but the graph is on {adjacency.device}; move one of them"
+            )
+    if sources.shape != targets.shape:
+        raise MapMatchedValueError(
+            f"sources and targets must have the same shape, got {tuple(sources.shape)} and {tuple(targets.shape)}"
+        )
+    if sources.numel():
+        largest = int(torch.maximum(sources.max(), targets.max()))
+        if largest >= adjacency.num_nodes:
+            raise MapMatchedValueError(
+                f"node index {largest} is out of range for a graph of {adjacency.num_nodes} nodes"
+            )
+
+
+def _cached_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    bound: float,
+    engine: str,
+    cache: Optional[DistanceCache],
+    search: Dict[str, Any],
+) -> torch.Tensor:
+    """``(Q,)`` distances (``inf`` beyond the bound) of node pairs: cache first, then search."""
+    if cache is None:
+        return source_target_distances(adjacency, sources, targets, bound=bound, engine=engine, **search)
+    # shape: (Q,)
+    values, answered = cache.lookup(sources, targets)
+    missing = ~answered
+    if bool(missing.any()):
+        missing_sources, missing_targets = sources[missing], targets[missing]
+        computed = source_target_distances(
+            adjacency, missing_sources, missing_targets, bound=bound, engine=engine, **search
+        )
+        values[missing] = computed
+        cache.insert(missing_sources, missing_targets, computed)
+    return values
+
+
+def _group_by_source(
+    sources: torch.Tensor, targets: torch.Tensor, nodes: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct pairs grouped by distinct source.
+
+    Returns:
+        ``row_sources`` (S,) sorted distinct sources; ``pair_row`` (P,) sorted row of
+        each distinct pair; ``pair_target`` (P,) its target; ``inverse`` (Q,) the
+        distinct pair of each input pair.
+    """
+    # shape: (P,) sorted distinct keys, and (Q,) the key of each input pair
+    keys, inverse = torch.unique(sources * nodes + targets, return_inverse=True)
+    pair_source = torch.div(keys, nodes, rounding_mode="floor")
+    pair_target = keys - pair_source * nodes
+    row_sources, pair_row = torch.unique_consecutive(pair_source, return_inverse=True)
+    return row_sources, pair_row, pair_target, inverse
+
+
+# ---------------------------------------------------------------------- hybrid engine
+
+
+def _hybrid_pairs(
+    adjacency: CSRAdjacency,
+    row_sources: torch.Tensor,
+    pair_row: torch.Tensor,
+    pair_target: torch.Tensor,
+    bound: float,
+    memory_budget: Optional[int],
+    work_limit: Optional[int],
+) -> torch.Tensor:
+    """``(P,)`` distances: target-aware torch searches settle the sources whose search
+    stays small (no O(N) cost per source); a source is handed to scipy's full bounded
+    search once it has expanded more than ``work_limit`` entries (default
+    ``max(256, N // 64)``), where scipy's O(N) set-up no longer dominates."""
+    limit = max(256, adjacency.num_nodes // 64) if work_limit is None else int(work_limit)
+    values, abandoned = torch_pairs(
+        adjacency, row_sources, pair_row, pair_target, bound, True, memory_budget, limit
+    )
+    # shape: (P,) pairs of the abandoned sources
+    chosen = abandoned.index_select(0, pair_row)
+    if bool(chosen.any()):
+        sub_sources, sub_row = torch.unique_consecutive(row_sources[pair_row[chosen]], return_inverse=True)
+        values[chosen] = scipy_pairs(
+            adjacency, sub_sources, sub_row, pair_target[chosen], bound, False, memory_budget, None
+        )
+    return values

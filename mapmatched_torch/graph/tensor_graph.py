@@ -1,0 +1,668 @@
+"""The corpus graph as tensors: CSR on a device, exact bounded distances in batches.
+
+:class:`TensorCorpusGraph` implements the
+:class:`~mapmatched_torch.protocols.CorpusGraph` protocol with exactly the values of
+:class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph` (SPEC.md section 4),
+and adds the batched API the tensor decoders use: :meth:`TensorCorpusGraph.trellis_distances`
+fills the ``(B, T-1, M, M)`` distances of a padded trellis with one search per
+distinct source (see :mod:`.shortest_paths` for the engines).
+
+Conventions:
+
+- Nodes are numbered by a :class:`~.vocabulary.ChunkVocabulary`. ``from_edges`` and
+  ``from_graph`` number them like ``InMemoryCorpusGraph.nodes`` (declared nodes first,
+  then endpoints as edges first mention them), so the CSR order is the standalone's.
+- Index codes in tensors: ``>= 0`` a node, ``-1`` padding, ``<= -2`` an unknown chunk
+  ID (equal codes = equal IDs). :meth:`TensorCorpusGraph.index_trellis` produces them
+  from chunk IDs. Distances: 0.0 between equal non-padding codes (so an unknown ID is
+  0.0 from itself, as SPEC.md asks), ``maximum_distance`` for any other pair with a
+  negative code. Padding gets ``maximum_distance`` everywhere (the decoder masks it).
+- Single-pair :meth:`TensorCorpusGraph.distance` always reads the source's row (never
+  the target's), so values never depend on the cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .._optional import import_optional
+from .._validation import check_chunk_id, check_radius
+from ..errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
+from ..standalone.graph import CacheInfo, EdgeLike, _check_positive_finite, _coerce_edge, _not_a_string
+from ._csr import CSRAdjacency, build_csr
+from ._memory import rows_per_chunk
+from .cache import DistanceCache
+from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
+from .shortest_paths import bounded_rows, pair_distances
+from .vocabulary import ChunkVocabulary
+
+__all__ = ["TensorCorpusGraph"]
+
+Device = Union[torch.device, str, None]
+
+
+class TensorCorpusGraph:
+    """A corpus graph on a device with exact, batched bounded distances.
+
+    Build it with :meth:`from_edges`, :meth:`from_graph`, :meth:`from_edge_index` or
+    :meth:`from_networkx`; the constructor takes a ready :class:`~._csr.CSRAdjacency`.
+
+    Args:
+        adjacency: the CSR arcs (no self-loops, no duplicates, positive finite float64).
+        vocabulary: the chunk IDs of the N nodes.
+        maximum_distance: the bound, finite and > 0 (default 10.0).
+        directed: whether edges are one-way (an undirected adjacency stores both directions).
+        distance_cache_size: most source rows the distance cache keeps (default 65536).
+        distance_cache_entries: most ``(source, target)`` entries it keeps (default
+            2**24, 256 MiB).
+        memory_budget: bytes of search state per chunk of sources (default 1 GiB).
+
+    Raises:
+        ValueError: a bad ``maximum_distance`` or cache size, or a vocabulary whose
+            size is not the adjacency's N.
+
+    The graph is immutable after construction; its distance cache is not thread-safe.
+
+    Example:
+        >>> graph = TensorCorpusGraph.from_edges([("a", "b", 0.5), ("b", "c", 0.25)], maximum_distance=1.0)
+        >>> graph.distance("a", "c"), graph.distance("a", "zzz"), graph.distance("x", "x")
+        (0.75, 1.0, 0.0)
+        >>> graph.neighborhood("b", 1.0)
+        (('c', 0.25), ('a', 0.5))
+        >>> chunk_index = graph.index_trellis([[["a", "q"], ["c"]]])  # B=1, T=2, M=2
+        >>> chunk_index.tolist()
+        [[[0, -2], [2, -1]]]
+        >>> graph.trellis_distances(chunk_index)[0, 0].tolist()  # [from j, to i]
+        [[0.75, 1.0], [1.0, 1.0]]
+    """
+
+    def __init__(
+        self,
+        adjacency: CSRAdjacency,
+        vocabulary: ChunkVocabulary,
+        *,
+        maximum_distance: float = 10.0,
+        directed: bool = False,
+        distance_cache_size: int = 65536,
+        distance_cache_entries: int = 1 << 24,
+        memory_budget: Optional[int] = None,
+    ) -> None:
+        self._maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        if len(vocabulary) != adjacency.num_nodes:
+            raise MapMatchedValueError(
+                f"the vocabulary has {len(vocabulary)} chunk IDs but the adjacency has {adjacency.num_nodes} nodes"
+            )
+        self._adjacency = adjacency
+        self._vocabulary = vocabulary
+        self._directed = bool(directed)
+        self._memory_budget = memory_budget
+        self._cache = DistanceCache(
+            adjacency.num_nodes, max_rows=distance_cache_size, max_entries=distance_cache_entries,
+            device=adjacency.device,
+        )
+        self._table: Optional[torch.Tensor] = None
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_edges(
+        cls,
+        edges: Iterable[EdgeLike],
+        *,
+        nodes: Iterable[str] = (),
+        directed: bool = False,
+        maximum_distance: float = 10.0,
+        device: Device = None,
+        **options: Any,
+    ) -> "TensorCorpusGraph":
+        """A graph from edges, numbered like :class:`InMemoryCorpusGraph`.
+
+        Args:
+            edges: :class:`GraphEdge` objects or ``(a, b)`` / ``(a, b, distance)`` tuples
+                (distance default 1.0).
+            nodes: IDs declared as nodes even without edges (numbered first).
+            directed: if False (default) every edge is stored in both directions.
+            maximum_distance: the bound (default 10.0).
+            device: where the tensors go (default CPU).
+            **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
+
+        Raises:
+            ValueError: empty IDs, non-positive or non-finite distances (naming the
+                edge), a malformed edge, a bad ``maximum_distance``.
+
+        Cost: O(E) Python work to read the edges, then :func:`build_csr`.
+        """
+        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        positions: dict = {}
+        for node in _not_a_string(nodes, "nodes"):
+            positions.setdefault(check_chunk_id(node, "node chunk ID"), len(positions))
+        sources: List[int] = []
+        targets: List[int] = []
+        weights: List[float] = []
+        for position, item in enumerate(_not_a_string(edges, "edges")):
+            edge = _coerce_edge(item, position)
+            sources.append(positions.setdefault(edge.source_chunk_id, len(positions)))
+            targets.append(positions.setdefault(edge.target_chunk_id, len(positions)))
+            weights.append(edge.distance)
+        edge_index = torch.tensor([sources, targets], dtype=torch.long, device=device).view(2, -1)
+        edge_weight = torch.tensor(weights, dtype=torch.float64, device=device)
+        return cls._build(
+            edge_index, edge_weight, ChunkVocabulary(positions), directed, maximum_distance, options
+        )
+
+    @classmethod
+    def from_graph(cls, graph: Any, *, device: Device = None, **options: Any) -> "TensorCorpusGraph":
+        """The tensor twin of an :class:`InMemoryCorpusGraph` (or a :class:`KNNGraph`).
+
+        Same nodes (vocabulary order = ``graph.nodes``), arcs, direction and
+        ``maximum_distance``; hence the same distances, bit for bit.
+
+        Args:
+            graph: an object with ``nodes``, ``edges()``, ``directed`` and ``maximum_distance``.
+            device: where the tensors go (default CPU).
+            **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
+        """
+        return cls.from_edges(
+            graph.edges(), nodes=graph.nodes, directed=graph.directed,
+            maximum_distance=graph.maximum_distance, device=device, **options,
+        )
+
+    @classmethod
+    def from_edge_index(
+        cls,
+        edge_index: torch.Tensor,
+        edge_weight: Optional[torch.Tensor] = None,
+        *,
+        chunk_ids: Optional[Sequence[str]] = None,
+        num_nodes: Optional[int] = None,
+        directed: bool = False,
+        maximum_distance: float = 10.0,
+        **options: Any,
+    ) -> "TensorCorpusGraph":
+        """A graph from a torch_geometric ``edge_index`` (on its device).
+
+        Args:
+            edge_index: ``(2, E)`` integer tensor ``[sources; targets]``.
+            edge_weight: ``(E,)`` real distances (default all 1.0), converted to float64.
+            chunk_ids: the N node IDs in index order (default ``"0"``, ``"1"``, ...).
+            num_nodes: N (default ``len(chunk_ids)``, else ``edge_index.max() + 1``).
+            directed: if False (default) every edge is stored in both directions.
+            maximum_distance: the bound (default 10.0).
+            **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
+
+        Raises:
+            ValueError: bad shapes or dtypes, a node outside ``[0, N)``, ``num_nodes``
+                disagreeing with ``chunk_ids``, a bad distance (naming the edge).
+        """
+        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        if not isinstance(edge_index, torch.Tensor):
+            raise MapMatchedValueError(f"edge_index must be a (2, E) tensor, got {type(edge_index).__name__}")
+        if chunk_ids is not None:
+            vocabulary = ChunkVocabulary(chunk_ids)
+            if num_nodes is not None and num_nodes != len(vocabulary):
+                raise MapMatchedValueError(f"num_nodes={num_nodes!r} but {len(vocabulary)} chunk_ids were given")
+        else:
+            if num_nodes is None:
+                num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+            if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
+                raise MapMatchedValueError(f"num_nodes must be a nonnegative int, got {num_nodes!r}")
+            vocabulary = ChunkVocabulary(str(index) for index in range(num_nodes))
+        if edge_weight is None and edge_index.dim() == 2:
+            edge_weight = torch.ones(edge_index.shape[-1], dtype=torch.float64, device=edge_index.device)
+        return cls._build(edge_index, edge_weight, vocabulary, directed, maximum_distance, options)
+
+    @classmethod
+    def from_networkx(
+        cls,
+        graph: Any,
+        *,
+        weight: str = "weight",
+        maximum_distance: float = 10.0,
+        device: Device = None,
+        **options: Any,
+    ) -> "TensorCorpusGraph":
+        """A graph from a networkx (Multi)(Di)Graph whose nodes are chunk-ID strings.
+
+        Args:
+            graph: the networkx graph; ``graph.is_directed()`` sets the direction,
+                node order sets the vocabulary, parallel edges keep the smallest distance.
+            weight: the edge attribute holding the distance (missing: 1.0).
+            maximum_distance: the bound (default 10.0).
+            device: where the tensors go (default CPU).
+            **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
+
+        Raises:
+            NetworkXNotInstalledError: networkx is missing (the ``[networkx]`` extra).
+            ValueError: a node that is not a non-empty string (relabel with
+                ``networkx.relabel_nodes(graph, str)``), a bad distance.
+        """
+        _networkx("TensorCorpusGraph.from_networkx")
+        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        vocabulary = ChunkVocabulary(graph.nodes)
+        sources: List[int] = []
+        targets: List[int] = []
+        weights: List[float] = []
+        for source, target, distance in graph.edges(data=weight, default=1.0):
+            sources.append(vocabulary.index_of(source))
+            targets.append(vocabulary.index_of(target))
+            weights.append(_edge_distance(distance, source, target))
+        edge_index = torch.tensor([sources, targets], dtype=torch.long, device=device).view(2, -1)
+        edge_weight = torch.tensor(weights, dtype=torch.float64, device=device)
+        return cls._build(edge_index, edge_weight, vocabulary, graph.is_directed(), maximum_distance, options)
+
+    @classmethod
+    def _build(
+        cls,
+        edge_index: torch.Tensor,
+        edge_weight: Optional[torch.Tensor],
+        vocabulary: ChunkVocabulary,
+        directed: bool,
+        maximum_distance: float,
+        options: dict,
+    ) -> "TensorCorpusGraph":
+        adjacency = build_csr(
+            edge_index, edge_weight, len(vocabulary), directed=directed, describe_node=vocabulary.__getitem__
+        )
+        return cls(adjacency, vocabulary, maximum_distance=maximum_distance, directed=directed, **options)
+
+    # ------------------------------------------------------------------ structure
+
+    @property
+    def maximum_distance(self) -> float:
+        """The bound: unreachable, too-far and unknown pairs get this distance."""
+        return self._maximum_distance
+
+    @property
+    def directed(self) -> bool:
+        """Whether edges are one-way (False: every edge is stored in both directions)."""
+        return self._directed
+
+    @property
+    def vocabulary(self) -> ChunkVocabulary:
+        """The chunk IDs <-> node indices."""
+        return self._vocabulary
+
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        """Every node ID in index order."""
+        return self._vocabulary.chunk_ids
+
+    @property
+    def num_nodes(self) -> int:
+        """N."""
+        return self._adjacency.num_nodes
+
+    @property
+    def edge_count(self) -> int:
+        """E, the number of stored arcs (an undirected edge counts twice)."""
+        return self._adjacency.edge_count
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors live; outputs are allocated here."""
+        return self._adjacency.device
+
+    @property
+    def adjacency(self) -> CSRAdjacency:
+        """The CSR arcs (read-only)."""
+        return self._adjacency
+
+    @property
+    def indptr(self) -> torch.Tensor:
+        """``(N + 1,)`` int64 CSR row pointers."""
+        return self._adjacency.indptr
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """``(E,)`` int64 arc targets, sorted within each source."""
+        return self._adjacency.indices
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """``(E,)`` float64 arc distances."""
+        return self._adjacency.weights
+
+    @property
+    def dense_table(self) -> Optional[torch.Tensor]:
+        """The ``(N, N)`` table of :meth:`precompute_dense`, or None."""
+        return self._table
+
+    def __len__(self) -> int:
+        """N, the number of nodes."""
+        return self.num_nodes
+
+    def __contains__(self, chunk_id: object) -> bool:
+        """Whether ``chunk_id`` is a node."""
+        return chunk_id in self._vocabulary
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(nodes={self.num_nodes}, arcs={self.edge_count}, directed={self._directed}, "
+            f"maximum_distance={self._maximum_distance!r}, device={str(self.device)!r})"
+        )
+
+    def to(self, device: Device) -> "TensorCorpusGraph":
+        """The same graph on ``device`` (``self`` if already there), with an empty cache."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        moved = TensorCorpusGraph(
+            self._adjacency.to(device), self._vocabulary, maximum_distance=self._maximum_distance,
+            directed=self._directed, distance_cache_size=self._cache.max_rows,
+            distance_cache_entries=self._cache.max_entries, memory_budget=self._memory_budget,
+        )
+        moved._table = None if self._table is None else self._table.to(device)
+        return moved
+
+    # ------------------------------------------------------------------ interop
+
+    def to_edge_index(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(edge_index (2, E) int64, edge_weight (E,) float64)`` of every stored arc,
+        sorted by (source, target); an undirected graph lists both directions."""
+        return self._adjacency.edge_index(), self._adjacency.weights.clone()
+
+    def to_data(self) -> Any:
+        """A ``torch_geometric.data.Data`` with ``edge_index``, ``edge_weight``,
+        ``num_nodes`` and ``chunk_ids`` (a list of the N IDs)."""
+        from torch_geometric.data import Data
+
+        edge_index, edge_weight = self.to_edge_index()
+        return Data(
+            edge_index=edge_index, edge_weight=edge_weight, num_nodes=self.num_nodes, chunk_ids=list(self.nodes)
+        )
+
+    def to_networkx(self) -> Any:
+        """A ``networkx.DiGraph`` (directed) or ``Graph`` with the nodes in index order
+        and each edge's distance in the ``"weight"`` attribute.
+
+        Raises:
+            NetworkXNotInstalledError: networkx is missing (the ``[networkx]`` extra).
+        """
+        nx = _networkx("TensorCorpusGraph.to_networkx")
+        result = nx.DiGraph() if self._directed else nx.Graph()
+        result.add_nodes_from(self.nodes)
+        edge_index, edge_weight = self.to_edge_index()
+        keep = torch.ones_like(edge_weight, dtype=torch.bool) if self._directed else edge_index[0] < edge_index[1]
+        ids = self.nodes
+        result.add_weighted_edges_from(
+            (ids[source], ids[target], weight)
+            for source, target, weight in zip(
+                edge_index[0, keep].tolist(), edge_index[1, keep].tolist(), edge_weight[keep].tolist()
+            )
+        )
+        return result
+
+    # ------------------------------------------------------------------ indexing
+
+    def index(self, chunk_ids: Iterable[str], *, distinct_unknown: bool = False) -> torch.Tensor:
+        """``(n,)`` int64 index codes of IDs on the graph's device (see
+        :meth:`ChunkVocabulary.index`).
+
+        Unknown-ID codes are numbered per call: index every ID that will be compared
+        (both sides of the pairs) in one call, or two different unknown IDs may get
+        the same code and a distance of 0.0.
+        """
+        return self._vocabulary.index(chunk_ids, distinct_unknown=distinct_unknown, device=self.device)
+
+    def index_trellis(self, conversations: Sequence[Sequence[Sequence[str]]]) -> torch.Tensor:
+        """Pack ragged chunk-ID trellises into a padded index-code tensor.
+
+        Args:
+            conversations: B conversations, each a list of turns, each a list of
+                candidate chunk IDs (non-empty strings).
+
+        Returns:
+            ``(B, T, M)`` int64 on the graph's device (T, M the largest counts):
+            node indices, ``-1`` for padding, and ``-2, -3, ...`` for unknown IDs
+            (one code per distinct unknown ID across the whole batch).
+
+        Raises:
+            ValueError: a chunk ID that is not a non-empty string (naming its place).
+        """
+        conversations = [[list(turn) for turn in _not_a_string(c, "conversation")] for c in conversations]
+        turns = max((len(c) for c in conversations), default=0)
+        width = max((len(turn) for c in conversations for turn in c), default=0)
+        unknown: dict = {}
+        # shape: (B, T, M) nested lists
+        codes = [[[-1] * width for _ in range(turns)] for _ in conversations]
+        for b, conversation in enumerate(conversations):
+            for t, turn in enumerate(conversation):
+                for m, chunk_id in enumerate(turn):
+                    check_chunk_id(chunk_id, f"conversation {b} turn {t} candidate {m} chunk ID")
+                    code = self._vocabulary.index_of(chunk_id)
+                    codes[b][t][m] = code if code >= 0 else unknown.setdefault(chunk_id, -2 - len(unknown))
+        return torch.tensor(codes, dtype=torch.long, device=self.device).view(len(codes), turns, width)
+
+    # ------------------------------------------------------------------ batched distances
+
+    def pair_distances(
+        self,
+        sources: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        engine: str = "auto",
+        target_aware: bool = True,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """SPEC.md distances between index codes, elementwise.
+
+        Args:
+            sources: int64 index codes (any shape) on the graph's device.
+            targets: int64 index codes, the same shape.
+            engine: ``"auto"`` (the dense table if present, else ``"torch"`` on an
+                accelerator and ``"hybrid"`` on CPU), ``"torch"``, ``"scipy"``,
+                ``"hybrid"`` or ``"dense"`` (see :mod:`.shortest_paths`).
+            target_aware: stop searches once their targets are exact (same values).
+            use_cache: answer from / feed the graph's distance cache.
+
+        Returns:
+            float64 of the same shape on the graph's device (see the module docstring
+            for codes).
+
+        Cost: one bounded search per distinct source not answered by the cache.
+        """
+        return pair_distances(
+            self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
+            cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
+            memory_budget=self._memory_budget,
+        )
+
+    def trellis_distances(
+        self,
+        chunk_index: torch.Tensor,
+        *,
+        engine: str = "auto",
+        target_aware: bool = True,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Distances between consecutive turns' candidates of a padded trellis batch.
+
+        Args:
+            chunk_index: ``(B, T, M)`` int64 index codes on the graph's device (``-1``
+                padding, ``<= -2`` unknown IDs; :meth:`index_trellis` makes them).
+            engine, target_aware, use_cache: as for :meth:`pair_distances`.
+
+        Returns:
+            ``(B, T-1, M, M)`` float64 on the graph's device, indexed
+            ``[b, t, from j, to i]`` = d(candidate j of turn t, candidate i of turn
+            t+1). Padding rows and columns hold ``maximum_distance``.
+
+        Raises:
+            ValueError: a tensor that is not 3-D int64, on another device, or with a
+                node index ``>= N``.
+
+        Cost: each distinct source is searched once per batch (with the union of its
+        targets), except those the cache answers; memory O(B T M^2) for the result.
+        """
+        if not isinstance(chunk_index, torch.Tensor) or chunk_index.dim() != 3 or chunk_index.dtype != torch.long:
+            what = (
+                f"a {chunk_index.dim()}-D {chunk_index.dtype} tensor" if isinstance(chunk_index, torch.Tensor)
+                else type(chunk_index).__name__
+            )
+            raise MapMatchedValueError(f"chunk_index must be a (B, T, M) int64 tensor, got {what}")
+        batch, turns, width = chunk_index.shape
+        steps = max(turns - 1, 0)
+        # shape: (B, T-1, M, M) [b, t, j, i]: candidate j of turn t -> candidate i of turn t+1
+        sources = chunk_index[:, :-1, :, None].expand(batch, steps, width, width)
+        targets = chunk_index[:, 1:, None, :].expand(batch, steps, width, width)
+        return self.pair_distances(sources, targets, engine=engine, target_aware=target_aware, use_cache=use_cache)
+
+    def precompute_dense(
+        self, memory_budget: int = DEFAULT_DENSE_BUDGET, *, engine: str = "auto"
+    ) -> "TensorCorpusGraph":
+        """Precompute the ``(N, N)`` table of every distance (see :mod:`.dense` for sizes).
+
+        Afterwards ``engine="auto"`` answers every pair by a gather.
+
+        Args:
+            memory_budget: the most bytes the table may take (default 128 MiB: N <= 4096).
+            engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` for the N searches.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: the table would not fit in ``memory_budget``.
+        """
+        self._table = build_dense_table(
+            self._adjacency, self._maximum_distance, memory_budget=memory_budget,
+            engine=engine, search_budget=self._memory_budget,
+        )
+        return self
+
+    def drop_dense(self) -> None:
+        """Free the dense table."""
+        self._table = None
+
+    # ------------------------------------------------------------------ CorpusGraph protocol
+
+    def distance(self, source_chunk_id: str, target_chunk_id: str) -> float:
+        """The bounded shortest-path distance from source to target (SPEC.md section 4).
+
+        Returns:
+            0.0 when the IDs are equal (even unknown ones); the shortest path length
+            when ``<= maximum_distance``; else ``maximum_distance``. Always read from
+            the source's row: equal to ``InMemoryCorpusGraph.distance`` bit for bit.
+
+        Cost: a cache hit is a few tensor ops; a miss runs one full bounded search from
+        the source and caches the complete row.
+        """
+        if source_chunk_id == target_chunk_id:
+            return 0.0
+        source = self._vocabulary.index_of(source_chunk_id)
+        target = self._vocabulary.index_of(target_chunk_id)
+        if source < 0 or target < 0:
+            return self._maximum_distance
+        if self._table is not None:
+            value = float(self._table[source, target])
+        else:
+            value = float(self._row_value(source, target))
+        return self._maximum_distance if math.isinf(value) else value
+
+    def _row_value(self, source: int, target: int) -> torch.Tensor:
+        """d(source, target) (``inf`` beyond the bound) from the cache, or from a new full row."""
+        # shape: (1,)
+        sources = torch.tensor([source], dtype=torch.long, device=self.device)
+        targets = torch.tensor([target], dtype=torch.long, device=self.device)
+        values, answered = self._cache.lookup(sources, targets)
+        if bool(answered[0]):
+            return values[0]
+        # shape: (N,)
+        row = bounded_rows(self._adjacency, sources, limit=self._maximum_distance, memory_budget=self._memory_budget)[0]
+        reached = torch.isfinite(row).nonzero().squeeze(1)
+        self._cache.insert(sources.expand(reached.numel()), reached, row[reached], complete=True)
+        return row[target]
+
+    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
+        """Every other node within ``min(radius, maximum_distance)`` of ``chunk_id``.
+
+        Returns:
+            ``(chunk_id, distance)`` pairs ordered by (distance, chunk ID); ``()`` for
+            an unknown centre.
+
+        Raises:
+            ValueError: ``radius`` is NaN, negative or not a number.
+        """
+        return self.neighborhoods([chunk_id], radius)[0]
+
+    def neighborhoods(
+        self, chunk_ids: Sequence[str], radius: float, *, engine: str = "auto"
+    ) -> Tuple[Tuple[Tuple[str, float], ...], ...]:
+        """:meth:`neighborhood` of many centres with batched searches (context expansion).
+
+        Args:
+            chunk_ids: the centres (unknown ones get ``()``).
+            radius: a number >= 0 (``inf`` allowed); the search limit is
+                ``min(radius, maximum_distance)``.
+            engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` (the dense table
+                is used when present).
+
+        Returns:
+            One tuple per centre, in input order, as :meth:`neighborhood`.
+
+        Cost: one search bounded by the limit per distinct known centre, in chunks of
+        ``memory_budget`` bytes of ``(N,)`` rows; O(N) per centre to collect.
+        """
+        limit = min(check_radius(radius), self._maximum_distance)
+        centres = list(_not_a_string(chunk_ids, "chunk_ids"))
+        codes = self._vocabulary.index(centres).tolist()
+        known = sorted({code for code in codes if code >= 0})
+        found = {}
+        rank = self._vocabulary.rank(self.device)
+        step = rows_per_chunk(self.num_nodes, max(len(known), 1), self._memory_budget)
+        for first in range(0, len(known), step):
+            # shape: (C,) centres of this chunk, (C, N) their rows
+            sources = torch.tensor(known[first:first + step], dtype=torch.long, device=self.device)
+            if self._table is not None:
+                rows = self._table[sources]
+            else:
+                rows = bounded_rows(
+                    self._adjacency, sources, limit=limit, engine=engine, memory_budget=self._memory_budget
+                )
+            for source, row in zip(sources.tolist(), rows):
+                found[source] = self._ranked_ball(source, row, limit, rank)
+        return tuple(found[code] if code >= 0 else () for code in codes)
+
+    def _ranked_ball(
+        self, source: int, row: torch.Tensor, limit: float, rank: torch.Tensor
+    ) -> Tuple[Tuple[str, float], ...]:
+        """The nodes of one row within ``limit`` (the source excluded), by (distance, ID)."""
+        # shape: (K,) nodes in the ball, ordered by ID rank, then stably by distance
+        ball = (row <= limit).nonzero().squeeze(1)
+        ball = ball[ball != source]
+        ball = ball[torch.argsort(rank[ball], stable=True)]
+        ball = ball[torch.argsort(row[ball], stable=True)]
+        ids = self.nodes
+        return tuple((ids[node], distance) for node, distance in zip(ball.tolist(), row[ball].tolist()))
+
+    # ------------------------------------------------------------------ cache
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses (per distinct source and lookup), rows cached, row capacity."""
+        return self._cache.cache_info()
+
+    def clear_cache(self) -> None:
+        """Drop every cached distance and reset the counters."""
+        self._cache.clear()
+
+
+
+def _networkx(feature: str) -> Any:
+    """The networkx module, or :class:`NetworkXNotInstalledError` naming the extra."""
+    try:
+        return import_optional("networkx", "networkx", feature)
+    except MissingDependencyError as exc:
+        raise NetworkXNotInstalledError(feature) from exc.__cause__
+
+
+def _edge_distance(value: Any, source: Any, target: Any) -> float:
+    """A networkx edge attribute as a float (validated later with the other distances)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise MapMatchedValueError(
+            f"edge {source!r} -> {target!r} has a non-numeric distance {value!r}"
+        ) from None

@@ -1,0 +1,87 @@
+"""DistanceCache: exact entries, complete rows, LRU eviction by rows and by entries."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from mapmatched_torch.graph import CacheInfo, DistanceCache
+
+
+def longs(values, device):
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def doubles(values, device):
+    return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+def test_lookup_answers_only_what_is_known(device) -> None:
+    cache = DistanceCache(10, device=device)
+    cache.insert(longs([1, 1], device), longs([2, 3], device), doubles([0.5, math.inf], device))
+    values, answered = cache.lookup(longs([1, 1, 1, 2], device), longs([2, 3, 4, 1], device))
+    assert answered.tolist() == [True, True, False, False]
+    assert values[:2].tolist() == [0.5, math.inf] and values.device.type == device.type
+    # a complete row also answers the targets it does not hold: beyond the bound
+    cache.insert(longs([2], device), longs([5], device), doubles([0.25], device), complete=True)
+    values, answered = cache.lookup(longs([2, 2], device), longs([5, 7], device))
+    assert answered.tolist() == [True, True] and values.tolist() == [0.25, math.inf]
+    assert cache.entry_count == 3
+
+
+def test_counters_count_distinct_sources_per_lookup(device) -> None:
+    cache = DistanceCache(10, device=device)
+    cache.insert(longs([1], device), longs([2], device), torch.ones(1, dtype=torch.float64, device=device))
+    cache.lookup(longs([1, 1, 3], device), longs([2, 2, 4], device))  # source 1 hit, source 3 miss
+    cache.lookup(longs([1], device), longs([5], device))  # source 1 partially known: a miss
+    assert cache.cache_info() == CacheInfo(hits=1, misses=2, size=1, capacity=65536)
+    cache.clear()
+    assert cache.cache_info() == CacheInfo(0, 0, 0, 65536) and cache.entry_count == 0
+
+
+def test_rows_are_evicted_least_recently_used_first(device) -> None:
+    cache = DistanceCache(10, max_rows=2, device=device)
+    one = torch.ones(1, dtype=torch.float64, device=device)
+    cache.insert(longs([1], device), longs([2], device), one)
+    cache.insert(longs([3], device), longs([4], device), one)
+    cache.lookup(longs([1], device), longs([2], device))  # 1 is now the most recently used
+    cache.insert(longs([5], device), longs([6], device), one)  # evicts 3
+    _, answered = cache.lookup(longs([1, 3, 5], device), longs([2, 4, 6], device))
+    assert answered.tolist() == [True, False, True] and cache.cache_info().size == 2
+
+
+def test_the_entry_budget_evicts_old_rows_and_skips_huge_insertions(device) -> None:
+    cache = DistanceCache(100, max_entries=4, device=device)
+    values = torch.ones(3, dtype=torch.float64, device=device)
+    cache.insert(longs([1, 1, 1], device), longs([2, 3, 4], device), values)
+    cache.insert(longs([5, 5], device), longs([6, 7], device), values[:2])  # 5 entries > 4: row 1 goes
+    assert cache.entry_count == 2 and cache.lookup(longs([1], device), longs([2], device))[1].tolist() == [False]
+    cache.insert(longs([9] * 5, device), longs([0, 1, 2, 3, 4], device), doubles([1.0] * 5, device))
+    assert cache.entry_count == 2  # could never fit: ignored
+
+
+def test_merging_keeps_the_keys_sorted_and_unique(device) -> None:
+    rng = random.Random(0)
+    cache = DistanceCache(50, device=device)
+    truth = {}
+    for _ in range(20):
+        pairs = [(rng.randrange(50), rng.randrange(50)) for _ in range(rng.randint(1, 40))]
+        for source, target in pairs:
+            truth[source, target] = float(source * 100 + target)
+        sources, targets = longs([p[0] for p in pairs], device), longs([p[1] for p in pairs], device)
+        cache.insert(sources, targets, (sources * 100 + targets).double())
+    assert torch.all(cache._keys[1:] > cache._keys[:-1])
+    keys = list(truth)
+    values, answered = cache.lookup(longs([k[0] for k in keys], device), longs([k[1] for k in keys], device))
+    assert answered.all() and values.tolist() == [truth[k] for k in keys]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_capacities_must_be_positive_ints(bad) -> None:
+    with pytest.raises(ValueError, match="distance_cache_size"):
+        DistanceCache(3, max_rows=bad)
+    with pytest.raises(ValueError, match="distance_cache_entries"):
+        DistanceCache(3, max_entries=bad)
