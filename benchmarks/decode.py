@@ -186,7 +186,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--batches", type=int, nargs="*", help="override the batch sizes")
     parser.add_argument("--repeats", type=int, help="timed calls per measurement (median)")
     parser.add_argument("--standalone", type=int, help="conversations decoded by the standalone baseline")
+    parser.add_argument(
+        "--compile", action="store_true", help="fuse the max-plus step with torch.compile (use_compiled_kernels)"
+    )
     args = parser.parse_args(argv)
+    if args.compile:
+        from mapmatched_torch.chain import use_compiled_kernels
+
+        use_compiled_kernels(True)
     device = torch.device(args.device)
     batches = args.batches or ([1, 64, 1024] if args.quick else [1, 64, 1024, 4096])
     repeats = args.repeats or (1 if args.quick else 3)

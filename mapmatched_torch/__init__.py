@@ -63,6 +63,7 @@ _LAZY = {
         )
     },
     "MapMatchedModel": ".model",
+    "use_compiled_kernels": ".chain",
     "TorchDecoder": ".decoder",
     "pack_trellises": ".trellis",
     "SlotDecoder": ".streaming",

@@ -42,7 +42,19 @@ from torch import Tensor
 
 from .semiring import Semiring
 
-__all__ = ["Step", "Forward", "TailUpdate", "lift", "chain_step", "forward", "commit_tail", "backtrack", "compact"]
+__all__ = [
+    "Step",
+    "Forward",
+    "TailUpdate",
+    "lift",
+    "chain_step",
+    "forward",
+    "commit_tail",
+    "backtrack",
+    "compact",
+    "use_compiled_kernels",
+    "compiled_kernels_enabled",
+]
 
 
 class Step(NamedTuple):
@@ -129,16 +141,28 @@ def chain_step(
     Returns:
         A :class:`Step`. Cost: O(B M^2) time and memory.
     """
+    if transitions_t is not None and semiring.has_argmax and _COMPILED["enabled"]:
+        return _COMPILED["step"](semiring, alpha, started, emissions_t, transitions_t, allowed_t)
+    return _step(semiring, alpha, started, emissions_t, transitions_t, allowed_t)
+
+
+def _step(
+    semiring: Semiring,
+    alpha: Tensor,
+    started: Tensor,
+    emissions_t: Tensor,
+    transitions_t: Optional[Tensor],
+    allowed_t: Tensor,
+) -> Step:
+    """The body of :func:`chain_step` (compiled as a whole by :func:`use_compiled_kernels`)."""
     if transitions_t is None:
         stepped = emissions_t
         backpointers = (
             torch.zeros(allowed_t.shape, dtype=torch.long, device=allowed_t.device) if semiring.has_argmax else None
         )
     else:
-        # shape: (B, M_from, M_to, *V)
-        scores = alpha.unsqueeze(2) + transitions_t
-        # shape: (B, M, *V), (B, M)
-        best, backpointers = semiring.sum(scores, dim=1)
+        # shape: (B, M, *V), (B, M): the best predecessor of every candidate
+        best, backpointers = semiring.step_sum(alpha, transitions_t)
         # shape: (B, M, *V)
         stepped = torch.where(lift(started, best), best + emissions_t, emissions_t)
     # shape: (B, M, *V)
@@ -149,6 +173,32 @@ def chain_step(
     # shape: (B, M, *V)
     new_alpha = torch.where(lift(active, candidate), candidate, alpha)
     return Step(new_alpha, backpointers, started | active, nonfinite)
+
+
+_COMPILED = {"enabled": False, "step": None}
+
+
+def use_compiled_kernels(enabled: bool = True) -> None:
+    """Fuse each max-plus step of the chain DP into one kernel with ``torch.compile``.
+
+    The eager step materializes the ``(B, M, M)`` sum of predecessor scores and
+    transitions, then reduces it, then runs a handful of small masking operations; the
+    compiled step reads the transitions once and does the rest in registers (about
+    1.5-2x end to end on a CPU core at B = 4096, M = 32; more on a GPU). Results are
+    bit-identical: the step only adds, takes maxima and selects (no multiply that a
+    compiler could fuse into an FMA), and the first maximum still wins ties (checked by
+    the tests marked ``slow``). The log semiring (autograd) stays eager. The first call
+    per shape pays the compilation (seconds), so it is off by default: enable it for
+    large batches and long-running servers.
+    """
+    _COMPILED["enabled"] = bool(enabled)
+    if enabled and _COMPILED["step"] is None:
+        _COMPILED["step"] = torch.compile(_step, dynamic=None)
+
+
+def compiled_kernels_enabled() -> bool:
+    """Whether :func:`use_compiled_kernels` is on."""
+    return _COMPILED["enabled"]
 
 
 def forward(

@@ -37,7 +37,15 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Semiring", "MaxPlusSemiring", "LogSemiring", "LexicographicSemiring", "MAX_PLUS", "LOG", "LEXICOGRAPHIC"]
+__all__ = [
+    "Semiring",
+    "MaxPlusSemiring",
+    "LogSemiring",
+    "LexicographicSemiring",
+    "MAX_PLUS",
+    "LOG",
+    "LEXICOGRAPHIC",
+]
 
 
 class Semiring:
@@ -65,6 +73,18 @@ class Semiring:
             max-plus semirings and None otherwise.
         """
         raise NotImplementedError
+
+    def step_sum(self, alpha: Tensor, transitions: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+        """``plus`` over predecessors of ``alpha[b, j] + transitions[b, j, i]``.
+
+        Args:
+            alpha: ``(B, M_from, *V)``. transitions: ``(B, M_from, M_to, *V)``.
+
+        Returns:
+            ``(values (B, M_to, *V), indices (B, M_to) or None)``; the chain DP's inner
+            step, O(B M^2).
+        """
+        return self.sum(alpha.unsqueeze(2) + transitions, dim=1)
 
     def finite(self, scores: Tensor) -> Tensor:
         """Bool mask over ``scores.shape`` minus the value shape: every component finite."""

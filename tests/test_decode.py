@@ -799,3 +799,25 @@ def test_log_likelihood_bool_gold_equals_index_gold():
     assert torch.allclose(log_likelihood(emissions, transitions, mask, one_hot), expected, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="mask's shape"):
         log_likelihood(emissions, transitions, mask, one_hot[:, :2])
+
+
+@pytest.mark.slow
+def test_compiled_max_plus_step_is_bit_identical():
+    from mapmatched_torch.chain import use_compiled_kernels
+
+    generator = torch.Generator().manual_seed(23)
+    for dtype in (torch.float64, torch.float32):
+        emissions = torch.randint(-2, 3, (64, 6, 5), generator=generator).to(dtype)  # integers: many exact ties
+        transitions = torch.randint(-3, 1, (64, 5, 5, 5), generator=generator).to(dtype)
+        mask = torch.rand(64, 6, 5, generator=generator) < 0.8
+        mask[:, 0] = True
+        mask[:, :, 0] = True
+        eager = viterbi(emissions, transitions, mask), fixed_lag_viterbi(emissions, transitions, mask, 1)
+        use_compiled_kernels(True)
+        try:
+            fused = viterbi(emissions, transitions, mask), fixed_lag_viterbi(emissions, transitions, mask, 1)
+        finally:
+            use_compiled_kernels(False)
+        for a, b in zip(eager, fused):
+            for x, y in zip(a, b):
+                assert torch.equal(x, y)
