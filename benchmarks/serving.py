@@ -1,12 +1,12 @@
 """Serving benchmark: latency of one batched MapMatchedServer step vs sessions one by one.
 
 A clustered kNN-like corpus graph (N nodes, 10 neighbours each) as a TensorCorpusGraph;
-S concurrent sessions whose 32 candidates per turn follow topic walks (the previous
-turn's neighbourhood plus random distractors). After a few warm-up turns (distance
+S concurrent sessions whose 32 candidates per turn follow topic walks (24 from the
+user's cluster, 8 from the neighbouring one; 10% of turns jump to a random cluster). After a few warm-up turns (distance
 cache warm), each timed step sends every session one new turn. Reports p50/p99 latency
 and turns/s of one step, and the same turns served one session at a time by
 independent standalone sessions (MapMatchedRetriever + StandaloneDecoder, re-decoding
-the whole trellis each turn, on the same graph object), measured on a subset and
+the whole trellis each turn, on the same graph as an InMemoryCorpusGraph), measured on a subset and
 scaled per turn.
 
 Run:  python benchmarks/serving.py            (sessions 1, 64, 1024, 4096)
@@ -22,6 +22,7 @@ import time
 import torch
 
 from mapmatched_torch.graph import TensorCorpusGraph
+from mapmatched_torch.standalone import InMemoryCorpusGraph
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
@@ -54,9 +55,13 @@ class Walkers:
     def turn(self):
         g = self.generator
         cluster = self.position // 50
-        near = cluster.unsqueeze(1) * 50 + torch.randint(0, 50, (len(self.position), self.width // 2), generator=g)
-        far = torch.randint(0, self.nodes, (len(self.position), self.width - self.width // 2), generator=g)
-        candidates = torch.cat([near.clamp_max(self.nodes - 1), far], dim=1)
+        # Topic walk: three quarters of the candidates from the user's cluster, the rest
+        # from the neighbouring cluster (what a dense retriever returns around a topic).
+        near = cluster.unsqueeze(1) * 50 + torch.randint(0, 50, (len(self.position), 3 * self.width // 4), generator=g)
+        nearby = ((cluster + 1) % (self.nodes // 50)).unsqueeze(1) * 50 + torch.randint(
+            0, 50, (len(self.position), self.width - 3 * self.width // 4), generator=g
+        )
+        candidates = torch.cat([near, nearby], dim=1).clamp_max(self.nodes - 1)
         scores = torch.randn(candidates.shape, generator=g, dtype=torch.float64)
         jump = torch.rand(len(self.position), generator=g) < 0.1
         self.position = torch.where(jump, torch.randint(0, self.nodes, self.position.shape, generator=g), near[:, 0])
@@ -91,9 +96,18 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
     return times
 
 
+def standalone_graph(graph: TensorCorpusGraph) -> InMemoryCorpusGraph:
+    """The same graph as the pure-Python reference (both directions are stored arcs)."""
+    edge_index, weights = graph.to_edge_index()
+    ids = graph.nodes
+    edges = [(ids[a], ids[b], w) for (a, b), w in zip(edge_index.t().tolist(), weights.tolist())]
+    return InMemoryCorpusGraph(edges, nodes=ids, directed=True, maximum_distance=graph.maximum_distance)
+
+
 def standalone_per_turn(graph, width: int, turns: int, lag, seed: int, sessions: int = 8) -> float:
     """Seconds per turn of independent standalone sessions (turns 1..turns averaged)."""
     generator = torch.Generator().manual_seed(seed)
+    graph = standalone_graph(graph)
     walkers = Walkers(sessions, len(graph), width, generator)
     plain = [MapMatchedRetriever(graph, candidate_limit=width, fixed_lag=lag).session() for _ in range(sessions)]
     start = time.perf_counter()

@@ -24,7 +24,9 @@ Engines (``engine=``):
   bounded search instead, where scipy's per-arc speed wins.
 - ``"dense"``: gathers from a precomputed ``(N, N)`` table (:mod:`.dense`).
 - ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator
-  and ``"hybrid"`` on CPU (the fastest there in ``benchmarks/distances.py``).
+  and ``"scipy"`` on CPU. On CPU a torch relaxation costs ~10x scipy's C loop per
+  arc; in ``benchmarks/distances.py`` scipy was the fastest or within a few percent
+  of ``"hybrid"`` in every regime measured.
 
 Target-aware search (``target_aware=True``, the default) answers pairs without
 completing whole bounded rows:
@@ -97,7 +99,7 @@ def resolve_engine(engine: str, device: torch.device, *, has_table: bool = False
     if engine == "auto":
         if has_table:
             return "dense"
-        return "hybrid" if torch.device(device).type == "cpu" else "torch"
+        return "scipy" if torch.device(device).type == "cpu" else "torch"
     if engine == "dense" and not has_table:
         raise MapMatchedValueError(
             "engine 'dense' needs a precomputed table: call TensorCorpusGraph.precompute_dense() first"

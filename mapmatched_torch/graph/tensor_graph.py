@@ -453,7 +453,7 @@ class TensorCorpusGraph:
             sources: int64 index codes (any shape) on the graph's device.
             targets: int64 index codes, the same shape.
             engine: ``"auto"`` (the dense table if present, else ``"torch"`` on an
-                accelerator and ``"hybrid"`` on CPU), ``"torch"``, ``"scipy"``,
+                accelerator and ``"scipy"`` on CPU), ``"torch"``, ``"scipy"``,
                 ``"hybrid"`` or ``"dense"`` (see :mod:`.shortest_paths`).
             target_aware: stop searches once their targets are exact (same values).
             use_cache: answer from / feed the graph's distance cache.

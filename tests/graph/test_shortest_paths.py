@@ -164,7 +164,7 @@ def test_pair_distances_validates_its_inputs(device) -> None:
 
 def test_resolve_engine() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_engine("auto", cpu) == "hybrid" and resolve_engine("auto", cuda) == "torch"
+    assert resolve_engine("auto", cpu) == "scipy" and resolve_engine("auto", cuda) == "torch"
     assert resolve_engine("auto", cpu, has_table=True) == "dense"
     assert all(resolve_engine(name, cpu, has_table=True) == name for name in ENGINES if name != "auto")
     with pytest.raises(MapMatchedValueError, match="unsupported search engine: 'dense'"):

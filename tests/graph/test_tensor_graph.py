@@ -268,3 +268,22 @@ def test_pair_distances_of_ids(device) -> None:
     codes = graph.index(["a", "a", "q", "q", "q", "b", "c", "q", "a", "r"], distinct_unknown=True)
     sources, targets = codes[:5], codes[5:]
     assert graph.pair_distances(sources, targets).tolist() == [0.5, 0.75, 0.0, 0.75, 0.75]
+
+
+def test_the_scipy_matrix_has_no_duplicates_and_no_zeros() -> None:
+    graph = TensorCorpusGraph.from_edges([("a", "b", 2.0), ("a", "b", 0.5), ("b", "a", 1.0), ("c", "c", 1.0)])
+    matrix = graph.adjacency.scipy_matrix()
+    assert matrix.has_canonical_format and matrix.nnz == graph.edge_count == 2
+    assert matrix.toarray().tolist() == [[0.0, 0.5, 0.0], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_missing_networkx_names_the_extra(monkeypatch) -> None:
+    from mapmatched_torch import _optional
+    from mapmatched_torch.errors import NetworkXNotInstalledError
+
+    monkeypatch.setitem(_optional._PROBED, "networkx", ImportError("no networkx"))
+    graph = TensorCorpusGraph.from_edges([("a", "b")])
+    with pytest.raises(NetworkXNotInstalledError, match=r"mapmatched-torch\[networkx\]"):
+        graph.to_networkx()
+    with pytest.raises(ImportError, match="from_networkx"):
+        TensorCorpusGraph.from_networkx(object())
