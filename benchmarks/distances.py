@@ -8,7 +8,7 @@ along the graph per turn and jumps to a random node with probability ``--jump``;
 turn's M candidates are the top-M cosine neighbours of a noisy query around the topic.
 Then the (B, T-1, M, M) distances are filled with:
 
-- ``scipy`` (the CPU ``auto``), ``hybrid`` and ``torch`` with target-aware search,
+- ``hybrid`` (the CPU ``auto``), ``scipy`` and ``torch`` with target-aware search,
 - ``torch`` and ``scipy`` with full bounded searches; ``scipy full`` is the
   predecessor's kNN engine (scipy Dijkstra per distinct source bounded by
   ``maximum_distance``, then per-pair lookups),
@@ -329,8 +329,8 @@ def run_size(size: int, args: argparse.Namespace) -> None:
     rows: List[Row] = []
     for name, engine, target_aware in [
         ("scipy full = predecessor's kNN engine", "scipy", False),
-        ("hybrid target-aware", "hybrid", True),
-        ("scipy target-aware (CPU auto)", "scipy", True),
+        ("hybrid target-aware (CPU auto)", "hybrid", True),
+        ("scipy target-aware (widening limit)", "scipy", True),
         ("torch target-aware (caps)", "torch", True),
         ("torch full bounded rows", "torch", False),
     ]:

@@ -31,8 +31,9 @@ VARIANTS = [
     ("scipy", False, {}),
     ("scipy", True, {}),
     ("scipy", True, {"initial_radius": 0.1, "memory_budget": 1}),  # many widening rounds
-    ("hybrid", True, {}),
+    ("hybrid", True, {}),  # tiny graphs: scipy alone
     ("hybrid", True, {"work_limit": 1}),  # nearly every source handed to scipy
+    ("hybrid", True, {"work_limit": 10**6}),  # torch settles every source
     ("hybrid", False, {}),
 ]
 
@@ -164,7 +165,7 @@ def test_pair_distances_validates_its_inputs(device) -> None:
 
 def test_resolve_engine() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_engine("auto", cpu) == "scipy" and resolve_engine("auto", cuda) == "torch"
+    assert resolve_engine("auto", cpu) == "hybrid" and resolve_engine("auto", cuda) == "torch"
     assert resolve_engine("auto", cpu, has_table=True) == "dense"
     assert all(resolve_engine(name, cpu, has_table=True) == name for name in ENGINES if name != "auto")
     with pytest.raises(MapMatchedValueError, match="unsupported search engine: 'dense'"):
