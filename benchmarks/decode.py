@@ -214,6 +214,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         emissions64, distances64, mask = random_trellis(
             batch, TURNS, CANDIDATES, generator=generator, pad=False, tie_prob=0.0
         )
+        paths64 = viterbi(emissions64, -distances64, mask).paths
+        paths32 = viterbi(emissions64.float(), -distances64.float(), mask).paths
+        same = int((paths64 == paths32).all(dim=1).sum())
+        print(f"# B={batch}: float32 paths equal float64 paths for {same}/{batch} conversations")
         standalone_rates: Dict[str, float] = {}
         count = min(batch, standalone_count)
         problems = [_standalone_inputs(emissions64, distances64, mask, b) for b in range(count)]
