@@ -6,6 +6,8 @@ computed by one piece of code, in one order, and agree bit for bit.
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .errors import MapMatchedValueError
@@ -71,7 +73,7 @@ def report_path(
             distance = step_distance(turn_index) if transition_weight != 0.0 else 0.0
             transition = transition_weight * distance
             cumulative = (cumulative - transition) + emission
-        if cumulative != cumulative or cumulative in (float("inf"), float("-inf")):
+        if not math.isfinite(cumulative):
             raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {turn_index}")
         steps.append(
             DecodedStep(
@@ -104,7 +106,7 @@ def rank_final_candidates(
     ranked = [
         CandidateScore(candidate.chunk_id, score)
         for candidate, score in zip(final_turn, final_scores)
-        if score is not None and score == score and abs(score) != float("inf")
+        if score is not None and math.isfinite(score)
     ]
     ranked.sort(key=lambda item: (-item.score, item.chunk_id))
     return tuple(ranked)

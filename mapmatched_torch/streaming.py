@@ -298,9 +298,9 @@ class SlotDecoder:
         if argmax is not None:
             state["argmax"][slots, turn] = argmax[ok]
         committing = updates.pop("rows", None)
+        # only conversations that committed rewrite older turns (others gathered clamped copies)
+        rows = committing[ok] if committing is not None else None
         for turns, alpha, backpointers, links, allowed in updates.values():
-            # only conversations that committed rewrite older turns (others gathered clamped copies)
-            rows = committing[ok]
             where = (slots[rows], turns[ok][rows])
             state["alphas"][where] = alpha[ok][rows]
             state["backpointers"][where] = backpointers[ok][rows]
