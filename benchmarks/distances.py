@@ -8,7 +8,10 @@ along the graph per turn and jumps to a random node with probability ``--jump``;
 turn's M candidates are the top-M cosine neighbours of a noisy query around the topic.
 Then the (B, T-1, M, M) distances are filled with:
 
-- ``hybrid`` (the CPU ``auto``), ``scipy`` and ``torch`` with target-aware search,
+- ``compiled`` (the CPU ``auto`` with numba; on all threads and on one thread),
+  whose far pairs get A* searches guided per turn pair,
+- ``hybrid`` (the CPU ``auto`` without numba), ``scipy`` and ``torch`` with
+  target-aware search,
 - ``torch`` and ``scipy`` with full bounded searches; ``scipy full`` is the
   predecessor's kNN engine (scipy Dijkstra per distinct source bounded by
   ``maximum_distance``, then per-pair lookups),
@@ -297,6 +300,22 @@ def report(size: int, bench: Bench, rows: List[Row], build_note: str, dense_buil
           "pairs/s counts transition slots (B*(T-1)*M*M) per batch second")
 
 
+def compiled_threads() -> int:
+    """numba's thread count (0 when numba is not installed)."""
+    try:
+        import numba
+    except ImportError:
+        return 0
+    return numba.get_num_threads()
+
+
+def set_compiled_threads(count: int) -> None:
+    if count:
+        import numba
+
+        numba.set_num_threads(count)
+
+
 def cached_graph(
     size: int, embeddings: torch.Tensor, args: argparse.Namespace
 ) -> Tuple[TensorCorpusGraph, str]:
@@ -327,16 +346,26 @@ def run_size(size: int, args: argparse.Namespace) -> None:
     )
     bench = Bench(graph, chunk_index, args)
     rows: List[Row] = []
-    for name, engine, target_aware in [
-        ("scipy full = predecessor's kNN engine", "scipy", False),
-        ("hybrid target-aware (CPU auto)", "hybrid", True),
-        ("scipy target-aware (widening limit)", "scipy", True),
-        ("torch target-aware (caps)", "torch", True),
-        ("torch full bounded rows", "torch", False),
+    threads = compiled_threads()
+    for name, engine, target_aware, key in [
+        ("scipy full = predecessor's kNN engine", "scipy", False, "scipy-full"),
+        (f"compiled + guided (CPU auto), {threads} threads", "compiled", True, "compiled"),
+        ("compiled + guided, 1 thread", "compiled", True, "compiled-1"),
+        ("hybrid target-aware (CPU auto without numba)", "hybrid", True, "hybrid"),
+        ("scipy target-aware (widening limit)", "scipy", True, "scipy"),
+        ("torch target-aware (caps)", "torch", True, "torch"),
+        ("torch full bounded rows", "torch", False, "torch-full"),
     ]:
-        if args.engines and engine + ("" if target_aware else "-full") not in args.engines:
+        if args.engines and key not in args.engines:
             continue
-        rows.append(bench.engine(name, engine, target_aware))
+        if engine == "compiled" and not threads:
+            continue  # numba is not installed
+        if key == "compiled-1":
+            set_compiled_threads(1)
+        try:
+            rows.append(bench.engine(name, engine, target_aware))
+        finally:
+            set_compiled_threads(threads)
         print(f"  {rows[-1]}", flush=True)
     rows.append(bench.standalone())
     warm = bench.warm_cache()
@@ -364,7 +393,7 @@ def main() -> None:
     parser.add_argument("--maximum-distance", type=float, default=10.0)
     parser.add_argument("--knn", choices=["auto", "library", "own"], default="auto")
     parser.add_argument("--engines", nargs="*", default=None,
-                        help="subset of: hybrid scipy scipy-full torch torch-full (default all)")
+                        help="subset of: compiled compiled-1 hybrid scipy scipy-full torch torch-full (default all)")
     parser.add_argument("--max-seconds", type=float, default=150.0, help="sample an engine above this estimate")
     parser.add_argument("--pilot", type=int, default=256, help="sources in the pilot run of each engine")
     parser.add_argument("--standalone-sources", type=int, default=20)

@@ -23,12 +23,22 @@ Engines (``engine=``):
   expanded entries (default ``N // 64``) is abandoned and gets scipy's full bounded
   search instead, where scipy's per-arc speed wins. Below 64 (N < 4096) the torch
   pass cannot pay for itself and scipy runs alone.
+- ``"compiled"`` (CPU, needs numba: the ``[numba]`` extra): a target-aware
+  Dijkstra per source in compiled code, sources spread over the CPU threads, no O(N)
+  set-up per source (:mod:`._compiled`). Given pair groups (a trellis's turn pairs,
+  whose targets lie close together), the pairs a source's search does not reach
+  within ``settle_limit`` nodes are answered by A* searches guided by a backward ball
+  around each group's targets, which settle a small fraction of what a full bounded
+  search settles. Values are unchanged by the guidance (the heuristic is made
+  strictly consistent; see :func:`._compiled._heuristic_scale`).
 - ``"dense"``: gathers from a precomputed ``(N, N)`` table (:mod:`.dense`).
-- ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator
-  and ``"hybrid"`` on CPU. In ``benchmarks/distances.py`` (2 CPU cores) the hybrid
-  was the fastest CPU engine in every regime measured (1.01x to 1.8x the
-  predecessor's full scipy searches), while scipy's widening lost up to 21% on
-  saturated batches and a pure torch relaxation costs ~10x scipy's C loop per arc.
+- ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator,
+  and on CPU ``"compiled"`` when numba is installed, else ``"hybrid"``. In
+  ``benchmarks/distances.py`` (2 CPU cores) the compiled engine is the fastest CPU
+  engine (see the README's table); of the numba-free ones the hybrid was the fastest
+  in every regime measured (1.01x to 1.8x the predecessor's full scipy searches),
+  while scipy's widening lost up to 21% on saturated batches and a pure torch
+  relaxation costs ~10x scipy's C loop per arc.
 
 Target-aware search (``target_aware=True``, the default) answers pairs without
 completing whole bounded rows:
@@ -60,7 +70,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from .._optional import import_optional
 from ..errors import MapMatchedValueError
+from . import _compiled
 from ._csr import CSRAdjacency
 from ._frontier import torch_pairs, torch_rows
 from ._memory import DEFAULT_MEMORY_BUDGET
@@ -77,9 +89,9 @@ __all__ = [
 ]
 
 #: The accepted ``engine`` values.
-ENGINES = ("auto", "torch", "scipy", "hybrid", "dense")
+ENGINES = ("auto", "torch", "scipy", "hybrid", "compiled", "dense")
 #: The engines that search (the others resolve to one of these, or gather).
-_SEARCH_ENGINES = ("torch", "scipy", "hybrid")
+_SEARCH_ENGINES = ("torch", "scipy", "hybrid", "compiled")
 #: The smallest default ``work_limit`` of the hybrid engine worth a torch pass.
 _MIN_WORK_LIMIT = 64
 
@@ -93,17 +105,22 @@ def resolve_engine(engine: str, device: torch.device, *, has_table: bool = False
         has_table: whether a dense table is available.
 
     Returns:
-        ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"dense"``.
+        ``"torch"``, ``"scipy"``, ``"hybrid"``, ``"compiled"`` or ``"dense"``.
 
     Raises:
         ValueError: an unknown engine, or ``"dense"`` without a table.
+        MissingDependencyError: ``"compiled"`` without numba (the ``[numba]`` extra).
     """
     if engine not in ENGINES:
         raise MapMatchedValueError(f"unsupported distance engine: {engine!r} (expected one of {ENGINES})")
     if engine == "auto":
         if has_table:
             return "dense"
-        return "hybrid" if torch.device(device).type == "cpu" else "torch"
+        if torch.device(device).type != "cpu":
+            return "torch"
+        return "compiled" if _compiled.available() else "hybrid"
+    if engine == "compiled":
+        import_optional("numba", "numba", "the compiled distance engine")
     if engine == "dense" and not has_table:
         raise MapMatchedValueError(
             "engine 'dense' needs a precomputed table: call TensorCorpusGraph.precompute_dense() first"
@@ -137,7 +154,8 @@ def bounded_rows(
         adjacency: the graph.
         sources: ``(S,)`` int64 node indices in ``[0, N)``, on the graph's device.
         limit: the bound (``inf`` allowed): paths longer than it are not searched.
-        engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` (= scipy here).
+        engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``
+            (the last two = scipy here).
         memory_budget: bytes of search state per chunk of sources (torch engine).
 
     Returns:
@@ -162,6 +180,9 @@ def source_target_distances(
     memory_budget: Optional[int] = None,
     initial_radius: Optional[float] = None,
     work_limit: Optional[int] = None,
+    groups: Optional[torch.Tensor] = None,
+    settle_limit: Optional[int] = None,
+    ball_limit: Optional[int] = None,
 ) -> torch.Tensor:
     """Bounded distances of Q node pairs, one search per distinct source.
 
@@ -170,23 +191,39 @@ def source_target_distances(
         sources: ``(Q,)`` int64 node indices in ``[0, N)``, on the graph's device.
         targets: ``(Q,)`` int64 node indices in ``[0, N)``.
         bound: the bound (finite, > 0).
-        engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"``.
+        engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``.
         target_aware: stop each search once its targets are exact (see the module
-            docstring); False runs full bounded searches (the predecessor's way).
+            docstring); False runs full bounded searches (the predecessor's way;
+            the compiled engine is always target-aware).
         memory_budget: bytes of search state per chunk of sources.
         initial_radius: first radius of the scipy target-aware search (default twice
             the median arc distance).
         work_limit: frontier entries a hybrid torch search may expand before its
             source goes to scipy (default ``N // 64``; scipy alone when N < 4096).
+        groups: ``(Q,)`` int64, the group of each pair (e.g. its trellis turn pair:
+            pairs of one group have targets close together), or None. Only the
+            compiled engine uses it, to guide the searches for far pairs.
+        settle_limit, ball_limit: the compiled engine's guided-search sizes (see
+            :func:`._compiled.compiled_pairs`).
 
     Returns:
         ``(Q,)`` float64: the shortest path length when ``<= bound``, else ``inf``.
-        Identical for every engine and ``target_aware`` setting.
+        Identical for every engine, ``target_aware`` setting and grouping.
     """
     engine = _search_engine(engine, adjacency.device)
+    _check_groups(groups, sources.shape)
     # shape: (S,), (P,), (P,), (Q,): distinct sources, distinct pairs, pair of each query
     row_sources, pair_row, pair_target, inverse = _group_by_source(sources, targets, adjacency.num_nodes)
-    if engine == "torch":
+    if engine == "compiled":
+        pair_group = None
+        if groups is not None:
+            pair_group = torch.empty(pair_row.shape, dtype=torch.long, device=groups.device)
+            pair_group[inverse.to(groups.device)] = groups.reshape(-1)  # any group of a repeated pair will do
+        values = _compiled.compiled_pairs(
+            adjacency, row_sources, pair_row, pair_target, bound, pair_group=pair_group,
+            settle_limit=settle_limit, ball_limit=ball_limit, memory_budget=memory_budget,
+        )
+    elif engine == "torch":
         values, _ = torch_pairs(adjacency, row_sources, pair_row, pair_target, bound, target_aware, memory_budget)
     elif engine == "hybrid" and target_aware:
         values = _hybrid_pairs(adjacency, row_sources, pair_row, pair_target, bound, memory_budget, work_limit)
@@ -206,6 +243,7 @@ def pair_distances(
     engine: str = "auto",
     cache: Optional[DistanceCache] = None,
     table: Optional[torch.Tensor] = None,
+    groups: Optional[torch.Tensor] = None,
     **search: Any,
 ) -> torch.Tensor:
     """SPEC.md distances ``d(sources[...], targets[...])`` of index codes, elementwise.
@@ -219,6 +257,8 @@ def pair_distances(
         engine: one of :data:`ENGINES`.
         cache: answers the pairs it holds first; receives the pairs computed here.
         table: an ``(N, N)`` dense table (:func:`~.dense.build_dense_table`).
+        groups: int64 of the same shape, the group of each pair (see
+            :func:`source_target_distances`), or None.
         **search: the tuning options of :func:`source_target_distances`
             (``target_aware``, ``memory_budget``, ``initial_radius``, ``work_limit``).
 
@@ -234,6 +274,7 @@ def pair_distances(
     Cost: one search per distinct source among the pairs the cache does not hold.
     """
     _check_codes(sources, targets, adjacency)
+    _check_groups(groups, sources.shape)
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
     # shape: (Q,)
     flat_sources, flat_targets = sources.reshape(-1), targets.reshape(-1)
@@ -246,6 +287,8 @@ def pair_distances(
         if engine == "dense":
             values = table[node_sources, node_targets]
         else:
+            if groups is not None:
+                search = dict(search, groups=groups.reshape(-1)[need])
             values = _cached_distances(adjacency, node_sources, node_targets, maximum_distance, engine, cache, search)
         result[need] = torch.where(torch.isinf(values), maximum_distance, values)
     return result.view(sources.shape)
@@ -276,6 +319,17 @@ def _check_codes(sources: torch.Tensor, targets: torch.Tensor, adjacency: CSRAdj
             )
 
 
+def _check_groups(groups: Optional[torch.Tensor], shape: torch.Size) -> None:
+    """Pair groups: None, or an int64 tensor of the pairs' shape."""
+    if groups is None:
+        return
+    if not isinstance(groups, torch.Tensor) or groups.dtype != torch.long:
+        what = groups.dtype if isinstance(groups, torch.Tensor) else type(groups).__name__
+        raise MapMatchedValueError(f"groups must be an int64 tensor, got {what}")
+    if groups.shape != shape:
+        raise MapMatchedValueError(f"groups must have the pairs' shape {tuple(shape)}, got {tuple(groups.shape)}")
+
+
 def _cached_distances(
     adjacency: CSRAdjacency,
     sources: torch.Tensor,
@@ -293,6 +347,8 @@ def _cached_distances(
     missing = ~answered
     if bool(missing.any()):
         missing_sources, missing_targets = sources[missing], targets[missing]
+        if search.get("groups") is not None:
+            search = dict(search, groups=search["groups"][missing])
         computed = source_target_distances(
             adjacency, missing_sources, missing_targets, bound=bound, engine=engine, **search
         )

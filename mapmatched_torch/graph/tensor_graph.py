@@ -446,6 +446,7 @@ class TensorCorpusGraph:
         engine: str = "auto",
         target_aware: bool = True,
         use_cache: bool = True,
+        groups: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """SPEC.md distances between index codes, elementwise.
 
@@ -453,10 +454,14 @@ class TensorCorpusGraph:
             sources: int64 index codes (any shape) on the graph's device.
             targets: int64 index codes, the same shape.
             engine: ``"auto"`` (the dense table if present, else ``"torch"`` on an
-                accelerator and ``"hybrid"`` on CPU), ``"torch"``, ``"scipy"``,
-                ``"hybrid"`` or ``"dense"`` (see :mod:`.shortest_paths`).
+                accelerator, and on CPU ``"compiled"`` when numba is installed, else
+                ``"hybrid"``), ``"torch"``, ``"scipy"``, ``"hybrid"``, ``"compiled"``
+                or ``"dense"`` (see :mod:`.shortest_paths`).
             target_aware: stop searches once their targets are exact (same values).
             use_cache: answer from / feed the graph's distance cache.
+            groups: int64, the pairs' shape: pairs of one group have targets close
+                together (one trellis turn pair); guides the compiled engine's far
+                searches, never changes a value. :meth:`trellis_distances` sets it.
 
         Returns:
             float64 of the same shape on the graph's device (see the module docstring
@@ -467,7 +472,7 @@ class TensorCorpusGraph:
         return pair_distances(
             self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
             cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
-            memory_budget=self._memory_budget,
+            memory_budget=self._memory_budget, groups=groups,
         )
 
     def trellis_distances(
@@ -508,7 +513,12 @@ class TensorCorpusGraph:
         # shape: (B, T-1, M, M) [b, t, j, i]: candidate j of turn t -> candidate i of turn t+1
         sources = chunk_index[:, :-1, :, None].expand(batch, steps, width, width)
         targets = chunk_index[:, 1:, None, :].expand(batch, steps, width, width)
-        return self.pair_distances(sources, targets, engine=engine, target_aware=target_aware, use_cache=use_cache)
+        # one group per turn pair: a turn's candidates lie close together (compiled engine)
+        groups = torch.arange(batch * steps, device=chunk_index.device).view(batch, steps, 1, 1)
+        return self.pair_distances(
+            sources, targets, engine=engine, target_aware=target_aware, use_cache=use_cache,
+            groups=groups.expand(batch, steps, width, width),
+        )
 
     def precompute_dense(
         self, memory_budget: int = DEFAULT_DENSE_BUDGET, *, engine: str = "auto"

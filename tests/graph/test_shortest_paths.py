@@ -18,6 +18,7 @@ from mapmatched_torch.graph import (
     resolve_engine,
     source_target_distances,
 )
+from mapmatched_torch.graph import _compiled
 from mapmatched_torch.graph._scipy import scipy_rows
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 
@@ -35,6 +36,14 @@ VARIANTS = [
     ("hybrid", True, {"work_limit": 1}),  # nearly every source handed to scipy
     ("hybrid", True, {"work_limit": 10**6}),  # torch settles every source
     ("hybrid", False, {}),
+    ("compiled", True, {}),
+]
+#: compiled-engine variants that take pair groups: (search options); groups are random
+GROUPED_VARIANTS = [
+    {},
+    {"settle_limit": 1},  # nearly every pair goes to the guided pass
+    {"settle_limit": 1, "ball_limit": 1},  # balls of one node: the floor carries the guidance
+    {"settle_limit": 2, "ball_limit": 3, "memory_budget": 1},  # one group per round
 ]
 
 
@@ -63,6 +72,129 @@ def test_every_engine_matches_the_standalone_bit_for_bit(device, weights, direct
             )
             assert found.device.type == device.type
             assert torch.equal(found.cpu(), expected), (seed, engine, target_aware, options)
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.parametrize("directed", [False, True])
+def test_compiled_pair_groups_never_change_a_value(device, weights, directed) -> None:
+    # groups only guide the far searches (A* on a strictly consistent heuristic)
+    for seed in range(6):
+        reference = random_reference(seed, weights, directed)
+        graph = TensorCorpusGraph.from_graph(reference, device=device)
+        sources, targets, expected = all_pairs(reference, device)
+        generator = torch.Generator().manual_seed(seed)
+        for groups in (
+            torch.zeros_like(sources),  # one group
+            torch.randint(0, 4, sources.shape, generator=generator).to(device),  # scattered targets
+            sources.clone(),  # a group per source
+        ):
+            for options in GROUPED_VARIANTS:
+                found = source_target_distances(
+                    graph.adjacency, sources, targets, bound=reference.maximum_distance, engine="compiled",
+                    groups=groups, **options,
+                )
+                assert torch.equal(found.cpu(), expected), (seed, options)
+
+
+def knn_like_graph(nodes: int, seed: int, directed: bool = False) -> TensorCorpusGraph:
+    """Points on a noisy circle, each linked to its 4 nearest (float weights): far pairs
+    are many hops apart, so the guided pass of the compiled engine has real work."""
+    generator = torch.Generator().manual_seed(seed)
+    angle = torch.rand(nodes, generator=generator, dtype=torch.float64) * 2 * math.pi
+    points = torch.stack([angle.cos(), angle.sin()], 1) + 0.05 * torch.randn(nodes, 2, generator=generator,
+                                                                            dtype=torch.float64)
+    distance = torch.cdist(points, points)
+    distance.fill_diagonal_(math.inf)
+    weight, neighbour = distance.topk(4, dim=1, largest=False)
+    edge_index = torch.stack([torch.arange(nodes).repeat_interleave(4), neighbour.reshape(-1)])
+    return TensorCorpusGraph.from_edge_index(
+        edge_index, weight.reshape(-1), chunk_ids=[f"p{i:04d}" for i in range(nodes)], maximum_distance=2.5,
+        directed=directed,
+    )
+
+
+@pytest.mark.parametrize("directed", [False, True])
+def test_compiled_guided_searches_equal_full_searches_on_trellis_batches(directed) -> None:
+    graph = knn_like_graph(600, seed=1, directed=directed)
+    generator = torch.Generator().manual_seed(2)
+    # turns of 6 candidates around a walking topic, with jumps: near and far turn pairs
+    topic = torch.randint(0, 600, (40,), generator=generator)
+    turns = []
+    for _ in range(5):
+        jump = torch.rand(40, generator=generator) < 0.3
+        topic = torch.where(jump, torch.randint(0, 600, (40,), generator=generator), (topic + 3) % 600)
+        turns.append((topic[:, None] + torch.randint(-8, 9, (40, 6), generator=generator)) % 600)
+    chunk_index = torch.stack(turns, 1)
+    expected = graph.trellis_distances(chunk_index, engine="scipy", target_aware=False, use_cache=False)
+    assert bool((expected < graph.maximum_distance).any()) and bool((expected == graph.maximum_distance).any())
+    batch, steps = chunk_index.shape[0], chunk_index.shape[1] - 1
+    sources = chunk_index[:, :-1, :, None].expand(batch, steps, 6, 6)
+    targets = chunk_index[:, 1:, None, :].expand(batch, steps, 6, 6)
+    groups = torch.arange(batch * steps).view(batch, steps, 1, 1).expand(batch, steps, 6, 6)
+    for options in GROUPED_VARIANTS + [{"settle_limit": 8, "ball_limit": 40}]:
+        found = pair_distances(
+            graph.adjacency, sources, targets, maximum_distance=graph.maximum_distance, engine="compiled",
+            groups=groups, **options,
+        )
+        assert torch.equal(found, expected), options
+    assert torch.equal(graph.trellis_distances(chunk_index, engine="compiled", use_cache=False), expected)
+
+
+def test_compiled_threads_and_tiny_arcs_keep_the_values() -> None:
+    graph = knn_like_graph(300, seed=3)
+    sources = torch.randint(0, 300, (2000,), generator=torch.Generator().manual_seed(4))
+    targets = torch.randint(0, 300, (2000,), generator=torch.Generator().manual_seed(5))
+    expected = source_target_distances(graph.adjacency, sources, targets, bound=2.5, engine="scipy")
+    rows, pair_row, pair_target = _grouped(sources, targets, 300)
+    groups = torch.randint(0, 7, pair_row.shape, generator=torch.Generator().manual_seed(6))
+    inverse = torch.unique(sources * 300 + targets, return_inverse=True)[1]
+    for threads in (1, 2, 5):
+        found = _compiled.compiled_pairs(graph.adjacency, rows, pair_row, pair_target, 2.5, pair_group=groups,
+                                         settle_limit=4, threads=threads)
+        assert torch.equal(found[inverse], expected), threads
+    # an arc too small for a safe heuristic margin turns the guidance off (same values)
+    edge_index, weight = graph.to_edge_index()
+    weight = weight.clone()
+    weight[0] = 1e-300
+    tiny = TensorCorpusGraph.from_edge_index(edge_index, weight, chunk_ids=list(graph.nodes), maximum_distance=2.5)
+    assert _compiled._heuristic_scale(tiny.adjacency, 2.5) is None
+    assert _compiled._heuristic_scale(graph.adjacency, 2.5) is not None
+    expected = source_target_distances(tiny.adjacency, sources, targets, bound=2.5, engine="scipy")
+    found = _compiled.compiled_pairs(tiny.adjacency, rows, pair_row, pair_target, 2.5, pair_group=groups,
+                                     settle_limit=4)
+    assert torch.equal(found[inverse], expected)
+
+
+def _grouped(sources: torch.Tensor, targets: torch.Tensor, nodes: int):
+    keys = torch.unique(sources * nodes + targets)
+    pair_source, pair_target = keys // nodes, keys % nodes
+    rows, pair_row = torch.unique_consecutive(pair_source, return_inverse=True)
+    return rows, pair_row, pair_target
+
+
+def test_auto_prefers_the_compiled_engine_on_cpu_and_falls_back_without_numba(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    assert resolve_engine("auto", cpu) == "compiled"
+    monkeypatch.setattr(_compiled, "available", lambda: False)
+    assert resolve_engine("auto", cpu) == "hybrid"
+
+
+def test_the_compiled_engine_without_numba_names_the_extra(monkeypatch) -> None:
+    from mapmatched_torch import _optional
+    from mapmatched_torch.errors import MissingDependencyError
+
+    monkeypatch.setitem(_optional._PROBED, "numba", ImportError("no numba here"))
+    with pytest.raises(MissingDependencyError, match=r"mapmatched-torch\[numba\]"):
+        resolve_engine("compiled", torch.device("cpu"))
+
+
+def test_groups_are_validated() -> None:
+    graph = TensorCorpusGraph.from_edges([("a", "b")])
+    pair = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(MapMatchedValueError, match="groups must be an int64 tensor"):
+        pair_distances(graph.adjacency, pair, pair, maximum_distance=1.0, groups=pair.float())
+    with pytest.raises(MapMatchedValueError, match="groups must have the pairs' shape"):
+        source_target_distances(graph.adjacency, pair, pair, bound=1.0, groups=pair[:2])
 
 
 @pytest.mark.parametrize("engine", ["torch", "scipy"])
@@ -130,7 +262,7 @@ def test_float_rounding_follows_the_left_fold_from_the_source(device) -> None:
     graph = TensorCorpusGraph.from_edges([("a", "b", 0.1), ("b", "c", 0.2), ("c", "d", 0.3)], device=device)
     forward = (0.1 + 0.2) + 0.3
     assert forward != 0.1 + (0.2 + 0.3)
-    for engine in ("torch", "scipy", "hybrid"):
+    for engine in ("torch", "scipy", "hybrid", "compiled"):
         found = source_target_distances(
             graph.adjacency, graph.index(["a", "d"]), graph.index(["d", "a"]), bound=10.0, engine=engine
         )
@@ -142,7 +274,7 @@ def test_pair_distances_index_codes(device) -> None:
     a, b, z = graph.index(["a", "b", "z"]).tolist()
     sources = torch.tensor([[a, a, a, -2, -2, -1, -1, -3, a, z]], device=device)
     targets = torch.tensor([[b, a, z, -2, -3, -1, a, a, -1, z]], device=device)
-    for engine in ("torch", "scipy", "hybrid"):
+    for engine in ("torch", "scipy", "hybrid", "compiled"):
         found = pair_distances(graph.adjacency, sources, targets, maximum_distance=2.0, engine=engine)
         assert found.shape == sources.shape and found.device.type == device.type
         assert found.tolist() == [[0.5, 0.0, 2.0, 0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.0]]
@@ -165,7 +297,7 @@ def test_pair_distances_validates_its_inputs(device) -> None:
 
 def test_resolve_engine() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_engine("auto", cpu) == "hybrid" and resolve_engine("auto", cuda) == "torch"
+    assert resolve_engine("auto", cpu) in ("compiled", "hybrid") and resolve_engine("auto", cuda) == "torch"
     assert resolve_engine("auto", cpu, has_table=True) == "dense"
     assert all(resolve_engine(name, cpu, has_table=True) == name for name in ENGINES if name != "auto")
     with pytest.raises(MapMatchedValueError, match="unsupported search engine: 'dense'"):
@@ -175,6 +307,6 @@ def test_resolve_engine() -> None:
 def test_empty_inputs(device) -> None:
     graph = TensorCorpusGraph.from_edges([("a", "b")], device=device)
     empty = torch.empty(0, dtype=torch.long, device=device)
-    for engine in ("torch", "scipy", "hybrid"):
+    for engine in ("torch", "scipy", "hybrid", "compiled"):
         assert source_target_distances(graph.adjacency, empty, empty, bound=1.0, engine=engine).shape == (0,)
         assert bounded_rows(graph.adjacency, empty, limit=1.0, engine=engine).shape == (0, 2)

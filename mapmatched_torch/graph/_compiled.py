@@ -1,0 +1,195 @@
+"""The compiled engine: target-aware bounded Dijkstra for many sources, in numba (CPU).
+
+One call answers every pair of a batch. Sources are split into one block per thread
+(``numba.prange``); each thread owns its workspace (a distance array, settle stamps,
+target stamps and a binary heap), so a source costs only what its search touches:
+no O(N) initialisation per source (stamps and a touched list reset it), no Python per
+source, and the search stops as soon as every target of the source is settled, or the
+heap holds nothing within the bound.
+
+Values: ``dist[v] = min(dist[v], dist[u] + w)`` in float64, popping the smallest
+tentative distance first (lazy deletion). Float addition is monotone and the arc
+distances positive, so a node's value when it is settled is the minimum over paths of
+the left-fold ``((w1 + w2) + w3) + ...`` within the bound: bit for bit what the
+standalone graph and scipy compute (the tests check ``==``). numba compiles without
+``fastmath``, so no reassociation or FMA contraction changes a sum.
+
+numba is optional (the ``numba`` extra): :func:`available` says whether it imports;
+the first call compiles the kernel (a few seconds, cached on disk afterwards).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .._optional import has_module
+from ._csr import CSRAdjacency
+from ._memory import rows_per_chunk
+
+__all__ = ["available", "compiled_pairs"]
+
+
+def available() -> bool:
+    """Whether numba imports (the ``"compiled"`` engine can run)."""
+    return has_module("numba")
+
+
+def _kernels() -> Any:
+    """The numba kernels module (compiled on first use; numba's disk cache keeps them)."""
+    from . import _compiled_kernels
+
+    return _compiled_kernels
+
+
+def _csr_arrays(adjacency: CSRAdjacency, reverse: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indptr, indices, weights)`` numpy arrays of the arcs (reversed: of the transpose)."""
+    matrix = adjacency.scipy_matrix()
+    if reverse:
+        matrix = matrix.T.tocsr()
+        matrix.sort_indices()
+    return (
+        np.ascontiguousarray(matrix.indptr, dtype=np.int64),
+        np.ascontiguousarray(matrix.indices, dtype=np.int64),
+        np.ascontiguousarray(matrix.data, dtype=np.float64),
+    )
+
+
+def _heuristic_scale(adjacency: CSRAdjacency, bound: float) -> Optional[float]:
+    """``1 - alpha``: the factor that makes a backward-distance heuristic strictly consistent.
+
+    A* with ``key = g + (1 - alpha) h`` settles every node with its exact left-fold
+    distance when each arc raises the key by more than the rounding of the sums
+    involved (a few ulps of ``bound``): ``alpha * w_min`` must exceed them, with room.
+    None when the smallest arc is too small for any useful ``alpha`` (guidance off).
+    """
+    if not adjacency.edge_count:
+        return None
+    smallest = float(adjacency.weights.min())
+    alpha = max(1e-12, 64.0 * math.ulp(max(bound, 1.0)) / smallest)
+    return 1.0 - alpha if alpha <= 0.5 else None
+
+
+def _ptr(sorted_keys: np.ndarray, count: int) -> np.ndarray:
+    """``(count + 1,)`` int64 offsets of the runs of 0..count-1 in ``sorted_keys``."""
+    return np.searchsorted(sorted_keys, np.arange(count + 1)).astype(np.int64)
+
+
+def compiled_pairs(
+    adjacency: CSRAdjacency,
+    row_sources: torch.Tensor,
+    pair_row: torch.Tensor,
+    pair_target: torch.Tensor,
+    bound: float,
+    *,
+    pair_group: Optional[torch.Tensor] = None,
+    settle_limit: Optional[int] = None,
+    ball_limit: Optional[int] = None,
+    memory_budget: Optional[int] = None,
+    threads: Optional[int] = None,
+) -> torch.Tensor:
+    """``(P,)`` distances of grouped pairs (see :func:`~.shortest_paths.source_target_distances`).
+
+    Args:
+        adjacency: the graph.
+        row_sources: ``(S,)`` distinct source nodes.
+        pair_row: ``(P,)`` sorted source row of each pair.
+        pair_target: ``(P,)`` target node of each pair.
+        bound: the bound (a path exactly at it counts).
+        pair_group: ``(P,)`` int64 group of each pair (its trellis turn pair), or None
+            for one complete search per source.
+        settle_limit: nodes the first search of a source may settle before its far
+            pairs are left to the guided pass (default ``max(64, N // 64)``).
+        ball_limit: nodes of each group's backward ball (default ``max(256, N // 8)``).
+        memory_budget: bytes of balls per round (``16 * ball_limit`` per group).
+        threads: parallel blocks (default numba's thread count).
+
+    Returns:
+        ``(P,)`` float64 on the graph's device, ``inf`` beyond the bound; the same
+        values with or without groups.
+    """
+    import numba
+
+    kernels = _kernels()
+    blocks = int(threads) if threads else numba.get_num_threads()
+    arrays = _csr_arrays(adjacency)
+    nodes = adjacency.num_nodes
+    sources = row_sources.cpu().numpy().astype(np.int64)
+    rows = pair_row.cpu().numpy().astype(np.int64)
+    targets = pair_target.cpu().numpy().astype(np.int64)
+    out = np.empty(targets.size, dtype=np.float64)
+    found = np.zeros(targets.size, dtype=np.bool_)
+    if targets.size:
+        scale = _heuristic_scale(adjacency, bound)
+        guided = pair_group is not None and scale is not None
+        limit = (max(64, nodes // 64) if settle_limit is None else int(settle_limit)) if guided else 0
+        no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
+        _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
+                   1.0, bound, limit, out, found, blocks)
+        if guided and not found.all():
+            ball_limit = max(256, nodes // 8) if ball_limit is None else int(ball_limit)
+            _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy(), bound, scale,
+                         min(ball_limit, nodes), memory_budget, blocks, out, found)
+    return torch.from_numpy(out).to(adjacency.device)
+
+
+#: (ball_ptr, ball_nodes, ball_values, ball_radius) of no balls (unguided units).
+_NO_BALLS = (np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64))
+
+
+def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, balls, scale, bound, limit,
+               out, found, blocks) -> None:
+    """Run :func:`._compiled_kernels.pairs` over the units; ``unit_groups`` is
+    ``(unit_group_ptr, groups)`` (all-zero offsets for unguided units)."""
+    unit_group_ptr, unit_groups = unit_groups
+    kernels.pairs(*arrays, unit_source, unit_ptr, targets, unit_group_ptr, unit_groups, *balls, scale, float(bound),
+                  limit, out, found, max(1, min(blocks, unit_source.size)))
+
+
+def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, bound, scale, ball_limit,
+                 memory_budget, blocks, out, found) -> None:
+    """Answer the pairs not ``found`` yet: per group, a backward ball from its pending
+    targets; per source, one A* search guided by the balls of its pending groups."""
+    nodes = adjacency.num_nodes
+    reverse = _csr_arrays(adjacency, reverse=True)
+    # shape: (R,) the pending pairs; their groups renumbered 0..G-1
+    pending = np.flatnonzero(~found)
+    groups, group_of = np.unique(pair_group[pending], return_inverse=True)
+    per_round = rows_per_chunk(ball_limit, groups.size, memory_budget, bytes_per_entry=16)
+    for first in range(0, groups.size, per_round):
+        last = min(first + per_round, groups.size)
+        in_round = (group_of >= first) & (group_of < last)
+        chunk, chunk_group = pending[in_round], group_of[in_round] - first
+        count = last - first
+        # the balls, from each group's distinct pending targets
+        target_keys = np.unique(chunk_group * nodes + targets[chunk])
+        ball_nodes = np.empty((count, ball_limit), dtype=np.int64)
+        ball_values = np.empty((count, ball_limit), dtype=np.float64)
+        ball_count = np.empty(count, dtype=np.int64)
+        ball_radius = np.empty(count, dtype=np.float64)
+        kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, float(bound), ball_limit,
+                      ball_nodes, ball_values, ball_count, ball_radius, max(1, min(blocks, count)))
+        # flattened: group g's entries are ball_ptr[g]:ball_ptr[g + 1]
+        valid = np.arange(ball_limit)[None, :] < ball_count[:, None]
+        flat_nodes, flat_values = ball_nodes[valid], ball_values[valid]
+        ball_ptr = np.r_[0, np.cumsum(ball_count)].astype(np.int64)
+        # one unit per source: its pending pairs of this round, ordered by source
+        order = np.argsort(pair_source[chunk], kind="stable")
+        chunk, chunk_group = chunk[order], chunk_group[order]
+        sources_of = pair_source[chunk]
+        starts = np.flatnonzero(np.r_[True, sources_of[1:] != sources_of[:-1]])
+        unit_ptr = np.r_[starts, chunk.size].astype(np.int64)
+        # each unit's distinct groups
+        unit_of = np.repeat(np.arange(starts.size), np.diff(unit_ptr))
+        unit_group_keys = np.unique(unit_of * count + chunk_group)
+        unit_group_ptr = _ptr(unit_group_keys // count, starts.size)
+        values = np.empty(chunk.size, dtype=np.float64)
+        done = np.zeros(chunk.size, dtype=np.bool_)
+        _run_units(kernels, arrays, sources_of[starts].astype(np.int64), unit_ptr, targets[chunk],
+                   (unit_group_ptr, (unit_group_keys % count).astype(np.int64)),
+                   (ball_ptr, flat_nodes, flat_values, ball_radius), scale, bound, 0, values, done, blocks)
+        out[chunk] = values
+        found[chunk] = done

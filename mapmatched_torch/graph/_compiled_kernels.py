@@ -1,0 +1,209 @@
+"""numba kernels of the compiled engine (imported only when numba is installed).
+
+See :mod:`._compiled` for the algorithm and why its values are exact. Every kernel
+takes the CSR as ``(indptr, indices, weights)`` int64/int64/float64 numpy arrays and
+works on per-thread workspaces, so nothing here costs O(N) per source.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_INF = np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def _push(heap_key, heap_node, size, key, node):
+    """Insert (key, node) into the binary min-heap of ``size`` entries; the new size."""
+    position = size
+    while position > 0:
+        parent = (position - 1) >> 1
+        if heap_key[parent] <= key:
+            break
+        heap_key[position] = heap_key[parent]
+        heap_node[position] = heap_node[parent]
+        position = parent
+    heap_key[position] = key
+    heap_node[position] = node
+    return size + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _pop(heap_key, heap_node, size):
+    """Remove the root (the caller has read it); the new size."""
+    size -= 1
+    key = heap_key[size]
+    node = heap_node[size]
+    position = 0
+    while True:
+        child = 2 * position + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap_key[child + 1] < heap_key[child]:
+            child += 1
+        if heap_key[child] >= key:
+            break
+        heap_key[position] = heap_key[child]
+        heap_node[position] = heap_node[child]
+        position = child
+    if size > 0:
+        heap_key[position] = key
+        heap_node[position] = node
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def workspace(nodes, arcs):
+    """Per-thread buffers: dist, settled stamps, wanted stamps, touched list, heuristic, heap."""
+    return (
+        np.full(nodes, _INF),
+        np.zeros(nodes, np.int64),
+        np.zeros(nodes, np.int64),
+        np.empty(nodes, np.int64),
+        np.full(nodes, _INF),
+        np.empty(arcs + nodes + 1, np.float64),
+        np.empty(arcs + nodes + 1, np.int64),
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+def search(indptr, indices, weights, starts, targets, guided, floor, scale, bound, settle_limit, work, stamp,
+           values, found):
+    """One search from ``starts`` (all at 0.0); see :mod:`._compiled`.
+
+    Settles nodes by key ``g`` (unguided) or ``g + scale * min(h[v], floor)`` (guided,
+    ``h`` = the workspace's heuristic array). Stops when every target is settled, the
+    heap is empty, or ``settle_limit`` nodes are settled (0: no limit). Writes
+    ``values[i]``/``found[i]`` for ``targets[i]`` (found: exact; not found only when
+    the limit stopped the search first). Leaves ``dist`` filled for the caller, who
+    resets it. Returns (touched count, distance of the last settled node when the
+    limit stopped the search, else inf).
+    """
+    dist, settled, wanted, touched, heuristic, heap_key, heap_node = work
+    remaining = 0
+    for target in targets:
+        if wanted[target] != stamp:
+            wanted[target] = stamp
+            remaining += 1
+    full = targets.shape[0] == 0
+    count = 0
+    size = 0
+    for start in starts:
+        if dist[start] != 0.0:
+            dist[start] = 0.0
+            touched[count] = start
+            count += 1
+            size = _push(heap_key, heap_node, size, 0.0, start)
+    settled_count = 0
+    limited = False
+    last = _INF
+    while size > 0 and (full or remaining > 0):
+        node = heap_node[0]
+        size = _pop(heap_key, heap_node, size)
+        if settled[node] == stamp:
+            continue  # a stale entry: the node was settled by a smaller key
+        settled[node] = stamp
+        settled_count += 1
+        if wanted[node] == stamp:
+            remaining -= 1
+            if remaining == 0:
+                break
+        if settle_limit > 0 and settled_count >= settle_limit:
+            limited = True
+            last = dist[node]
+            break
+        distance = dist[node]
+        for arc in range(indptr[node], indptr[node + 1]):
+            neighbour = indices[arc]
+            candidate = distance + weights[arc]
+            if candidate <= bound and candidate < dist[neighbour]:
+                key = candidate
+                if guided:
+                    key = candidate + scale * min(heuristic[neighbour], floor)
+                    if not key <= bound:
+                        continue  # no target within the bound is reachable through it
+                if dist[neighbour] == _INF:
+                    touched[count] = neighbour
+                    count += 1
+                dist[neighbour] = candidate
+                size = _push(heap_key, heap_node, size, key, neighbour)
+    for index in range(targets.shape[0]):
+        target = targets[index]
+        if settled[target] == stamp:
+            values[index] = dist[target]
+            found[index] = True
+        else:
+            values[index] = _INF
+            found[index] = not limited
+    return count, last
+
+
+@numba.njit(cache=True, nogil=True)
+def _reset(dist, touched, count):
+    for index in range(count):
+        dist[touched[index]] = _INF
+
+
+@numba.njit(cache=True, parallel=True)
+def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+          ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, blocks):
+    """Every unit's search: unit ``u`` starts at ``unit_source[u]`` and wants the targets
+    ``pair_target[unit_ptr[u]:unit_ptr[u + 1]]``. A unit with groups
+    (``unit_groups[unit_group_ptr[u]:unit_group_ptr[u + 1]]``) is guided by
+    ``h(v) = min(min radius, min over its groups' balls holding v of the ball's value)``."""
+    units = unit_source.shape[0]
+    nodes = indptr.shape[0] - 1
+    for block in numba.prange(blocks):
+        work = workspace(nodes, indices.shape[0])
+        heuristic = work[4]
+        for unit in range(units * block // blocks, units * (block + 1) // blocks):
+            lo, hi = unit_ptr[unit], unit_ptr[unit + 1]
+            first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
+            floor = _INF
+            for index in range(first_group, last_group):
+                group = unit_groups[index]
+                floor = min(floor, ball_radius[group])
+                for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                    node = ball_nodes[entry]
+                    heuristic[node] = min(heuristic[node], ball_values[entry])
+            count, _ = search(indptr, indices, weights, unit_source[unit:unit + 1], pair_target[lo:hi],
+                              last_group > first_group, floor, scale, bound, settle_limit, work, unit + 1,
+                              out[lo:hi], found[lo:hi])
+            _reset(work[0], work[3], count)
+            for index in range(first_group, last_group):
+                group = unit_groups[index]
+                for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                    heuristic[ball_nodes[entry]] = _INF
+
+
+@numba.njit(cache=True, parallel=True)
+def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+          ball_count, ball_radius, blocks):
+    """Group ``g``'s ball: a search from its nodes (``group_nodes[group_ptr[g]:group_ptr[g + 1]]``)
+    settling at most ``settle_limit`` nodes, stored in row ``g`` of ``ball_nodes`` /
+    ``ball_values`` (``ball_count[g]`` entries). ``ball_radius[g]`` is the distance the
+    search reached when the limit stopped it (every node nearer is in the ball), or
+    inf when it completed (every node within the bound is in the ball)."""
+    groups = group_ptr.shape[0] - 1
+    nodes = indptr.shape[0] - 1
+    no_targets = np.empty(0, np.int64)
+    no_values = np.empty(0, np.float64)
+    no_found = np.empty(0, np.bool_)
+    for block in numba.prange(blocks):
+        work = workspace(nodes, indices.shape[0])
+        dist, settled, touched = work[0], work[1], work[3]
+        for group in range(groups * block // blocks, groups * (block + 1) // blocks):
+            stamp = group + 1
+            count, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
+                                 no_targets, False, _INF, 1.0, bound, settle_limit, work, stamp, no_values, no_found)
+            stored = 0
+            for index in range(count):
+                node = touched[index]
+                if settled[node] == stamp:
+                    ball_nodes[group, stored] = node
+                    ball_values[group, stored] = dist[node]
+                    stored += 1
+            ball_count[group] = stored
+            ball_radius[group] = last
+            _reset(dist, touched, count)
