@@ -159,10 +159,15 @@ class Bench:
     def __init__(self, graph: TensorCorpusGraph, chunk_index: torch.Tensor, args: argparse.Namespace) -> None:
         self.graph, self.chunk_index, self.args = graph, chunk_index, args
         sources, targets = trellis_pairs(chunk_index)
+        batch, turns, width = chunk_index.shape
+        # shape: (slots,) the turn pair of every transition slot
+        slot_groups = torch.arange(batch * (turns - 1)).repeat_interleave(width * width)
         keep = sources != targets
-        keys = torch.unique(sources[keep] * graph.num_nodes + targets[keep])
-        # shape: (P,) distinct node pairs the batch needs, sorted by source
+        keys, inverse = torch.unique(sources[keep] * graph.num_nodes + targets[keep], return_inverse=True)
+        # shape: (P,) distinct node pairs the batch needs, sorted by source, and a turn pair of each
         self.pair_sources, self.pair_targets = keys // graph.num_nodes, keys % graph.num_nodes
+        self.pair_groups = torch.empty_like(keys)
+        self.pair_groups[inverse] = slot_groups[keep]
         self.distinct_sources = torch.unique(self.pair_sources)
         self.slots = sources.numel()
         self.reference: Optional[torch.Tensor] = None  # (P,) values of a full run
@@ -186,7 +191,7 @@ class Bench:
         mask = self.pairs_of(pilot)
         run = lambda m: source_target_distances(  # noqa: E731
             graph.adjacency, self.pair_sources[m], self.pair_targets[m], bound=graph.maximum_distance,
-            engine=engine, target_aware=target_aware,
+            engine=engine, target_aware=target_aware, groups=self.pair_groups[m],
         )
         run(self.pairs_of(self.sample(1)))  # warm-up: imports, the scipy CSR copy
         values, seconds = timed(lambda: run(mask))

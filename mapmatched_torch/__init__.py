@@ -79,6 +79,12 @@ _LAZY = {
     "FAISSProvider": ".providers.faiss",
     "DenseProvider": ".providers.dense",
     "FusionProvider": ".providers.fusion",
+    "LangChainProvider": ".providers.langchain",
+    "as_langchain_retriever": ".providers.langchain",
+    "LlamaIndexProvider": ".providers.llamaindex",
+    "as_llamaindex_retriever": ".providers.llamaindex",
+    "QdrantProvider": ".providers.qdrant",
+    "ChromaProvider": ".providers.chroma",
 }
 
 __all__ = [

@@ -38,6 +38,10 @@ def check_chunk_id(value: Any, what: str = "chunk ID") -> str:
 
 def check_finite(value: Any, what: str) -> float:
     """A real, finite number (bools are rejected); returned as ``float``."""
+    if type(value) is float:  # the common case, without the slow ABC check below
+        if math.isfinite(value):
+            return value
+        raise MapMatchedValueError(f"{what} must be finite, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise MapMatchedValueError(f"{what} must be a finite number, got {value!r}")
     value = float(value)

@@ -14,7 +14,7 @@ shared with the standalone decoder so the numbers agree bit for bit).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from .models import CandidateScore, DecodedPath, DecoderCandidate
 from .protocols import CorpusGraph
 from .reporting import rank_final_candidates, report_path
 from .trellis import PackedTrellis, pack_trellises, pairwise_distances
+
+if TYPE_CHECKING:
+    from .streaming import DecodingStream
 
 __all__ = ["TorchDecoder"]
 

@@ -15,9 +15,8 @@ reported in ``errors`` and leaves that session exactly as it was.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple, Union
 
 import torch
 

@@ -12,7 +12,7 @@ from .._validation import check_chunk_id
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
 
-__all__ = ["check_chunk_ids", "check_query", "as_array", "ranked_candidates"]
+__all__ = ["check_chunk_ids", "check_query", "as_array", "as_query_vector", "ranked_candidates"]
 
 
 def check_chunk_ids(chunk_ids: Iterable[str]) -> Tuple[str, ...]:
@@ -87,3 +87,40 @@ def ranked_candidates(hits: Iterable[Tuple[Any, Any]], limit: int, source: str) 
         ranked.append((score, rank, chunk_id))
     ranked.sort(key=lambda hit: (-hit[0], hit[1]))
     return tuple(ScoredCandidate(chunk_id, score) for score, _, chunk_id in ranked[:limit])
+
+
+def as_query_vector(vector: Any, dimension: int, name: str, store: str = "the index") -> np.ndarray:
+    """The (D,) float32 query vector, or a ValueError naming what is wrong with it.
+
+    Accepts what ``embed_query`` returns (numpy array, list, torch tensor) of shape
+    ``(D,)`` or ``(1, D)``; rejects other shapes, a dimension other than
+    ``dimension`` (the message names ``store``), non-numeric dtypes and values that are
+    not finite as float32. ``name`` says which query in the message.
+    """
+    try:
+        array = as_array(vector)
+    except (TypeError, ValueError) as exc:
+        raise MapMatchedValueError(f"embed_query returned no numeric vector for {name}: {exc}") from exc
+    if array.dtype.kind not in "biuf":
+        raise MapMatchedValueError(f"embed_query returned a vector of dtype {array.dtype} for {name}; expected real numbers")
+    if array.ndim == 2 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 1:
+        raise MapMatchedValueError(
+            f"embed_query returned shape {tuple(array.shape)} for {name}; expected ({dimension},) or (1, {dimension})"
+        )
+    if array.shape[0] != dimension:
+        raise MapMatchedValueError(
+            f"query vector for {name} has dimension {array.shape[0]}, but {store} has dimension {dimension}"
+        )
+    with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
+        # shape: (D,)
+        array = np.ascontiguousarray(array, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        position = int(bad[0])
+        raise MapMatchedValueError(
+            f"query vector for {name} must be finite, got {array[position]} at dimension {position} "
+            f"({bad.size} non-finite values as float32)"
+        )
+    return array

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, List, Sequence, Tuple
 import numpy as np
 
 from .._optional import require_faiss
-from ._common import as_array, check_chunk_ids, check_query
+from ._common import as_query_vector, check_chunk_ids, check_query
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
@@ -176,7 +176,7 @@ class FAISSProvider:
         return [self._candidates(scores[row], labels[row], name) for row, name in enumerate(names)]
 
     def _embed(self, query: str, name: str) -> np.ndarray:
-        return _as_query_vector(self._embed_query(query), self._dimension, name)
+        return as_query_vector(self._embed_query(query), self._dimension, name)
 
     def _check_unchanged_size(self) -> int:
         count = len(self._chunk_ids)
@@ -220,37 +220,6 @@ def _check_index(index: Any, count: int) -> int:
     if index.ntotal != count:
         raise MapMatchedValueError(f"index holds {index.ntotal} vectors but {count} chunk IDs were given")
     return check_positive_int(index.d, "index dimension (index.d)")
-
-
-def _as_query_vector(vector: Any, dimension: int, name: str) -> np.ndarray:
-    """The (D,) float32 query vector, or a ValueError naming what is wrong with it."""
-    try:
-        array = as_array(vector)
-    except (TypeError, ValueError) as exc:
-        raise MapMatchedValueError(f"embed_query returned no numeric vector for {name}: {exc}") from exc
-    if array.dtype.kind not in "biuf":
-        raise MapMatchedValueError(f"embed_query returned a vector of dtype {array.dtype} for {name}; expected real numbers")
-    if array.ndim == 2 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim != 1:
-        raise MapMatchedValueError(
-            f"embed_query returned shape {tuple(array.shape)} for {name}; expected ({dimension},) or (1, {dimension})"
-        )
-    if array.shape[0] != dimension:
-        raise MapMatchedValueError(
-            f"query vector for {name} has dimension {array.shape[0]}, but the index has dimension {dimension}"
-        )
-    with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
-        # shape: (D,)
-        array = np.ascontiguousarray(array, dtype=np.float32)
-    bad = np.flatnonzero(~np.isfinite(array))
-    if bad.size:
-        position = int(bad[0])
-        raise MapMatchedValueError(
-            f"query vector for {name} must be finite, got {array[position]} at dimension {position} "
-            f"({bad.size} non-finite values as float32)"
-        )
-    return array
 
 
 def _check_result_arrays(scores: Any, labels: Any, *, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,477 @@
+"""Tests of mapmatched_torch.providers.chroma against a real, in-process chromadb.
+
+One ``EphemeralClient`` (telemetry off) serves the module; Chroma shares its state across
+clients of one process, so every test makes collections with unique names and deletes
+them afterwards. Embeddings are always passed in: Chroma's default embedding function
+(an ONNX model it would download) is never called.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+from mapmatched_torch import _optional
+from mapmatched_torch.errors import MissingDependencyError
+from mapmatched_torch.models import ScoredCandidate
+from mapmatched_torch.protocols import CandidateProvider
+from mapmatched_torch.providers.chroma import ChromaProvider
+from mapmatched_torch.retrieval import MapMatchedRetriever
+from mapmatched_torch.serving import MapMatchedServer
+from mapmatched_torch.standalone import KNNGraph
+
+chromadb = pytest.importorskip("chromadb", reason="chromadb is not installed (the [chroma] extra)")
+
+IDS = tuple(f"chunk-{letter}" for letter in "kbhadjlfcegi")  # not sorted: ties must follow Chroma's rank
+DIMENSION = 6
+VECTORS = np.random.default_rng(0).standard_normal((len(IDS), DIMENSION)).astype(np.float32)
+QUERIES = {f"q{i}": row for i, row in enumerate(np.random.default_rng(1).standard_normal((8, DIMENSION)).astype(np.float32))}
+SPACES = ("l2", "cosine", "ip")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    from chromadb.config import Settings
+
+    return chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False))
+
+
+@pytest.fixture
+def make(client: Any) -> Iterator[Callable[..., Any]]:
+    """``make(space=..., vectors=..., chunk_ids=..., metadatas=..., how="configuration")``:
+    a new collection with a unique name, deleted after the test."""
+    names: List[str] = []
+
+    def build(
+        space: Optional[str] = "ip",
+        vectors: np.ndarray = VECTORS,
+        chunk_ids: Sequence[str] = IDS,
+        metadatas: Optional[List[Any]] = None,
+        how: str = "configuration",
+    ) -> Any:
+        name = f"test-{uuid.uuid4().hex}"
+        names.append(name)
+        options: Dict[str, Any] = {}
+        if space is not None:
+            options = {"configuration": {"hnsw": {"space": space}}} if how == "configuration" else {"metadata": {"hnsw:space": space}}
+        collection = client.create_collection(name, embedding_function=None, **options)
+        if len(chunk_ids):
+            collection.add(ids=list(chunk_ids), embeddings=vectors, metadatas=metadatas)
+        return collection
+
+    yield build
+    for name in names:
+        client.delete_collection(name)
+
+
+@pytest.fixture
+def fresh_probe_cache():
+    _optional.clear_cache()
+    yield
+    _optional.clear_cache()
+
+
+def _brute_force(space: str, query: np.ndarray, vectors: np.ndarray = VECTORS) -> np.ndarray:
+    """Higher-is-better scores in float64, computed here from the stored float32 vectors."""
+    vectors, query = vectors.astype(np.float64), query.astype(np.float64)
+    if space == "l2":
+        return -((vectors - query) ** 2).sum(axis=1)
+    if space == "cosine":
+        return vectors @ query / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
+    return vectors @ query
+
+
+def _by_hand(ids: Sequence[str], distances: Sequence[float], space: str) -> List[ScoredCandidate]:
+    """Candidates built by hand from Chroma's answer (no provider code)."""
+    scores = [(0.0 - d) if space == "l2" else (1.0 - d) for d in distances]
+    order = sorted(range(len(ids)), key=lambda rank: (-scores[rank], rank))
+    return [ScoredCandidate(ids[rank], scores[rank]) for rank in order]
+
+
+def _graph() -> KNNGraph:
+    return KNNGraph.from_embeddings(IDS, VECTORS, neighbor_count=3, maximum_distance=3.0)
+
+
+class FakeCollection:
+    """Just enough of a Chroma collection to script an answer (order, distances)."""
+
+    def __init__(self, ids: List[str], distances: List[float], space: str = "l2", metadatas: Any = None) -> None:
+        self.name, self.configuration, self.metadata = "fake", {"hnsw": {"space": space}}, None
+        self.ids, self.distances, self.metadatas = ids, distances, metadatas
+        self.queries: List[Tuple[int, int]] = []
+
+    def get(self, limit: int, include: Sequence[str]) -> Mapping[str, Any]:
+        return {"embeddings": [[0.0, 0.0]]}
+
+    def query(self, query_embeddings: np.ndarray, n_results: int, where: Any, include: Sequence[str]) -> Mapping[str, Any]:
+        self.queries.append((len(query_embeddings), n_results))
+        count = len(query_embeddings)
+        return {"ids": [self.ids] * count, "distances": [self.distances] * count, "metadatas": [self.metadatas] * count}
+
+
+def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
+    return [(c.chunk_id, c.score) for c in candidates]
+
+
+# --------------------------------------------------------------------------- scores and order
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_scores_are_higher_is_better_in_every_space(make: Any, space: str) -> None:
+    provider = ChromaProvider(make(space), QUERIES.__getitem__)
+    assert provider.space == space and provider.dimension == DIMENSION
+    for query, vector in QUERIES.items():
+        got = provider.retrieve(query, 5)
+        expected = _brute_force(space, vector)
+        order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
+        assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
+        assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
+        assert all(a.score >= b.score for a, b in zip(got, got[1:]))
+        if space == "l2":
+            assert all(c.score <= 0.0 for c in got)
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_conversion_of_chromas_own_distances(make: Any, space: str) -> None:
+    collection = make(space)
+    provider = ChromaProvider(collection, QUERIES.__getitem__)
+    raw = collection.query(query_embeddings=[QUERIES["q5"]], n_results=len(IDS), include=["distances"])
+    assert _pairs(provider.retrieve("q5", len(IDS))) == _pairs(_by_hand(raw["ids"][0], raw["distances"][0], space))
+
+
+@pytest.mark.parametrize(
+    ("options", "space"),
+    [({"space": "cosine", "how": "metadata"}, "cosine"), ({"space": "ip", "how": "metadata"}, "ip"), ({"space": None}, "l2")],
+)
+def test_space_from_legacy_metadata_or_chromas_default(make: Any, options: Dict[str, Any], space: str) -> None:
+    provider = ChromaProvider(make(**options), QUERIES.__getitem__)
+    assert provider.space == space
+    expected = _brute_force(space, QUERIES["q2"])
+    assert [c.chunk_id for c in provider.retrieve("q2", 4)] == [IDS[i] for i in np.argsort(-expected)[:4]]
+
+
+def test_zero_distance_is_positive_zero(make: Any) -> None:
+    provider = ChromaProvider(make("l2"), lambda query: VECTORS[4])
+    best = provider.retrieve("the fifth chunk", 1)[0]
+    assert best.chunk_id == IDS[4]
+    assert best.score == 0.0 and np.copysign(1.0, best.score) == 1.0
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_ties_keep_chromas_rank(make: Any, space: str) -> None:
+    vectors = VECTORS.copy()
+    vectors[[1, 3, 5, 7, 9]] = 10.0 * vectors[5]  # five identical vectors, the nearest in every space
+    collection = make(space, vectors)
+    provider = ChromaProvider(collection, lambda query: vectors[5])
+    got = provider.retrieve("q", len(IDS))
+    raw = collection.query(query_embeddings=[vectors[5]], n_results=len(IDS), include=["distances"])
+    assert [c.chunk_id for c in got] == raw["ids"][0]
+    assert {c.chunk_id for c in got[:5]} == {IDS[i] for i in (1, 3, 5, 7, 9)}
+    assert len({c.score for c in got[:5]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("space", "distances", "expected"),
+    [
+        ("l2", [1.0, 0.5, 1.0], [("r1", -0.5), ("r0", -1.0), ("r2", -1.0)]),
+        ("cosine", [0.5, 0.25, 0.5], [("r1", 0.75), ("r0", 0.5), ("r2", 0.5)]),
+        ("ip", [3.0, 0.0, 3.0], [("r1", 1.0), ("r0", -2.0), ("r2", -2.0)]),
+    ],
+)
+def test_unsorted_answer_is_sorted_by_score_then_rank(space: str, distances: List[float], expected: Any) -> None:
+    collection = FakeCollection(["r0", "r1", "r2"], distances, space)
+    assert _pairs(ChromaProvider(collection, lambda query: [1.0, 0.0]).retrieve("q", 3)) == expected
+
+
+def test_limit_cuts_and_large_limit_returns_every_record(make: Any) -> None:
+    provider = ChromaProvider(make("l2"), QUERIES.__getitem__)
+    assert len(provider.retrieve("q0", 1)) == 1
+    everything = provider.retrieve("q0", 100)
+    assert sorted(c.chunk_id for c in everything) == sorted(IDS)
+    assert provider.retrieve("q0", 4) == everything[:4]
+
+
+def test_chunk_ids_from_a_metadata_field(make: Any) -> None:
+    metadatas = [{"chunk": chunk_id, "group": i % 2} for i, chunk_id in enumerate(IDS)]
+    collection = make("ip", chunk_ids=[f"record-{i}" for i in range(len(IDS))], metadatas=metadatas)
+    provider = ChromaProvider(collection, QUERIES.__getitem__, chunk_id_field="chunk")
+    assert provider.chunk_id_field == "chunk"
+    expected = _brute_force("ip", QUERIES["q3"])
+    assert [c.chunk_id for c in provider.retrieve("q3", 5)] == [IDS[i] for i in np.argsort(-expected)[:5]]
+
+
+def test_where_filter_applies_to_every_query(make: Any) -> None:
+    metadatas = [{"group": i % 2} for i in range(len(IDS))]
+    provider = ChromaProvider(make("ip", metadatas=metadatas), QUERIES.__getitem__, where={"group": 1})
+    odd = {IDS[i] for i in range(1, len(IDS), 2)}
+    single = provider.retrieve("q2", 100)
+    assert {c.chunk_id for c in single} == odd
+    assert provider.retrieve_batch(["q1", "q2"], 100)[1] == single
+
+
+def test_empty_collection_gives_no_candidates_without_embedding(make: Any) -> None:
+    collection = make("l2", chunk_ids=[])
+    asked: List[str] = []
+
+    def embed(query: str) -> np.ndarray:
+        asked.append(query)
+        return QUERIES[query]
+
+    provider = ChromaProvider(collection, embed)
+    assert provider.dimension is None
+    assert provider.retrieve("q0", 3) == ()
+    assert provider.retrieve_batch(["q0", "q1"], 3) == [(), ()]
+    assert asked == []
+    collection.add(ids=list(IDS[:2]), embeddings=VECTORS[:2])
+    assert [c.chunk_id for c in provider.retrieve("q0", 3)] and provider.dimension == DIMENSION
+    assert asked == ["q0"]
+
+
+def test_properties_repr_and_protocol(make: Any) -> None:
+    collection = make("cosine")
+    provider = ChromaProvider(collection, QUERIES.__getitem__)
+    assert isinstance(provider, CandidateProvider)
+    assert provider.collection is collection and provider.chunk_id_field is None
+    assert repr(provider) == f"ChromaProvider(collection={collection.name!r}, space='cosine', dimension=6, chunk_id_field=None)"
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_retrieve_batch_equals_retrieve_with_one_query_call(make: Any, space: str) -> None:
+    collection = make(space)
+    provider = ChromaProvider(collection, QUERIES.__getitem__)
+    singles = [provider.retrieve(query, 4) for query in QUERIES]
+    calls: List[int] = []
+
+    class Counting:
+        """Delegates to the real collection, counting query calls."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(collection, name)
+
+        def query(self, query_embeddings: Any, **kwargs: Any) -> Any:
+            calls.append(len(query_embeddings))
+            return collection.query(query_embeddings=query_embeddings, **kwargs)
+
+    assert ChromaProvider(Counting(), QUERIES.__getitem__).retrieve_batch(list(QUERIES), 4) == singles
+    assert calls == [len(QUERIES)]
+
+
+def test_retrieve_batch_edge_cases() -> None:
+    collection = FakeCollection(["r0"], [0.5])
+    provider = ChromaProvider(collection, lambda query: [1.0, 0.0])
+    assert provider.retrieve_batch([], 2) == []
+    with pytest.raises(ValueError, match="not a single string"):
+        provider.retrieve_batch("q", 2)
+    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
+        provider.retrieve_batch(["q", ""], 2)
+    assert collection.queries == []
+    assert provider.retrieve_batch(("a", "b"), 2) == [(ScoredCandidate("r0", -0.5),)] * 2
+    assert collection.queries == [(2, 2)]
+
+
+def test_batch_error_names_the_query(make: Any) -> None:
+    table = dict(QUERIES, bad=np.full(DIMENSION, np.nan, dtype=np.float32))
+    provider = ChromaProvider(make("l2"), table.__getitem__)
+    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
+        provider.retrieve_batch(["q0", "bad"], 2)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("query", "message"), [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")])
+def test_rejects_bad_queries(make: Any, query: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChromaProvider(make(), QUERIES.__getitem__).retrieve(query, 1)
+
+
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
+     (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")],
+)
+def test_rejects_bad_limits(make: Any, limit: Any, message: str) -> None:
+    provider = ChromaProvider(make(), QUERIES.__getitem__)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve("q0", limit)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve_batch(["q0"], limit)
+
+
+@pytest.mark.parametrize(
+    ("vector", "message"),
+    [
+        (np.ones(5), r"query vector for query has dimension 5, but Chroma collection 'test-\w+' has dimension 6"),
+        (np.ones((2, 6)), r"shape \(2, 6\) for query; expected \(6,\) or \(1, 6\)"),
+        ([1.0, float("nan"), 0, 0, 0, 0], r"must be finite, got nan at dimension 1"),
+        ([0, 0, 0, 0, 0, float("inf")], r"must be finite, got inf at dimension 5"),
+        (["a"] * 6, r"dtype <U1 for query"),
+    ],
+)
+def test_rejects_bad_query_vectors(make: Any, vector: Any, message: str) -> None:
+    provider = ChromaProvider(make("l2"), lambda query: vector)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve("q", 2)
+
+
+def test_accepts_row_matrices_lists_and_torch_tensors(make: Any) -> None:
+    torch = pytest.importorskip("torch")
+    vector = QUERIES["q3"]
+    table = {"numpy": vector, "row": vector[None, :], "list": vector.tolist(), "tensor": torch.tensor(vector, requires_grad=True)}
+    provider = ChromaProvider(make("cosine"), table.__getitem__)
+    reference = provider.retrieve("numpy", 4)
+    for query in ("row", "list", "tensor"):
+        assert provider.retrieve(query, 4) == reference, query
+
+
+def test_rejects_bad_arguments(make: Any) -> None:
+    collection = make()
+    with pytest.raises(ValueError, match="embed_query must be callable, got str"):
+        ChromaProvider(collection, "not callable")
+    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string, got ''"):
+        ChromaProvider(collection, QUERIES.__getitem__, chunk_id_field="")
+    with pytest.raises(ValueError, match=r"where must be a Chroma metadata filter \(a dict\), got str"):
+        ChromaProvider(collection, QUERIES.__getitem__, where="group = 1")
+    with pytest.raises(ValueError, match=r"collection has no query\(\) method"):
+        ChromaProvider(object(), QUERIES.__getitem__)
+    with pytest.raises(ValueError, match=r"unsupported Chroma space 'manhattan' of collection 'fake'"):
+        ChromaProvider(FakeCollection([], [], space="manhattan"), QUERIES.__getitem__)
+
+
+def test_missing_metadata_field_names_the_record(make: Any) -> None:
+    metadatas: List[Any] = [{"chunk": chunk_id} for chunk_id in IDS]
+    metadatas[8] = {"other": 1}
+    metadatas[3] = {"chunk": 17}
+    collection = make("l2", metadatas=metadatas)
+    provider = ChromaProvider(collection, lambda query: VECTORS[8], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=rf"Chroma record '{IDS[8]}' of collection '{collection.name}' \(query, rank 0\) has no metadata field 'chunk'"):
+        provider.retrieve("q", 2)
+    provider = ChromaProvider(collection, lambda query: VECTORS[3], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=rf"metadata field 'chunk' of Chroma record '{IDS[3]}' .* must be a non-empty string, got 17"):
+        provider.retrieve("q", 1)
+
+
+def test_record_without_metadata_has_no_chunk_id_field() -> None:
+    provider = ChromaProvider(FakeCollection(["r0"], [0.0], metadatas=[None]), lambda query: [1.0, 0.0], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=r"Chroma record 'r0' of collection 'fake' \(query, rank 0\) has no metadata field 'chunk'"):
+        provider.retrieve("q", 1)
+
+
+def test_duplicate_chunk_ids_in_the_store_are_rejected(make: Any) -> None:
+    metadatas = [{"chunk": chunk_id} for chunk_id in IDS]
+    metadatas[6] = {"chunk": IDS[2]}
+    collection = make("l2", chunk_ids=[f"record-{i}" for i in range(len(IDS))], metadatas=metadatas)
+    provider = ChromaProvider(collection, lambda query: VECTORS[2], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=rf"chunk ID '{IDS[2]}' returned twice by Chroma collection '{collection.name}', query"):
+        provider.retrieve("q", len(IDS))
+
+
+@pytest.mark.parametrize(
+    ("ids", "distances", "message"),
+    [
+        (["r0"], [float("nan")], r"score from Chroma collection 'fake', query, rank 0 must be finite, got nan"),
+        (["r0"], [None], r"rank 0 must be a real number, got NoneType"),
+        (["r0", "r1"], [0.5], r"invalid Chroma result for query: 2 IDs, 1 distances"),
+        (["r0", "r1", "r2"], [0.1, 0.2, 0.3], r"invalid Chroma result for query: 3 records for limit 2"),
+    ],
+)
+def test_rejects_invalid_chroma_results(ids: List[str], distances: List[Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ChromaProvider(FakeCollection(ids, distances), lambda query: [1.0, 0.0]).retrieve("q", 2)
+
+
+# --------------------------------------------------------------------------- optional dependency
+
+
+def test_missing_chromadb_names_the_extra(monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None) -> None:
+    monkeypatch.setitem(sys.modules, "chromadb", None)  # makes the import raise ImportError
+    with pytest.raises(MissingDependencyError) as caught:
+        ChromaProvider(object(), str)
+    assert isinstance(caught.value, ImportError)
+    assert "`pip install mapmatched-torch[chroma]`" in str(caught.value) and "ChromaProvider" in str(caught.value)
+    assert caught.value.extra == "chroma"
+
+
+def test_module_imports_without_chromadb() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["chromadb"] = None
+        import mapmatched_torch
+        from mapmatched_torch.providers import ChromaProvider
+        assert mapmatched_torch.ChromaProvider is ChromaProvider
+        try:
+            ChromaProvider(object(), str)
+        except ImportError as error:
+            print(error)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[chroma]" in result.stdout
+
+
+# --------------------------------------------------------------------------- sessions and the server
+
+CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
+
+
+@pytest.mark.parametrize(
+    ("space", "options"),
+    [
+        ("ip", {}),
+        ("l2", {"fixed_lag": 1, "candidate_limit": 4}),
+        ("cosine", {"transition_weight": 2.5, "score_normalization": "center", "candidate_limit": 6}),
+        ("l2", {"fixed_lag": 0, "candidate_limit": 3, "context_limit": 4}),
+    ],
+)
+def test_session_through_the_provider_equals_a_plain_session(make: Any, space: str, options: Dict[str, Any]) -> None:
+    graph = _graph()
+    collection = make(space)
+    limit = options.get("candidate_limit", 20)
+    through = MapMatchedRetriever(graph, provider=ChromaProvider(collection, QUERIES.__getitem__), **options).session()
+    plain = MapMatchedRetriever(graph, **options).session()
+    for query in CONVERSATION:
+        raw = collection.query(query_embeddings=[QUERIES[query]], n_results=limit, include=["distances"])
+        expected = plain.retrieve_candidates(_by_hand(raw["ids"][0], raw["distances"][0], space))
+        got = through.retrieve(query)
+        assert got.path.chunk_ids == expected.path.chunk_ids
+        assert got.trace.to_dict() == expected.trace.to_dict()
+        assert got == expected
+    assert through.path == plain.path
+
+
+def test_server_step_through_the_provider_equals_sessions(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = _graph()
+    collection = make("cosine")
+    session_provider = ChromaProvider(collection, QUERIES.__getitem__)
+    server_provider = ChromaProvider(collection, QUERIES.__getitem__)
+
+    def no_single_queries(query: str, limit: int) -> Any:
+        raise AssertionError("the server should use retrieve_batch")
+
+    monkeypatch.setattr(server_provider, "retrieve", no_single_queries)
+    server = MapMatchedServer(graph, provider=server_provider, candidate_limit=5, fixed_lag=1)
+    sessions = {key: MapMatchedRetriever(graph, provider=session_provider, candidate_limit=5, fixed_lag=1).session() for key in "abc"}
+    for key in sessions:
+        server.open(key)
+    for turn in range(4):
+        asked = {"a": f"q{turn}", "b": f"q{7 - turn}", "c": f"q{(3 * turn) % 8}"}
+        results, errors = server.step(asked)
+        assert not errors
+        for key, query in asked.items():
+            expected = sessions[key].retrieve(query)
+            assert results[key] == expected
+            assert results[key].trace.to_dict() == expected.trace.to_dict()

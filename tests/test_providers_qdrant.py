@@ -1,0 +1,542 @@
+"""Tests of mapmatched_torch.providers.qdrant against a real qdrant-client in local mode.
+
+``QdrantClient(":memory:")`` needs no server; every test builds its own client.
+
+qdrant-client's local mode re-normalizes the stored vectors of a Cosine collection in
+place on every query (1.20.0, ``local/distances.py``), so two queries with the same
+vector may differ in the last float32 bit of a score. Tests that compare two separate
+queries exactly therefore use the other distances, or record the response the provider
+itself received.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from types import SimpleNamespace
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+from mapmatched_torch import _optional
+from mapmatched_torch.errors import MissingDependencyError
+from mapmatched_torch.models import ScoredCandidate
+from mapmatched_torch.protocols import CandidateProvider
+from mapmatched_torch.providers.qdrant import QdrantProvider
+from mapmatched_torch.retrieval import MapMatchedRetriever
+from mapmatched_torch.serving import MapMatchedServer
+from mapmatched_torch.standalone import KNNGraph
+
+qdrant_client = pytest.importorskip("qdrant_client", reason="qdrant-client is not installed (the [qdrant] extra)")
+models = qdrant_client.models
+
+IDS = tuple(f"chunk-{letter}" for letter in "kbhadjlfcegi")  # not sorted: ties must follow Qdrant's rank
+DIMENSION = 6
+VECTORS = np.random.default_rng(0).standard_normal((len(IDS), DIMENSION)).astype(np.float32)
+QUERIES = {f"q{i}": row for i, row in enumerate(np.random.default_rng(1).standard_normal((8, DIMENSION)).astype(np.float32))}
+DISTANCES = ("Cosine", "Dot", "Euclid", "Manhattan")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def client() -> Any:
+    return qdrant_client.QdrantClient(":memory:")
+
+
+@pytest.fixture
+def fresh_probe_cache():
+    _optional.clear_cache()
+    yield
+    _optional.clear_cache()
+
+
+def _collection(
+    client: Any, distance: str = "Dot", vectors: np.ndarray = VECTORS, chunk_ids: Sequence[str] = IDS, name: str = "docs"
+) -> str:
+    """Points 0..n-1 with payload {"chunk": chunk ID, "group": position % 2}."""
+    client.create_collection(name, vectors_config=models.VectorParams(size=vectors.shape[1], distance=models.Distance(distance)))
+    client.upsert(
+        name,
+        [
+            models.PointStruct(id=i, vector=vector.tolist(), payload={"chunk": chunk_id, "group": i % 2})
+            for i, (chunk_id, vector) in enumerate(zip(chunk_ids, vectors))
+        ],
+    )
+    return name
+
+
+def _provider(client: Any, distance: str = "Dot", **kwargs: Any) -> QdrantProvider:
+    name = _collection(client, distance)
+    return QdrantProvider(client, name, QUERIES.__getitem__, chunk_id_field="chunk", **kwargs)
+
+
+def _brute_force(distance: str, query: np.ndarray, vectors: np.ndarray = VECTORS) -> np.ndarray:
+    """Higher-is-better scores in float64, computed here from the stored float32 vectors."""
+    vectors, query = vectors.astype(np.float64), query.astype(np.float64)
+    if distance == "Cosine":
+        return vectors @ query / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
+    if distance == "Dot":
+        return vectors @ query
+    if distance == "Euclid":
+        return -np.linalg.norm(vectors - query, axis=1)
+    return -np.abs(vectors - query).sum(axis=1)
+
+
+def _by_hand(points: Sequence[Any], distance: str) -> List[ScoredCandidate]:
+    """Candidates built by hand from Qdrant's points (no provider code)."""
+    sign = -1.0 if distance in ("Euclid", "Manhattan") else 1.0
+    hits = [(sign * p.score, rank, p.payload["chunk"]) for rank, p in enumerate(points)]
+    return [ScoredCandidate(chunk, score + 0.0) for score, _, chunk in sorted(hits, key=lambda h: (-h[0], h[1]))]
+
+
+def _graph() -> KNNGraph:
+    return KNNGraph.from_embeddings(IDS, VECTORS, neighbor_count=3, maximum_distance=3.0)
+
+
+class FakeClient:
+    """Just enough of a QdrantClient to script a response (order, scores, payloads)."""
+
+    def __init__(self, vectors: Any, points: List[Any]) -> None:
+        self.vectors, self.points = vectors, points
+        self.batch_calls = 0
+
+    def collection_exists(self, name: str) -> bool:
+        return name == "docs"
+
+    def get_collection(self, name: str) -> Any:
+        return SimpleNamespace(config=SimpleNamespace(params=SimpleNamespace(vectors=self.vectors)))
+
+    def query_points(self, name: str, **kwargs: Any) -> Any:
+        return SimpleNamespace(points=self.points)
+
+    def query_batch_points(self, name: str, requests: Sequence[Any]) -> List[Any]:
+        self.batch_calls += 1
+        return [SimpleNamespace(points=self.points) for _ in requests]
+
+
+def _points(*hits: Tuple[Any, float, Any]) -> List[Any]:
+    return [SimpleNamespace(id=point_id, score=score, payload=payload) for point_id, score, payload in hits]
+
+
+def _fake(distance: str, points: List[Any], **kwargs: Any) -> QdrantProvider:
+    vectors = models.VectorParams(size=2, distance=models.Distance(distance))
+    return QdrantProvider(FakeClient(vectors, points), "docs", lambda query: [1.0, 0.0], **kwargs)
+
+
+def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
+    return [(c.chunk_id, c.score) for c in candidates]
+
+
+# --------------------------------------------------------------------------- scores and order
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_scores_are_higher_is_better_for_every_distance(client: Any, distance: str) -> None:
+    provider = _provider(client, distance)
+    assert provider.distance == distance and provider.dimension == DIMENSION
+    for query, vector in QUERIES.items():
+        got = provider.retrieve(query, 5)
+        expected = _brute_force(distance, vector)
+        order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
+        assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
+        assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
+        assert all(a.score >= b.score for a, b in zip(got, got[1:]))
+        if distance in ("Euclid", "Manhattan"):
+            assert all(c.score <= 0.0 for c in got)
+
+
+@pytest.mark.parametrize("distance", ["Euclid", "Manhattan"])
+def test_zero_distance_is_positive_zero(client: Any, distance: str) -> None:
+    name = _collection(client, distance)
+    provider = QdrantProvider(client, name, lambda query: VECTORS[4], chunk_id_field="chunk")
+    best = provider.retrieve("the fifth chunk", 1)[0]
+    assert best.chunk_id == IDS[4]
+    assert best.score == 0.0 and np.copysign(1.0, best.score) == 1.0
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+def test_ties_keep_qdrants_rank(client: Any, distance: str) -> None:
+    vectors = VECTORS.copy()
+    vectors[[1, 3, 5, 7, 9]] = 10.0 * vectors[5]  # five identical vectors, the nearest by every distance
+    name = _collection(client, distance, vectors)
+    provider = QdrantProvider(client, name, lambda query: vectors[5], chunk_id_field="chunk")
+    got = provider.retrieve("q", len(IDS))
+    raw = client.query_points(name, query=vectors[5].tolist(), limit=len(IDS), with_payload=True).points
+    assert [c.chunk_id for c in got] == [p.payload["chunk"] for p in raw]
+    assert {c.chunk_id for c in got[:5]} == {IDS[i] for i in (1, 3, 5, 7, 9)}
+    assert len({c.score for c in got[:5]}) == 1
+
+
+@pytest.mark.parametrize(
+    ("distance", "scores", "expected"),
+    [
+        ("Dot", [1.0, 2.0, 1.0], [("p1", 2.0), ("p0", 1.0), ("p2", 1.0)]),
+        ("Euclid", [1.0, 0.5, 1.0], [("p1", -0.5), ("p0", -1.0), ("p2", -1.0)]),
+        ("Manhattan", [0.0, 3.0, 0.0], [("p0", 0.0), ("p2", 0.0), ("p1", -3.0)]),
+    ],
+)
+def test_unsorted_response_is_sorted_by_score_then_rank(distance: str, scores: List[float], expected: Any) -> None:
+    points = _points(*((i, score, {"chunk": f"p{i}"}) for i, score in enumerate(scores)))
+    assert _pairs(_fake(distance, points, chunk_id_field="chunk").retrieve("q", 3)) == expected
+
+
+def test_limit_cuts_and_large_limit_returns_every_point(client: Any) -> None:
+    provider = _provider(client, "Dot")
+    assert len(provider.retrieve("q0", 1)) == 1
+    everything = provider.retrieve("q0", 100)
+    assert sorted(c.chunk_id for c in everything) == sorted(IDS)
+    assert provider.retrieve("q0", 4) == everything[:4]
+
+
+def test_point_ids_are_chunk_ids_by_default(client: Any) -> None:
+    client.create_collection("ids", vectors_config=models.VectorParams(size=2, distance=models.Distance.DOT))
+    key = uuid.UUID("12345678-9ABC-4DEF-8123-456789ABCDEF")
+    client.upsert("ids", [models.PointStruct(id=7, vector=[1.0, 0.0]), models.PointStruct(id=str(key), vector=[0.0, 1.0])])
+    provider = QdrantProvider(client, "ids", lambda query: [0.25, 0.5])
+    assert provider.chunk_id_field is None
+    assert _pairs(provider.retrieve("q", 5)) == [(str(key), 0.5), ("7", 0.25)]
+
+
+def test_named_vectors(client: Any) -> None:
+    client.create_collection(
+        "named",
+        vectors_config={
+            "text": models.VectorParams(size=DIMENSION, distance=models.Distance.DOT),
+            "title": models.VectorParams(size=3, distance=models.Distance.EUCLID),
+        },
+    )
+    titles = np.random.default_rng(5).standard_normal((len(IDS), 3)).astype(np.float32)
+    client.upsert(
+        "named",
+        [
+            models.PointStruct(id=i, vector={"text": VECTORS[i].tolist(), "title": titles[i].tolist()}, payload={"chunk": c})
+            for i, c in enumerate(IDS)
+        ],
+    )
+    text = QdrantProvider(client, "named", QUERIES.__getitem__, chunk_id_field="chunk", using="text")
+    title = QdrantProvider(client, "named", lambda query: titles[2], chunk_id_field="chunk", using="title")
+    assert (text.using, text.distance, text.dimension) == ("text", "Dot", DIMENSION)
+    assert (title.using, title.distance, title.dimension) == ("title", "Euclid", 3)
+    expected = _brute_force("Dot", QUERIES["q1"])
+    assert [c.chunk_id for c in text.retrieve("q1", 3)] == [IDS[i] for i in np.argsort(-expected)[:3]]
+    assert title.retrieve("q", 1)[0] == ScoredCandidate(IDS[2], 0.0)
+    with pytest.raises(ValueError, match=r"several named vectors \('text', 'title'\); pass using="):
+        QdrantProvider(client, "named", QUERIES.__getitem__)
+    with pytest.raises(ValueError, match=r"no dense vector named 'body' \(it has 'text', 'title'\)"):
+        QdrantProvider(client, "named", QUERIES.__getitem__, using="body")
+    with pytest.raises(ValueError, match=r"query vector for query has dimension 6, but vector 'title' of Qdrant"):
+        QdrantProvider(client, "named", QUERIES.__getitem__, chunk_id_field="chunk", using="title").retrieve("q1", 2)
+
+
+def test_single_named_vector_needs_no_using(client: Any) -> None:
+    client.create_collection("one", vectors_config={"dense": models.VectorParams(size=2, distance=models.Distance.DOT)})
+    client.upsert("one", [models.PointStruct(id=1, vector={"dense": [1.0, 2.0]})])
+    provider = QdrantProvider(client, "one", lambda query: [1.0, 1.0])
+    assert provider.using == "dense"
+    assert _pairs(provider.retrieve("q", 2)) == [("1", 3.0)]
+
+
+def test_unnamed_vector_rejects_using(client: Any) -> None:
+    name = _collection(client)
+    with pytest.raises(ValueError, match=r"has one unnamed vector; leave using=None \(got 'text'\)"):
+        QdrantProvider(client, name, QUERIES.__getitem__, using="text")
+
+
+def test_query_filter_and_search_params_apply_to_every_query(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    only_even = models.Filter(must=[models.FieldCondition(key="group", match=models.MatchValue(value=0))])
+    exact = models.SearchParams(exact=True)
+    provider = _provider(client, "Dot", query_filter=only_even, search_params=exact)
+    even = {IDS[i] for i in range(0, len(IDS), 2)}
+    # local mode warns that search_params have no effect: proof that they were passed on
+    with pytest.warns(UserWarning, match="search_params"):
+        single = provider.retrieve("q2", 100)
+    assert {c.chunk_id for c in single} == even
+    seen: List[Any] = []
+    real = client.query_batch_points
+
+    def recording(name: str, requests: Sequence[Any]) -> Any:
+        seen.extend(requests)
+        return real(name, requests=requests)
+
+    monkeypatch.setattr(client, "query_batch_points", recording)
+    assert provider.retrieve_batch(["q2", "q3"], 100)[0] == single
+    assert [(r.filter, r.params, r.limit) for r in seen] == [(only_even, exact, 100)] * 2
+
+
+def test_empty_collection_gives_no_candidates(client: Any) -> None:
+    client.create_collection("empty", vectors_config=models.VectorParams(size=DIMENSION, distance=models.Distance.COSINE))
+    provider = QdrantProvider(client, "empty", QUERIES.__getitem__)
+    assert provider.retrieve("q0", 3) == ()
+    assert provider.retrieve_batch(["q0", "q1"], 3) == [(), ()]
+
+
+def test_properties_repr_and_protocol(client: Any) -> None:
+    provider = _provider(client, "Manhattan")
+    assert isinstance(provider, CandidateProvider)
+    assert (provider.collection_name, provider.chunk_id_field, provider.using) == ("docs", "chunk", None)
+    assert repr(provider) == (
+        "QdrantProvider(collection_name='docs', using=None, distance='Manhattan', dimension=6, chunk_id_field='chunk')"
+    )
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@pytest.mark.parametrize("distance", ["Dot", "Euclid", "Manhattan"])
+def test_retrieve_batch_equals_retrieve_with_one_request(client: Any, distance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = _provider(client, distance)
+    singles = [provider.retrieve(query, 4) for query in QUERIES]
+    calls: List[int] = []
+    real = client.query_batch_points
+
+    def counting(name: str, requests: Sequence[Any], **kwargs: Any) -> Any:
+        calls.append(len(requests))
+        return real(name, requests=requests, **kwargs)
+
+    monkeypatch.setattr(client, "query_batch_points", counting)
+    assert provider.retrieve_batch(list(QUERIES), 4) == singles
+    assert calls == [len(QUERIES)]
+
+
+def test_cosine_batch_matches_retrieve_up_to_local_mode_rounding(client: Any) -> None:
+    provider = _provider(client, "Cosine")
+    singles = [provider.retrieve(query, 4) for query in QUERIES]
+    batched = provider.retrieve_batch(list(QUERIES), 4)
+    assert [[c.chunk_id for c in turn] for turn in batched] == [[c.chunk_id for c in turn] for turn in singles]
+    for got, expected in zip(batched, singles):
+        assert [c.score for c in got] == pytest.approx([c.score for c in expected], rel=1e-6, abs=1e-6)
+
+
+def test_retrieve_batch_edge_cases(client: Any) -> None:
+    points = _points((0, 1.0, None))
+    provider = _fake("Dot", points)
+    assert provider.retrieve_batch([], 2) == []
+    assert provider._client.batch_calls == 0
+    with pytest.raises(ValueError, match="not a single string"):
+        provider.retrieve_batch("q", 2)
+    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
+        provider.retrieve_batch(["q", ""], 2)
+    assert provider._client.batch_calls == 0
+    assert provider.retrieve_batch(("a", "b"), 2) == [(ScoredCandidate("0", 1.0),)] * 2
+
+
+def test_batch_error_names_the_query(client: Any) -> None:
+    name = _collection(client)
+    table = dict(QUERIES, bad=np.full(DIMENSION, np.nan, dtype=np.float32))
+    provider = QdrantProvider(client, name, table.__getitem__, chunk_id_field="chunk")
+    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
+        provider.retrieve_batch(["q0", "bad"], 2)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("query", "message"), [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")])
+def test_rejects_bad_queries(client: Any, query: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _provider(client).retrieve(query, 1)
+
+
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
+     (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")],
+)
+def test_rejects_bad_limits(client: Any, limit: Any, message: str) -> None:
+    provider = _provider(client)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve("q0", limit)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve_batch(["q0"], limit)
+
+
+@pytest.mark.parametrize(
+    ("vector", "message"),
+    [
+        (np.ones(5), r"query vector for query has dimension 5, but Qdrant collection 'docs' has dimension 6"),
+        (np.ones((2, 6)), r"shape \(2, 6\) for query; expected \(6,\) or \(1, 6\)"),
+        ([1.0, float("nan"), 0, 0, 0, 0], r"must be finite, got nan at dimension 1"),
+        ([0, 0, 0, 0, 0, float("-inf")], r"must be finite, got -inf at dimension 5"),
+        (["a"] * 6, r"dtype <U1 for query"),
+    ],
+)
+def test_rejects_bad_query_vectors(client: Any, vector: Any, message: str) -> None:
+    name = _collection(client)
+    provider = QdrantProvider(client, name, lambda query: vector, chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve("q", 2)
+
+
+def test_accepts_row_matrices_lists_and_torch_tensors(client: Any) -> None:
+    torch = pytest.importorskip("torch")
+    vector = QUERIES["q3"]
+    table = {"numpy": vector, "row": vector[None, :], "list": vector.tolist(), "tensor": torch.tensor(vector, requires_grad=True)}
+    name = _collection(client)
+    provider = QdrantProvider(client, name, table.__getitem__, chunk_id_field="chunk")
+    reference = provider.retrieve("numpy", 4)
+    for query in ("row", "list", "tensor"):
+        assert provider.retrieve(query, 4) == reference, query
+
+
+def test_rejects_a_missing_collection_and_bad_arguments(client: Any) -> None:
+    name = _collection(client)
+    with pytest.raises(ValueError, match="Qdrant collection 'nope' does not exist"):
+        QdrantProvider(client, "nope", QUERIES.__getitem__)
+    with pytest.raises(ValueError, match="embed_query must be callable, got str"):
+        QdrantProvider(client, name, "not callable")
+    with pytest.raises(ValueError, match="collection_name must be a non-empty string, got ''"):
+        QdrantProvider(client, "", QUERIES.__getitem__)
+    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string, got 3"):
+        QdrantProvider(client, name, QUERIES.__getitem__, chunk_id_field=3)
+    with pytest.raises(ValueError, match=r"client has no collection_exists\(\) method"):
+        QdrantProvider(object(), name, QUERIES.__getitem__)
+
+
+def test_rejects_multivector_and_sparse_only_collections(client: Any) -> None:
+    client.create_collection(
+        "multi",
+        vectors_config=models.VectorParams(
+            size=2, distance=models.Distance.COSINE,
+            multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
+        ),
+    )
+    with pytest.raises(ValueError, match="Qdrant collection 'multi' is a multivector"):
+        QdrantProvider(client, "multi", QUERIES.__getitem__)
+    client.create_collection("sparse", vectors_config={}, sparse_vectors_config={"words": models.SparseVectorParams()})
+    with pytest.raises(ValueError, match="Qdrant collection 'sparse' has no dense vectors"):
+        QdrantProvider(client, "sparse", QUERIES.__getitem__)
+
+
+def test_missing_payload_field_names_the_point(client: Any) -> None:
+    name = _collection(client, "Euclid")
+    client.set_payload(name, payload={"chunk": 17}, points=[3])
+    client.delete_payload(name, keys=["chunk"], points=[8])
+    provider = QdrantProvider(client, name, lambda query: VECTORS[8], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=r"Qdrant point 8 of collection 'docs' \(query, rank 0\) has no payload field 'chunk'"):
+        provider.retrieve("q", len(IDS))
+    provider = QdrantProvider(client, name, lambda query: VECTORS[3], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=r"payload field 'chunk' of Qdrant point 3 .* must be a non-empty string, got 17"):
+        provider.retrieve("q", 1)
+
+
+def test_duplicate_chunk_ids_in_the_store_are_rejected(client: Any) -> None:
+    chunk_ids = list(IDS)
+    chunk_ids[6] = chunk_ids[2]
+    name = _collection(client, "Euclid", chunk_ids=chunk_ids)
+    provider = QdrantProvider(client, name, lambda query: VECTORS[2], chunk_id_field="chunk")
+    with pytest.raises(ValueError, match=rf"chunk ID '{IDS[2]}' returned twice by Qdrant collection 'docs', query"):
+        provider.retrieve("q", len(IDS))
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        (_points((0, float("nan"), None)), r"score from Qdrant collection 'docs', query, rank 0 must be finite, got nan"),
+        (_points((0, None, None)), r"rank 0 must be a real number, got NoneType"),
+        (_points((0, 1.0, None), (1, 0.5, None), (2, 0.2, None)), r"invalid Qdrant result for query: 3 points for limit 2"),
+    ],
+)
+def test_rejects_invalid_qdrant_results(points: List[Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _fake("Euclid", points).retrieve("q", 2)
+
+
+# --------------------------------------------------------------------------- optional dependency
+
+
+def test_missing_qdrant_client_names_the_extra(monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None) -> None:
+    monkeypatch.setitem(sys.modules, "qdrant_client", None)  # makes the import raise ImportError
+    with pytest.raises(MissingDependencyError) as caught:
+        QdrantProvider(object(), "docs", str)
+    assert isinstance(caught.value, ImportError)
+    assert "`pip install mapmatched-torch[qdrant]`" in str(caught.value) and "QdrantProvider" in str(caught.value)
+    assert caught.value.extra == "qdrant"
+
+
+def test_module_imports_without_qdrant_client() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["qdrant_client"] = None
+        import mapmatched_torch
+        from mapmatched_torch.providers import QdrantProvider
+        assert mapmatched_torch.QdrantProvider is QdrantProvider
+        try:
+            QdrantProvider(object(), "docs", str)
+        except ImportError as error:
+            print(error)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[qdrant]" in result.stdout
+
+
+# --------------------------------------------------------------------------- sessions and the server
+
+CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
+
+
+@pytest.mark.parametrize(
+    ("distance", "options"),
+    [
+        ("Cosine", {}),
+        ("Euclid", {"fixed_lag": 1, "candidate_limit": 4}),
+        ("Dot", {"transition_weight": 2.5, "score_normalization": "center", "candidate_limit": 6}),
+        ("Manhattan", {"fixed_lag": 0, "candidate_limit": 3, "context_limit": 4}),
+    ],
+)
+def test_session_through_the_provider_equals_a_plain_session(
+    client: Any, distance: str, options: Dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = _graph()
+    provider = _provider(client, distance)
+    limit = options.get("candidate_limit", 20)
+    received: List[Any] = []
+    real = client.query_points
+
+    def recording(name: str, **kwargs: Any) -> Any:
+        assert kwargs["limit"] == limit and kwargs["query"] == QUERIES[query].tolist()
+        response = real(name, **kwargs)
+        received.append(response.points)
+        return response
+
+    monkeypatch.setattr(client, "query_points", recording)
+    through = MapMatchedRetriever(graph, provider=provider, **options).session()
+    plain = MapMatchedRetriever(graph, **options).session()
+    for turn, query in enumerate(CONVERSATION):
+        got = through.retrieve(query)
+        assert len(received) == turn + 1
+        expected = plain.retrieve_candidates(_by_hand(received[-1], distance))  # the same points, by hand
+        assert got.path.chunk_ids == expected.path.chunk_ids
+        assert got.trace.to_dict() == expected.trace.to_dict()
+        assert got == expected
+    assert through.path == plain.path
+
+
+def test_server_step_through_the_provider_equals_sessions(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = _graph()
+    session_provider = _provider(client, "Dot")
+    server_provider = QdrantProvider(client, "docs", QUERIES.__getitem__, chunk_id_field="chunk")
+
+    def no_single_queries(query: str, limit: int) -> Any:
+        raise AssertionError("the server should use retrieve_batch")
+
+    monkeypatch.setattr(server_provider, "retrieve", no_single_queries)
+    server = MapMatchedServer(graph, provider=server_provider, candidate_limit=5, fixed_lag=1)
+    sessions = {key: MapMatchedRetriever(graph, provider=session_provider, candidate_limit=5, fixed_lag=1).session() for key in "abc"}
+    for key in sessions:
+        server.open(key)
+    for turn in range(4):
+        asked = {"a": f"q{turn}", "b": f"q{7 - turn}", "c": f"q{(3 * turn) % 8}"}
+        results, errors = server.step(asked)
+        assert not errors
+        for key, query in asked.items():
+            expected = sessions[key].retrieve(query)
+            assert results[key] == expected
+            assert results[key].trace.to_dict() == expected.trace.to_dict()
