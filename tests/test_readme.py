@@ -18,3 +18,12 @@ def test_quickstart_runs_and_says_what_it_claims(capsys):
 def test_ci_runs_the_readme_test_command():
     command = next(line.strip() for line in README.splitlines() if "pytest" in line and line.startswith("    "))
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_qdrant_snippet_runs_and_prints_its_claim(capsys):
+    import pytest
+
+    pytest.importorskip("qdrant_client")
+    block = re.search(r"```python\n(from qdrant_client import.*?)```", README, re.S).group(1)
+    exec(compile(block, "README qdrant", "exec"), {})
+    assert capsys.readouterr().out.splitlines()[-1] == "('setup', 'gpu')"
