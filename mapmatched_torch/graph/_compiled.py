@@ -21,7 +21,7 @@ the first call compiles the kernel (a few seconds, cached on disk afterwards).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from .._optional import has_module
 from ._csr import CSRAdjacency
 from ._memory import rows_per_chunk
 
-__all__ = ["available", "compiled_pairs"]
+__all__ = ["available", "compiled_pairs", "compiled_balls"]
 
 
 def available() -> bool:
@@ -193,3 +193,41 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
                    (ball_ptr, flat_nodes, flat_values, ball_radius), scale, bound, 0, values, done, blocks)
         out[chunk] = values
         found[chunk] = done
+
+
+def compiled_balls(
+    adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int] = None
+) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """The bounded ball of each centre: every node within ``limit``, by one search each.
+
+    Args:
+        adjacency: the graph.
+        centres: ``(C,)`` int64 node indices.
+        limit: the search bound (a node exactly at it counts).
+        memory_budget: bytes of ball storage per round (``16 N`` per centre at most).
+
+    Returns:
+        Per centre, ``(nodes, distances)``: int64 and float64 CPU tensors of every node
+        within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
+        Cost O(ball) per centre, not O(N).
+    """
+    import numba
+
+    kernels = _kernels()
+    arrays = _csr_arrays(adjacency)
+    nodes = adjacency.num_nodes
+    sources = centres.cpu().numpy().astype(np.int64)
+    result: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
+    for first in range(0, sources.size, per_round):
+        chunk = sources[first:first + per_round]
+        ball_nodes = np.empty((chunk.size, nodes), dtype=np.int64)
+        ball_values = np.empty((chunk.size, nodes), dtype=np.float64)
+        ball_count = np.empty(chunk.size, dtype=np.int64)
+        ball_radius = np.empty(chunk.size, dtype=np.float64)
+        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
+                      ball_values, ball_count, ball_radius, max(1, min(numba.get_num_threads(), chunk.size)))
+        for row, count in enumerate(ball_count.tolist()):
+            result.append((torch.from_numpy(ball_nodes[row, :count].copy()),
+                           torch.from_numpy(ball_values[row, :count].copy())))
+    return result

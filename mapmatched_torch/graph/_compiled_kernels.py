@@ -55,13 +55,15 @@ def _pop(heap_key, heap_node, size):
 
 @numba.njit(cache=True, nogil=True)
 def workspace(nodes, arcs):
-    """Per-thread buffers: dist, settled stamps, wanted stamps, touched list, heuristic, heap."""
+    """Per-thread buffers: dist, settled stamps, wanted stamps, touched list, heuristic,
+    settle order, heap."""
     return (
         np.full(nodes, _INF),
         np.zeros(nodes, np.int64),
         np.zeros(nodes, np.int64),
         np.empty(nodes, np.int64),
         np.full(nodes, _INF),
+        np.empty(nodes, np.int64),
         np.empty(arcs + nodes + 1, np.float64),
         np.empty(arcs + nodes + 1, np.int64),
     )
@@ -77,10 +79,11 @@ def search(indptr, indices, weights, starts, targets, guided, floor, scale, boun
     heap is empty, or ``settle_limit`` nodes are settled (0: no limit). Writes
     ``values[i]``/``found[i]`` for ``targets[i]`` (found: exact; not found only when
     the limit stopped the search first). Leaves ``dist`` filled for the caller, who
-    resets it. Returns (touched count, distance of the last settled node when the
-    limit stopped the search, else inf).
+    resets it, and the settled nodes in settle order (nondecreasing distance) in the
+    workspace's ``order``. Returns (touched count, settled count, distance of the last
+    settled node when the limit stopped the search, else inf).
     """
-    dist, settled, wanted, touched, heuristic, heap_key, heap_node = work
+    dist, settled, wanted, touched, heuristic, order, heap_key, heap_node = work
     remaining = 0
     for target in targets:
         if wanted[target] != stamp:
@@ -104,6 +107,7 @@ def search(indptr, indices, weights, starts, targets, guided, floor, scale, boun
         if settled[node] == stamp:
             continue  # a stale entry: the node was settled by a smaller key
         settled[node] = stamp
+        order[settled_count] = node
         settled_count += 1
         if wanted[node] == stamp:
             remaining -= 1
@@ -136,7 +140,7 @@ def search(indptr, indices, weights, starts, targets, guided, floor, scale, boun
         else:
             values[index] = _INF
             found[index] = not limited
-    return count, last
+    return count, settled_count, last
 
 
 @numba.njit(cache=True, nogil=True)
@@ -162,18 +166,24 @@ def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_gro
             first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
             floor = _INF
             for index in range(first_group, last_group):
+                floor = min(floor, ball_radius[unit_groups[index]])
+            for index in range(first_group, last_group):
                 group = unit_groups[index]
-                floor = min(floor, ball_radius[group])
+                # a ball lists its nodes by distance: past the floor they add nothing
                 for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                    if ball_values[entry] >= floor:
+                        break
                     node = ball_nodes[entry]
                     heuristic[node] = min(heuristic[node], ball_values[entry])
-            count, _ = search(indptr, indices, weights, unit_source[unit:unit + 1], pair_target[lo:hi],
+            count, _, _ = search(indptr, indices, weights, unit_source[unit:unit + 1], pair_target[lo:hi],
                               last_group > first_group, floor, scale, bound, settle_limit, work, unit + 1,
                               out[lo:hi], found[lo:hi])
             _reset(work[0], work[3], count)
             for index in range(first_group, last_group):
                 group = unit_groups[index]
                 for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                    if ball_values[entry] >= floor:
+                        break
                     heuristic[ball_nodes[entry]] = _INF
 
 
@@ -182,7 +192,7 @@ def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit,
           ball_count, ball_radius, blocks):
     """Group ``g``'s ball: a search from its nodes (``group_nodes[group_ptr[g]:group_ptr[g + 1]]``)
     settling at most ``settle_limit`` nodes, stored in row ``g`` of ``ball_nodes`` /
-    ``ball_values`` (``ball_count[g]`` entries). ``ball_radius[g]`` is the distance the
+    ``ball_values`` (``ball_count[g]`` entries, by nondecreasing distance). ``ball_radius[g]`` is the distance the
     search reached when the limit stopped it (every node nearer is in the ball), or
     inf when it completed (every node within the bound is in the ball)."""
     groups = group_ptr.shape[0] - 1
@@ -192,18 +202,14 @@ def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit,
     no_found = np.empty(0, np.bool_)
     for block in numba.prange(blocks):
         work = workspace(nodes, indices.shape[0])
-        dist, settled, touched = work[0], work[1], work[3]
+        dist, touched, order = work[0], work[3], work[5]
         for group in range(groups * block // blocks, groups * (block + 1) // blocks):
             stamp = group + 1
-            count, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
+            count, stored, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
                                  no_targets, False, _INF, 1.0, bound, settle_limit, work, stamp, no_values, no_found)
-            stored = 0
-            for index in range(count):
-                node = touched[index]
-                if settled[node] == stamp:
-                    ball_nodes[group, stored] = node
-                    ball_values[group, stored] = dist[node]
-                    stored += 1
+            for index in range(stored):
+                ball_nodes[group, index] = order[index]
+                ball_values[group, index] = dist[order[index]]
             ball_count[group] = stored
             ball_radius[group] = last
             _reset(dist, touched, count)

@@ -36,7 +36,8 @@ from ._csr import CSRAdjacency, build_csr
 from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
-from .shortest_paths import bounded_rows, pair_distances
+from ._compiled import compiled_balls
+from .shortest_paths import bounded_rows, pair_distances, resolve_engine
 from .vocabulary import ChunkVocabulary
 
 __all__ = ["TensorCorpusGraph"]
@@ -611,8 +612,9 @@ class TensorCorpusGraph:
             chunk_ids: the centres (unknown ones get ``()``).
             radius: a number >= 0 (``inf`` allowed); the search limit is
                 ``min(radius, maximum_distance)``.
-            engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` (the dense table
-                is used when present).
+            engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``
+                (the dense table is used when present; ``"compiled"``, the CPU
+                ``auto`` with numba, costs O(ball) per centre instead of O(N)).
 
         Returns:
             One tuple per centre, in input order, as :meth:`neighborhood`.
@@ -625,6 +627,15 @@ class TensorCorpusGraph:
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
         found = {}
+        if self._table is None and known and resolve_engine(engine, self.device) == "compiled":
+            # O(ball) per centre instead of O(N): the balls come sorted by distance
+            rank = self._vocabulary.rank()
+            sources = torch.tensor(known, dtype=torch.long)
+            for source, (ball, distances) in zip(
+                known, compiled_balls(self._adjacency, sources, limit, self._memory_budget)
+            ):
+                found[source] = self._ordered_ball(source, ball, distances, rank)
+            return tuple(found[code] if code >= 0 else () for code in codes)
         rank = self._vocabulary.rank(self.device)
         step = rows_per_chunk(self.num_nodes, max(len(known), 1), self._memory_budget)
         for first in range(0, len(known), step):
@@ -644,13 +655,21 @@ class TensorCorpusGraph:
         self, source: int, row: torch.Tensor, limit: float, rank: torch.Tensor
     ) -> Tuple[Tuple[str, float], ...]:
         """The nodes of one row within ``limit`` (the source excluded), by (distance, ID)."""
-        # shape: (K,) nodes in the ball, ordered by ID rank, then stably by distance
+        # shape: (K,) nodes in the ball
         ball = (row <= limit).nonzero().squeeze(1)
-        ball = ball[ball != source]
-        ball = ball[torch.argsort(rank[ball], stable=True)]
-        ball = ball[torch.argsort(row[ball], stable=True)]
+        return self._ordered_ball(source, ball, row[ball], rank)
+
+    def _ordered_ball(
+        self, source: int, ball: torch.Tensor, distances: torch.Tensor, rank: torch.Tensor
+    ) -> Tuple[Tuple[str, float], ...]:
+        """``(chunk ID, distance)`` of the ball's nodes but the source, by (distance, ID)."""
+        keep = ball != source
+        ball, distances = ball[keep], distances[keep]
+        # ordered by ID rank, then stably by distance
+        order = torch.argsort(rank[ball], stable=True)
+        order = order[torch.argsort(distances[order], stable=True)]
         ids = self.nodes
-        return tuple((ids[node], distance) for node, distance in zip(ball.tolist(), row[ball].tolist()))
+        return tuple((ids[node], distance) for node, distance in zip(ball[order].tolist(), distances[order].tolist()))
 
     # ------------------------------------------------------------------ cache
 

@@ -167,8 +167,12 @@ def test_distance_and_neighborhood_match_the_standalone(device, weights, directe
         ids = list(reference.nodes) + ["unknown", "other"]
         for a in ids:
             assert [graph.distance(a, b) for b in ids] == [reference.distance(a, b) for b in ids]
+        small_rounds = TensorCorpusGraph.from_graph(reference, device=device, memory_budget=1)  # a centre per round
         for radius in (0.0, 0.5, 1.0, math.inf):
-            assert graph.neighborhoods(ids, radius) == tuple(reference.neighborhood(a, radius) for a in ids)
+            expected = tuple(reference.neighborhood(a, radius) for a in ids)
+            for engine in ("auto", "scipy", "compiled"):
+                assert graph.neighborhoods(ids, radius, engine=engine) == expected, engine
+            assert small_rounds.neighborhoods(ids, radius, engine="compiled") == expected
         assert graph.neighborhood(ids[0], 2.0) == reference.neighborhood(ids[0], 2.0)
 
 
