@@ -12,10 +12,13 @@ follow-up ("and how do I install it?") is read in the light of the conversation 
 far. Everything downstream of ``retriever.invoke`` is unchanged. Each document's
 ``metadata["map_matched"]`` tells why it is there, and the trace explains every turn.
 
-Run: python examples/03_langchain_drop_in.py
+Run: python examples/03_langchain_drop_in.py (needs the ``[langchain]`` extra)
 """
 
 from __future__ import annotations
+
+#: Optional packages this example imports: tests/test_examples.py skips it without them.
+REQUIRES = ("langchain_core",)
 
 import re
 import sys

@@ -8,30 +8,26 @@ them afterwards. Embeddings are always passed in: Chroma's default embedding fun
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
 
-from mapmatched_torch import _optional
-from mapmatched_torch.errors import MissingDependencyError
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.protocols import CandidateProvider
 from mapmatched_torch.providers.chroma import ChromaProvider
 from mapmatched_torch.retrieval import MapMatchedRetriever
-from mapmatched_torch.serving import MapMatchedServer
-from mapmatched_torch.standalone import KNNGraph
+
+from .providers_fixtures import STORE_CONVERSATION as CONVERSATION
+from .providers_fixtures import STORE_DIMENSION as DIMENSION
+from .providers_fixtures import STORE_IDS as IDS
+from .providers_fixtures import STORE_QUERIES as QUERIES
+from .providers_fixtures import STORE_VECTORS as VECTORS
+from .providers_fixtures import brute_force, check_server_parity, missing_extra_errors, run_script, score_pairs, store_graph
 
 chromadb = pytest.importorskip("chromadb", reason="chromadb is not installed (the [chroma] extra)")
 
-IDS = tuple(f"chunk-{letter}" for letter in "kbhadjlfcegi")  # not sorted: ties must follow Chroma's rank
-DIMENSION = 6
-VECTORS = np.random.default_rng(0).standard_normal((len(IDS), DIMENSION)).astype(np.float32)
-QUERIES = {f"q{i}": row for i, row in enumerate(np.random.default_rng(1).standard_normal((8, DIMENSION)).astype(np.float32))}
 SPACES = ("l2", "cosine", "ip")
 
 
@@ -73,32 +69,11 @@ def make(client: Any) -> Iterator[Callable[..., Any]]:
         client.delete_collection(name)
 
 
-@pytest.fixture
-def fresh_probe_cache():
-    _optional.clear_cache()
-    yield
-    _optional.clear_cache()
-
-
-def _brute_force(space: str, query: np.ndarray, vectors: np.ndarray = VECTORS) -> np.ndarray:
-    """Higher-is-better scores in float64, computed here from the stored float32 vectors."""
-    vectors, query = vectors.astype(np.float64), query.astype(np.float64)
-    if space == "l2":
-        return -((vectors - query) ** 2).sum(axis=1)
-    if space == "cosine":
-        return vectors @ query / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
-    return vectors @ query
-
-
 def _by_hand(ids: Sequence[str], distances: Sequence[float], space: str) -> List[ScoredCandidate]:
     """Candidates built by hand from Chroma's answer (no provider code)."""
     scores = [(0.0 - d) if space == "l2" else (1.0 - d) for d in distances]
     order = sorted(range(len(ids)), key=lambda rank: (-scores[rank], rank))
     return [ScoredCandidate(ids[rank], scores[rank]) for rank in order]
-
-
-def _graph() -> KNNGraph:
-    return KNNGraph.from_embeddings(IDS, VECTORS, neighbor_count=3, maximum_distance=3.0)
 
 
 class FakeCollection:
@@ -118,10 +93,6 @@ class FakeCollection:
         return {"ids": [self.ids] * count, "distances": [self.distances] * count, "metadatas": [self.metadatas] * count}
 
 
-def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
-    return [(c.chunk_id, c.score) for c in candidates]
-
-
 # --------------------------------------------------------------------------- scores and order
 
 
@@ -131,7 +102,7 @@ def test_scores_are_higher_is_better_in_every_space(make: Any, space: str) -> No
     assert provider.space == space and provider.dimension == DIMENSION
     for query, vector in QUERIES.items():
         got = provider.retrieve(query, 5)
-        expected = _brute_force(space, vector)
+        expected = brute_force(space, vector)
         order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
         assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
         assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
@@ -145,7 +116,7 @@ def test_conversion_of_chromas_own_distances(make: Any, space: str) -> None:
     collection = make(space)
     provider = ChromaProvider(collection, QUERIES.__getitem__)
     raw = collection.query(query_embeddings=[QUERIES["q5"]], n_results=len(IDS), include=["distances"])
-    assert _pairs(provider.retrieve("q5", len(IDS))) == _pairs(_by_hand(raw["ids"][0], raw["distances"][0], space))
+    assert score_pairs(provider.retrieve("q5", len(IDS))) == score_pairs(_by_hand(raw["ids"][0], raw["distances"][0], space))
 
 
 @pytest.mark.parametrize(
@@ -155,7 +126,7 @@ def test_conversion_of_chromas_own_distances(make: Any, space: str) -> None:
 def test_space_from_legacy_metadata_or_chromas_default(make: Any, options: Dict[str, Any], space: str) -> None:
     provider = ChromaProvider(make(**options), QUERIES.__getitem__)
     assert provider.space == space
-    expected = _brute_force(space, QUERIES["q2"])
+    expected = brute_force(space, QUERIES["q2"])
     assert [c.chunk_id for c in provider.retrieve("q2", 4)] == [IDS[i] for i in np.argsort(-expected)[:4]]
 
 
@@ -189,7 +160,7 @@ def test_ties_keep_chromas_rank(make: Any, space: str) -> None:
 )
 def test_unsorted_answer_is_sorted_by_score_then_rank(space: str, distances: List[float], expected: Any) -> None:
     collection = FakeCollection(["r0", "r1", "r2"], distances, space)
-    assert _pairs(ChromaProvider(collection, lambda query: [1.0, 0.0]).retrieve("q", 3)) == expected
+    assert score_pairs(ChromaProvider(collection, lambda query: [1.0, 0.0]).retrieve("q", 3)) == expected
 
 
 def test_limit_cuts_and_large_limit_returns_every_record(make: Any) -> None:
@@ -205,7 +176,7 @@ def test_chunk_ids_from_a_metadata_field(make: Any) -> None:
     collection = make("ip", chunk_ids=[f"record-{i}" for i in range(len(IDS))], metadatas=metadatas)
     provider = ChromaProvider(collection, QUERIES.__getitem__, chunk_id_field="chunk")
     assert provider.chunk_id_field == "chunk"
-    expected = _brute_force("ip", QUERIES["q3"])
+    expected = brute_force("ip", QUERIES["q3"])
     assert [c.chunk_id for c in provider.retrieve("q3", 5)] == [IDS[i] for i in np.argsort(-expected)[:5]]
 
 
@@ -340,7 +311,7 @@ def test_rejects_bad_arguments(make: Any) -> None:
     collection = make()
     with pytest.raises(ValueError, match="embed_query must be callable, got str"):
         ChromaProvider(collection, "not callable")
-    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string, got ''"):
+    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string or None, got ''"):
         ChromaProvider(collection, QUERIES.__getitem__, chunk_id_field="")
     with pytest.raises(ValueError, match=r"where must be a Chroma metadata filter \(a dict\), got str"):
         ChromaProvider(collection, QUERIES.__getitem__, where="group = 1")
@@ -359,7 +330,7 @@ def test_missing_metadata_field_names_the_record(make: Any) -> None:
     with pytest.raises(ValueError, match=rf"Chroma record '{IDS[8]}' of collection '{collection.name}' \(query, rank 0\) has no metadata field 'chunk'"):
         provider.retrieve("q", 2)
     provider = ChromaProvider(collection, lambda query: VECTORS[3], chunk_id_field="chunk")
-    with pytest.raises(ValueError, match=rf"metadata field 'chunk' of Chroma record '{IDS[3]}' .* must be a non-empty string, got 17"):
+    with pytest.raises(ValueError, match=rf"Chroma record '{IDS[3]}' .* has metadata field 'chunk' = 17, not a non-empty string chunk ID"):
         provider.retrieve("q", 1)
 
 
@@ -395,17 +366,13 @@ def test_rejects_invalid_chroma_results(ids: List[str], distances: List[Any], me
 # --------------------------------------------------------------------------- optional dependency
 
 
-def test_missing_chromadb_names_the_extra(monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None) -> None:
-    monkeypatch.setitem(sys.modules, "chromadb", None)  # makes the import raise ImportError
-    with pytest.raises(MissingDependencyError) as caught:
-        ChromaProvider(object(), str)
-    assert isinstance(caught.value, ImportError)
-    assert "`pip install mapmatched-torch[chroma]`" in str(caught.value) and "ChromaProvider" in str(caught.value)
-    assert caught.value.extra == "chroma"
+def test_missing_chromadb_names_the_extra() -> None:
+    (error,) = missing_extra_errors("chromadb", "chroma", lambda: ChromaProvider(object(), str))
+    assert "ChromaProvider" in str(error)
 
 
 def test_module_imports_without_chromadb() -> None:
-    script = textwrap.dedent(
+    stdout = run_script(
         """
         import sys
         sys.modules["chromadb"] = None
@@ -418,14 +385,10 @@ def test_module_imports_without_chromadb() -> None:
             print(error)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "[chroma]" in result.stdout
+    assert "[chroma]" in stdout
 
 
 # --------------------------------------------------------------------------- sessions and the server
-
-CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
 
 
 @pytest.mark.parametrize(
@@ -438,7 +401,7 @@ CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
     ],
 )
 def test_session_through_the_provider_equals_a_plain_session(make: Any, space: str, options: Dict[str, Any]) -> None:
-    graph = _graph()
+    graph = store_graph()
     collection = make(space)
     limit = options.get("candidate_limit", 20)
     through = MapMatchedRetriever(graph, provider=ChromaProvider(collection, QUERIES.__getitem__), **options).session()
@@ -454,24 +417,7 @@ def test_session_through_the_provider_equals_a_plain_session(make: Any, space: s
 
 
 def test_server_step_through_the_provider_equals_sessions(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    graph = _graph()
     collection = make("cosine")
     session_provider = ChromaProvider(collection, QUERIES.__getitem__)
     server_provider = ChromaProvider(collection, QUERIES.__getitem__)
-
-    def no_single_queries(query: str, limit: int) -> Any:
-        raise AssertionError("the server should use retrieve_batch")
-
-    monkeypatch.setattr(server_provider, "retrieve", no_single_queries)
-    server = MapMatchedServer(graph, provider=server_provider, candidate_limit=5, fixed_lag=1)
-    sessions = {key: MapMatchedRetriever(graph, provider=session_provider, candidate_limit=5, fixed_lag=1).session() for key in "abc"}
-    for key in sessions:
-        server.open(key)
-    for turn in range(4):
-        asked = {"a": f"q{turn}", "b": f"q{7 - turn}", "c": f"q{(3 * turn) % 8}"}
-        results, errors = server.step(asked)
-        assert not errors
-        for key, query in asked.items():
-            expected = sessions[key].retrieve(query)
-            assert results[key] == expected
-            assert results[key].trace.to_dict() == expected.trace.to_dict()
+    check_server_parity(session_provider, server_provider, monkeypatch)

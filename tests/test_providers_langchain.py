@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
-import sys
-import textwrap
 import threading
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,45 +18,30 @@ from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore  # noqa: E402
 
-from mapmatched_torch import InMemoryCorpusGraph, MapMatchedRetriever, ScoredCandidate, _optional  # noqa: E402
-from mapmatched_torch.errors import MapMatchedRuntimeError, MissingDependencyError  # noqa: E402
+from mapmatched_torch import MapMatchedRetriever, ScoredCandidate  # noqa: E402
+from mapmatched_torch.errors import MapMatchedRuntimeError  # noqa: E402
 from mapmatched_torch.protocols import CandidateProvider  # noqa: E402
 from mapmatched_torch.providers import langchain as langchain_adapters  # noqa: E402
 from mapmatched_torch.providers.langchain import LangChainProvider, as_langchain_retriever  # noqa: E402
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
+from mapmatched_torch.standalone import StandaloneDecoder  # noqa: E402
 
-# --------------------------------------------------------------------------- a small corpus
+from .providers_fixtures import IDS, LIMIT, N, QUERIES, QUERY_VECTORS, STORE_IDS, TABLE, TEXTS, VECTORS  # noqa: E402
+from .providers_fixtures import chain_graph, check_decoded_chunk_without_text, missing_extra_errors  # noqa: E402
+from .providers_fixtures import modules_loaded_by_importing  # noqa: E402
+from .providers_fixtures import qdrant_provider, score_pairs, session_options, store_graph  # noqa: E402
 
-N, D, LIMIT = 10, 6, 4
-IDS = [f"c{i}" for i in range(N)]
-WALK = [2, 3, 3, 4, 8, 5]  # the chunks the user reads; queries are noisy views of them
-
-
-def _corpus() -> Tuple[np.ndarray, List[np.ndarray]]:
-    rng = np.random.default_rng(7)
-    vectors = rng.standard_normal((N, D))
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    queries = [vectors[i] + 0.8 * rng.standard_normal(D) for i in WALK]
-    return vectors, queries
-
-
-VECTORS, QUERY_VECTORS = _corpus()
-QUERIES = [f"question {t}" for t in range(len(WALK))]
-TEXTS = {chunk: f"passage about {chunk}" for chunk in IDS}
+# --------------------------------------------------------------------------- a small corpus (providers_fixtures)
 
 
 class TableEmbeddings(Embeddings):
     """Embeds known texts by table lookup: passages and queries get fixed vectors."""
 
-    def __init__(self) -> None:
-        self.table = {TEXTS[chunk]: VECTORS[i].tolist() for i, chunk in enumerate(IDS)}
-        self.table.update({q: v.tolist() for q, v in zip(QUERIES, QUERY_VECTORS)})
-
     def embed_documents(self, texts: List[str]) -> List[List[float]]:
-        return [self.table[text] for text in texts]
+        return [TABLE[text] for text in texts]
 
     def embed_query(self, text: str) -> List[float]:
-        return self.table[text]
+        return TABLE[text]
 
 
 def _store(ids: Optional[Sequence[str]] = None) -> InMemoryVectorStore:
@@ -66,14 +49,6 @@ def _store(ids: Optional[Sequence[str]] = None) -> InMemoryVectorStore:
     documents = [Document(TEXTS[c], metadata={"chunk_id": c, "source": f"doc-{c}"}) for c in IDS]
     store.add_documents(documents, ids=list(ids) if ids is not None else [f"store-{c}" for c in IDS])
     return store
-
-
-def _graph() -> InMemoryCorpusGraph:
-    return InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(N - 1)], maximum_distance=4.0)
-
-
-def _options(**overrides: Any) -> Dict[str, Any]:
-    return {"candidate_limit": LIMIT, "context_radius": 1.0, **overrides}
 
 
 def _store_candidates(store: VectorStore, query: str, limit: int = LIMIT) -> List[ScoredCandidate]:
@@ -85,16 +60,12 @@ def _store_candidates(store: VectorStore, query: str, limit: int = LIMIT) -> Lis
 def _plain_conversation(**options: Any) -> List[Any]:
     """The reference: a plain MapMatchedSession fed the same candidates turn by turn."""
     store = _store()
-    session = MapMatchedRetriever(_graph(), **_options(**options)).session()
+    session = MapMatchedRetriever(chain_graph(), **session_options(**options)).session()
     return [session.retrieve_candidates(_store_candidates(store, query)) for query in QUERIES]
 
 
 def _provider(store: Optional[VectorStore] = None, **kwargs: Any) -> LangChainProvider:
     return LangChainProvider(store if store is not None else _store(), score_mode="similarity", **kwargs)
-
-
-def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
-    return [(c.chunk_id, c.score) for c in candidates]
 
 
 class ScriptedStore(VectorStore):
@@ -124,12 +95,13 @@ class ScriptedStore(VectorStore):
 
 
 class ListRetriever(BaseRetriever):
-    """A retriever that returns a fixed document list."""
+    """A retriever that returns ``answers[query]``, else the ``documents`` list."""
 
     documents: List[Document]
+    answers: Dict[str, List[Document]] = {}
 
     def _get_relevant_documents(self, query: str, *, run_manager: Any) -> List[Document]:
-        return list(self.documents)
+        return list(self.answers.get(query, self.documents))
 
 
 def _doc(chunk_id: str, **metadata: Any) -> Document:
@@ -146,7 +118,7 @@ def test_similarity_mode_round_trips_ids_and_scores_from_a_real_store() -> None:
     for query in QUERIES:
         got = provider.retrieve(query, LIMIT)
         assert all(isinstance(c, ScoredCandidate) for c in got)
-        assert _pairs(got) == _pairs(_store_candidates(store, query))
+        assert score_pairs(got) == score_pairs(_store_candidates(store, query))
         # and the scores are the cosine similarities of the table vectors
         q = QUERY_VECTORS[QUERIES.index(query)]
         expected = VECTORS @ (q / np.linalg.norm(q))
@@ -158,15 +130,15 @@ def test_distance_mode_negates_and_ties_keep_the_store_rank() -> None:
     hits = [(_doc("a"), 0.5), (_doc("b"), 0.0), (_doc("c"), 0.5), (_doc("d"), 2.0), (_doc("e"), 0.25)]
     provider = LangChainProvider(ScriptedStore(hits), score_mode="distance")
     got = provider.retrieve("q", 5)
-    assert _pairs(got) == [("b", 0.0), ("e", -0.25), ("a", -0.5), ("c", -0.5), ("d", -2.0)]
+    assert score_pairs(got) == [("b", 0.0), ("e", -0.25), ("a", -0.5), ("c", -0.5), ("d", -2.0)]
     assert np.copysign(1.0, got[0].score) == 1.0  # a zero distance is +0.0
-    assert _pairs(provider.retrieve("q", 2)) == [("b", 0.0), ("a", -0.5)]  # k=2: the store's first two, sorted
+    assert score_pairs(provider.retrieve("q", 2)) == [("b", 0.0), ("a", -0.5)]  # k=2: the store's first two, sorted
 
 
 def test_similarity_mode_sorts_an_unsorted_store_answer() -> None:
     hits = [(_doc("a"), 0.1), (_doc("b"), 0.9), (_doc("c"), 0.9)]
     got = LangChainProvider(ScriptedStore(hits), score_mode="similarity").retrieve("q", 3)
-    assert _pairs(got) == [("b", 0.9), ("c", 0.9), ("a", 0.1)]
+    assert score_pairs(got) == [("b", 0.9), ("c", 0.9), ("a", 0.1)]
 
 
 def test_relevance_mode_uses_the_stores_relevance_scores() -> None:
@@ -177,7 +149,7 @@ def test_relevance_mode_uses_the_stores_relevance_scores() -> None:
     got = provider.retrieve("q", 3)
     expected = sorted(((d.metadata["chunk_id"], s) for d, s in store.similarity_search_with_relevance_scores("q", 3)),
                       key=lambda pair: -pair[1])
-    assert _pairs(got) == expected == [("a", 0.9), ("c", 0.7), ("b", 0.5)]
+    assert score_pairs(got) == expected == [("a", 0.9), ("c", 0.7), ("b", 0.5)]
     assert store.calls[0] == ("q", 3, {"filter": "x"})
 
 
@@ -200,9 +172,9 @@ def test_a_retriever_gives_no_scores_unless_told_where_they_come_from() -> None:
         LangChainProvider(retriever)
     by_field = LangChainProvider(retriever, score_field="score")
     assert by_field.score_mode == "metadata"
-    assert _pairs(by_field.retrieve("q", 2)) == [("b", 0.9), ("c", 0.5)]
+    assert score_pairs(by_field.retrieve("q", 2)) == [("b", 0.9), ("c", 0.5)]
     by_rank = LangChainProvider(retriever, score_mode="rank")
-    assert _pairs(by_rank.retrieve("q", 3)) == [("a", 0.0), ("b", -1.0), ("c", -2.0)]
+    assert score_pairs(by_rank.retrieve("q", 3)) == [("a", 0.0), ("b", -1.0), ("c", -2.0)]
 
 
 @pytest.mark.parametrize(
@@ -263,7 +235,7 @@ def test_a_vector_store_retriever_is_unwrapped_to_its_store() -> None:
     assert len(got) == LIMIT  # k comes from the limit, not from the retriever's search_kwargs
     assert "c2" not in [c.chunk_id for c in got]  # the filter is kept
     unfiltered = [c for c in _store_candidates(store, QUERIES[0], N) if c.chunk_id != "c2"][:LIMIT]
-    assert _pairs(got) == _pairs(unfiltered)
+    assert score_pairs(got) == score_pairs(unfiltered)
     # mmr gives no scores: the retriever stays a retriever
     with pytest.raises(ValueError, match="returns no scores"):
         LangChainProvider(store.as_retriever(search_type="mmr"))
@@ -288,15 +260,19 @@ def test_chunk_ids_from_a_named_field_or_from_document_id() -> None:
          r"\(its metadata keys: \['other'\]\)"),
         ([(Document("x"), 0.5)], {"chunk_id_field": None}, r"rank 0: the Document has no id"),
         ([(_doc("a"), 0.5), (_doc("a"), 0.4)], {}, r"chunk ID 'a' returned twice .* \(ranks 0 and 1\)"),
-        ([(Document("x", metadata={"chunk_id": 7}), 0.5)], {}, r"rank 0 must be a string, got int"),
-        ([(Document("x", metadata={"chunk_id": ""}), 0.5)], {}, r"rank 0 must be non-empty"),
+        ([(Document("x", metadata={"chunk_id": 7}), 0.5)], {},
+         r"rank 0: the Document has metadata field 'chunk_id' = 7, not a non-empty string chunk ID"),
+        ([(Document("x", metadata={"chunk_id": ""}), 0.5)], {}, r"metadata field 'chunk_id' = '', not a non-empty"),
+        ([(Document("x", id=""), 0.5)], {"chunk_id_field": None}, r"rank 0 must be non-empty"),
         ([(_doc("a"), float("inf"))], {}, r"must be finite, got inf \(chunk 'a'\)"),
+        ([(_doc("a"), float("nan"))], {"score_mode": "distance"}, r"must be finite, got nan \(chunk 'a'\)"),
+        ([(_doc("a"), "0.5")], {"score_mode": "distance"}, r"rank 0 must be a real number, got str"),
         (["not a pair"], {}, r"returned 'not a pair' at rank 0; expected \(Document, score\) pairs"),
         ([("not a document", 0.5)], {}, r"rank 0: expected a langchain_core Document, got str"),
     ],
 )
 def test_bad_store_answers_are_rejected(hits: Any, kwargs: Dict[str, Any], message: str) -> None:
-    provider = LangChainProvider(ScriptedStore(hits), score_mode="similarity", **kwargs)
+    provider = LangChainProvider(ScriptedStore(hits), **{"score_mode": "similarity", **kwargs})
     with pytest.raises(ValueError, match=message):
         provider.retrieve("q", 5)
     assert provider.get_documents(["a", "x"]) == {}  # nothing from a rejected answer is remembered
@@ -338,10 +314,13 @@ def test_retrieve_batch_and_aretrieve_equal_retrieve() -> None:
     assert provider.retrieve_batch([], LIMIT) == []
     with pytest.raises(ValueError, match="not a single string"):
         provider.retrieve_batch("q", LIMIT)
-    retriever = ListRetriever(documents=[_doc("a", s=0.1), _doc("b", s=0.3)])
-    by_field = LangChainProvider(retriever, score_field="s")
-    assert by_field.retrieve_batch(["x", "y"], 5) == [by_field.retrieve("x", 5)] * 2
-    assert asyncio.run(by_field.aretrieve("x", 5)) == by_field.retrieve("x", 5)
+    answers = {"x": [_doc("a", s=0.1), _doc("b", s=0.3)], "y": [_doc("c", s=0.7)], "z": [_doc("b", s=0.2), _doc("d", s=0.9)]}
+    by_field = LangChainProvider(ListRetriever(documents=[], answers=answers), score_field="s")
+    singles = [by_field.retrieve(query, 5) for query in "xyz"]
+    assert len({tuple(single) for single in singles}) == 3  # the answer depends on the query
+    assert by_field.retrieve_batch(["x", "y", "z", "x"], 5) == [*singles, singles[0]]  # in query order
+    assert by_field.retrieve_batch(["z", "y"], 5) == singles[:0:-1]
+    assert asyncio.run(by_field.aretrieve("z", 5)) == singles[2]
 
 
 def test_batch_errors_name_the_query() -> None:
@@ -380,11 +359,83 @@ def test_get_documents_of_a_retriever_are_the_remembered_ones() -> None:
     assert provider.get_documents(["a", "b"]) == {"a": _doc("a", s=1.0)}
 
 
+def test_memory_is_bounded_least_recently_used_first() -> None:
+    store = ScriptedStore([(_doc("a"), 0.3), (_doc("b"), 0.2), (_doc("c"), 0.1)])  # no get_by_ids: memory only
+    provider = LangChainProvider(store, score_mode="similarity", remember=2)
+    provider.retrieve("q", 3)
+    assert set(provider.get_documents(["a", "b", "c"])) == {"b", "c"}  # a, the first remembered, went first
+    provider.get_documents(["b"])  # b is now the most recently used
+    store.hits = [(_doc("d"), 0.5)]
+    provider.retrieve("q", 1)
+    assert set(provider.get_documents(["a", "b", "c", "d"])) == {"b", "d"}
+    provider.forget()
+    assert provider.get_documents(["b", "d"]) == {}
+    nothing = LangChainProvider(ScriptedStore([(_doc("a"), 0.3)]), score_mode="similarity", remember=0)
+    nothing.retrieve("q", 1)
+    assert nothing.get_documents(["a"]) == {}
+
+
+@pytest.mark.parametrize("remember", [-1, 2.5, "yes", None])
+def test_remember_must_be_a_bool_or_a_capacity(remember: Any) -> None:
+    with pytest.raises(ValueError, match=r"remember must be True, False or a capacity \(an int >= 0\)"):
+        LangChainProvider(_store(), score_mode="similarity", remember=remember)
+
+
+def test_absent_marks_are_bounded_and_forgotten_on_request() -> None:
+    store = _store(ids=IDS)
+    asked: List[List[str]] = []
+    real = store.get_by_ids
+    store.get_by_ids = lambda ids: asked.append(list(ids)) or real(ids)  # type: ignore[method-assign]
+    provider = _provider(store, remember=2)
+
+    def add(chunk: str) -> None:
+        store.add_documents([Document(TEXTS["c0"], metadata={"chunk_id": chunk})], ids=[chunk])
+
+    assert provider.get_documents(["new-1"]) == {}
+    add("new-1")
+    assert provider.get_documents(["new-1"]) == {} and asked == [["new-1"]]  # marked absent: not asked again
+    assert provider.get_documents(["x", "y"]) == {}  # two newer marks push the mark of new-1 out
+    assert provider.get_documents(["new-1"])["new-1"].metadata["chunk_id"] == "new-1"
+    add("x")
+    assert provider.get_documents(["x"]) == {}  # still marked absent
+    provider.forget()
+    assert provider.get_documents(["x"])["x"].metadata["chunk_id"] == "x"
+
+
+class FailingStore(InMemoryVectorStore):
+    """An InMemoryVectorStore whose get_by_ids fails while ``down`` is set."""
+
+    down = True
+
+    def get_by_ids(self, ids: Sequence[str]) -> List[Document]:
+        if self.down:
+            raise ConnectionError("store unreachable")
+        return super().get_by_ids(ids)
+
+
+def _failing_store() -> FailingStore:
+    store = FailingStore(TableEmbeddings())
+    store.add_documents([Document(TEXTS[c], metadata={"chunk_id": c}) for c in IDS], ids=IDS)
+    return store
+
+
+def test_a_failing_get_by_ids_warns_and_is_asked_again_later() -> None:
+    store = _failing_store()
+    provider = _provider(store)
+    seen = [c.chunk_id for c in provider.retrieve(QUERIES[0], 2)]
+    other = next(chunk for chunk in IDS if chunk not in seen)
+    with pytest.warns(UserWarning, match=rf"no text for chunk '{other}': fetching failed \(ConnectionError: store unreachable\)"):
+        found = provider.get_documents([seen[0], other])
+    assert set(found) == {seen[0]}  # the remembered one is still returned
+    store.down = False
+    assert provider.get_documents([other])[other].page_content == TEXTS[other]  # not marked absent
+
+
 # --------------------------------------------------------------------------- provider: parity
 
 
 def test_a_session_over_the_provider_equals_a_plain_session_fed_the_same_candidates() -> None:
-    session = MapMatchedRetriever(_graph(), provider=_provider(), **_options()).session()
+    session = MapMatchedRetriever(chain_graph(), provider=_provider(), **session_options()).session()
     got = [session.retrieve(query) for query in QUERIES]
     expected = _plain_conversation()
     assert got == expected
@@ -400,7 +451,7 @@ def test_a_session_over_the_provider_equals_a_plain_session_fed_the_same_candida
 def _adapter(**kwargs: Any) -> Any:
     engine = kwargs.pop("engine", None)
     if engine is None:
-        engine = MapMatchedRetriever(_graph(), provider=_provider(_store(ids=kwargs.pop("store_ids", None))), **_options())
+        engine = MapMatchedRetriever(chain_graph(), provider=_provider(_store(ids=kwargs.pop("store_ids", None))), **session_options())
     return as_langchain_retriever(engine, **kwargs)
 
 
@@ -469,8 +520,43 @@ def test_ainvoke_decodes_the_same_conversation() -> None:
     assert retriever.session.path == expected[-1].path
 
 
+def test_batch_takes_the_queries_as_consecutive_turns_in_input_order() -> None:
+    expected = [list(r.context_chunk_ids) for r in _plain_conversation()]
+    final = _plain_conversation()[-1].trace.to_dict()
+
+    async def consume(iterator: Any) -> List[Tuple[int, Any]]:
+        return [item async for item in iterator]
+
+    runs = {
+        "batch": lambda r: r.batch(QUERIES),
+        "abatch": lambda r: asyncio.run(r.abatch(QUERIES)),
+        "batch_as_completed": lambda r: [d for _, d in r.batch_as_completed(QUERIES)],
+        "abatch_as_completed": lambda r: [d for _, d in asyncio.run(consume(r.abatch_as_completed(QUERIES)))],
+    }
+    for name, run in runs.items():
+        retriever = _adapter(store_ids=IDS)
+        assert [_ids(documents) for documents in run(retriever)] == expected, name
+        assert retriever.session.turn_count == len(QUERIES) and retriever.trace.to_dict() == final, name
+    indices = [index for index, _ in _adapter(store_ids=IDS).batch_as_completed(QUERIES)]
+    assert indices == list(range(len(QUERIES)))
+    assert _adapter().batch([]) == [] and asyncio.run(_adapter().abatch([])) == []
+
+
+def test_a_failing_query_in_a_batch_stops_it_or_is_returned_in_place() -> None:
+    expected = _plain_conversation()
+    for run in (lambda r, qs, **kw: r.batch(qs, **kw), lambda r, qs, **kw: asyncio.run(r.abatch(qs, **kw))):
+        retriever = _adapter(store_ids=IDS)
+        with pytest.raises(ValueError, match="query must be a non-empty string"):
+            run(retriever, [QUERIES[0], "", QUERIES[1]])
+        assert retriever.session.turn_count == 1  # the turn before the failure stands; none after it was taken
+        answers = run(retriever, [QUERIES[1], " ", QUERIES[2]], return_exceptions=True)
+        assert isinstance(answers[1], ValueError)
+        assert [_ids(answers[0]), _ids(answers[2])] == [list(r.context_chunk_ids) for r in expected[1:3]]
+        assert retriever.trace.to_dict() == expected[2].trace.to_dict()
+
+
 def test_server_mode_equals_the_plain_session_and_keeps_conversations_apart() -> None:
-    server = MapMatchedServer(_graph(), provider=_provider(_store(ids=IDS)), **_options())
+    server = MapMatchedServer(chain_graph(), provider=_provider(_store(ids=IDS)), **session_options())
     alice = as_langchain_retriever(server, session_id="alice")
     bob = as_langchain_retriever(server, session_id="bob")
     assert "alice" in server and "bob" in server  # opened by the adapter
@@ -491,7 +577,7 @@ def test_server_mode_equals_the_plain_session_and_keeps_conversations_apart() ->
 def test_server_mode_raises_the_sessions_error_and_leaves_it_unchanged() -> None:
     hits = [(_doc("c1"), 0.5), (_doc("c2"), 0.4)]
     store = ScriptedStore(hits)
-    server = MapMatchedServer(_graph(), provider=LangChainProvider(store, score_mode="similarity"), **_options())
+    server = MapMatchedServer(chain_graph(), provider=LangChainProvider(store, score_mode="similarity"), **session_options())
     retriever = as_langchain_retriever(server, session_id=7)
     assert _ids(retriever.invoke("q")) == ["c1", "c2"]
     before = server.trace(7)
@@ -509,7 +595,7 @@ def test_server_mode_raises_the_sessions_error_and_leaves_it_unchanged() -> None
 
 def test_a_failed_turn_leaves_the_session_unchanged() -> None:
     store = ScriptedStore([(_doc("c1"), 0.5)])
-    retriever = _adapter(engine=MapMatchedRetriever(_graph(), provider=LangChainProvider(store, score_mode="similarity")))
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=LangChainProvider(store, score_mode="similarity")))
     retriever.invoke("q")
     store.hits = [(_doc("c1"), 0.5), (_doc("c1"), 0.4)]
     with pytest.raises(ValueError, match="returned twice"):
@@ -552,9 +638,70 @@ def test_unknown_text_is_skipped_or_returned_empty_and_documents_fill_it_in() ->
     assert [d.page_content for d in called.invoke(QUERIES[0])] == [f"text {c}" for c in context]
 
 
+def test_the_decoded_chunk_is_returned_even_when_no_text_is_known() -> None:
+    # remember=False over a store whose IDs are not chunk IDs: no chunk's text is known
+    engine = MapMatchedRetriever(chain_graph(), provider=_provider(_store(), remember=False), **session_options())
+    for retriever in check_decoded_chunk_without_text(
+        lambda missing_text: as_langchain_retriever(engine.session(), missing_text=missing_text),
+        lambda retriever: [(d.page_content, d.metadata["map_matched"]) for d in retriever.invoke(QUERIES[0])],
+    ):
+        decoded = retriever.invoke(QUERIES[1])[0]
+        assert decoded.id == retriever.session.current_chunk_id and list(decoded.metadata) == ["map_matched"]
+
+
+def test_a_provider_without_text_gives_the_decoded_chunk_and_warns_when_built() -> None:
+    engine = MapMatchedRetriever(store_graph(), provider=qdrant_provider(), candidate_limit=5)
+    with pytest.warns(UserWarning, match=r"QdrantProvider has no get_documents\(\) and no documents= was given.*"
+                                         r"only the decoded chunk, with empty text"):
+        retriever = as_langchain_retriever(engine)
+    for turn, query in enumerate(["q0", "q1", "q4"]):
+        documents = retriever.invoke(query)
+        assert _ids(documents) == [retriever.session.current_chunk_id]
+        assert documents[0].page_content == "" and documents[0].metadata["map_matched"]["text_known"] is False
+        assert documents[0].metadata["map_matched"]["turn_index"] == turn
+    with pytest.warns(UserWarning, match="every context chunk with empty text"):
+        empty = as_langchain_retriever(engine, missing_text="empty")
+    assert _ids(empty.invoke("q0")) == list(empty.last_result.context_chunk_ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a text source: no warning
+        given = as_langchain_retriever(engine, documents={chunk: f"text {chunk}" for chunk in STORE_IDS})
+        documents = given.invoke("q0")
+    assert [d.page_content for d in documents] == [f"text {c}" for c in given.last_result.context_chunk_ids]
+
+
+def test_a_failing_lookup_after_decoding_warns_and_the_turn_stands() -> None:
+    def lookup(chunk_id: str) -> Any:
+        if chunk_id == failing:
+            raise KeyError(f"no row for {chunk_id}")
+        return None
+
+    store = _failing_store()  # the store's get_by_ids fails too
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=_provider(store), **session_options()),
+                         documents=lookup, missing_text="empty")
+    failing = "c2"  # the decoded chunk of the first turn
+    with pytest.warns(UserWarning) as caught:
+        documents = retriever.invoke(QUERIES[0])
+    assert retriever.session.turn_count == 1 and retriever.session.current_chunk_id == failing
+    messages = [str(w.message) for w in caught]
+    assert any("no text for chunk 'c2': documents= raised KeyError: 'no row for c2'" in m for m in messages)
+    assert any("fetching failed (ConnectionError: store unreachable)" in m for m in messages)
+    by_id = {d.metadata["map_matched"]["chunk_id"]: d for d in documents}
+    assert _ids(documents) == list(retriever.last_result.context_chunk_ids)
+    assert by_id[failing].page_content == TEXTS[failing]  # the provider's memory knew it
+    candidates = {c.chunk_id for c in retriever.last_result.candidates}
+    assert all(d.metadata["map_matched"]["text_known"] is (chunk in candidates) for chunk, d in by_id.items())
+    # a provider method that raises: a warning, the chunks stay unknown
+    provider = _provider(_store(ids=IDS))
+    provider.get_documents = lambda chunk_ids: 1 / 0  # type: ignore[method-assign]
+    broken = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=provider, **session_options()))
+    with pytest.warns(UserWarning, match=r"LangChainProvider.get_documents\(\) raised ZeroDivisionError"):
+        documents = broken.invoke(QUERIES[0])
+    assert _ids(documents) == [broken.session.current_chunk_id] and broken.session.turn_count == 1
+
+
 def test_the_adapter_never_mutates_the_stores_documents() -> None:
     provider = _provider(_store(ids=IDS))
-    retriever = _adapter(engine=MapMatchedRetriever(_graph(), provider=provider, **_options()))
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=provider, **session_options()))
     documents = retriever.invoke(QUERIES[0])
     remembered = provider.get_documents(_ids(documents))
     assert all("map_matched" not in d.metadata for d in remembered.values())
@@ -564,11 +711,13 @@ def test_the_adapter_never_mutates_the_stores_documents() -> None:
 
 
 def test_adapter_arguments_are_checked() -> None:
-    graph = _graph()
+    graph = chain_graph()
     with pytest.raises(ValueError, match="needs a CandidateProvider to answer queries: pass provider= to MapMatchedRetriever"):
         as_langchain_retriever(MapMatchedRetriever(graph))
+    without_provider = MapMatchedServer(graph)
     with pytest.raises(ValueError, match="pass provider= to MapMatchedServer"):
-        as_langchain_retriever(MapMatchedServer(graph), session_id="x")
+        as_langchain_retriever(without_provider, session_id="x")
+    assert len(without_provider) == 0  # the refused build opened no session
     with pytest.raises(ValueError, match="takes a MapMatchedSession, a MapMatchedRetriever or a MapMatchedServer, got str"):
         as_langchain_retriever("not an engine")
     engine = MapMatchedRetriever(graph, provider=_provider())
@@ -586,9 +735,12 @@ def test_adapter_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="documents must be a mapping or a callable"):
         as_langchain_retriever(server, session_id="s", documents=["a"])
     assert len(server) == 0  # nothing was opened by a refused call
+    # documents= giving the wrong type: a warning per chunk, and the provider is asked instead
     bad_text = as_langchain_retriever(engine, documents=lambda chunk_id: 42)
-    with pytest.raises(ValueError, match=r"the text of chunk 'c\d' must be a Document or a str, got int"):
-        bad_text.invoke(QUERIES[0])
+    with pytest.warns(UserWarning, match=r"no text for chunk 'c\d': documents= gave int, not Document or str"):
+        documents = bad_text.invoke(QUERIES[0])
+    assert documents[0].page_content == TEXTS[bad_text.session.current_chunk_id]
+    assert bad_text.session.turn_count == 1
 
 
 def test_invoke_rejects_non_string_input() -> None:
@@ -632,7 +784,7 @@ def _gated() -> GatedStore:
 
 def test_concurrent_ainvoke_of_one_conversation_is_refused() -> None:
     store = _gated()
-    retriever = _adapter(engine=MapMatchedRetriever(_graph(), provider=_provider(store), **_options()))
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=_provider(store), **session_options()))
 
     async def race() -> Tuple[Any, Any]:
         store.agate = asyncio.Event()
@@ -655,9 +807,53 @@ def test_concurrent_ainvoke_of_one_conversation_is_refused() -> None:
     assert retriever.session.turn_count == 2
 
 
+class BlockingDecoder(StandaloneDecoder):
+    """The standalone decoder, holding each decoding until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def decode_ranked(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(10), "the test never released the decoder"
+        return super().decode_ranked(*args, **kwargs)
+
+
+def test_a_cancelled_ainvoke_keeps_the_turn_and_the_guard_until_decoding_ends() -> None:
+    decoder = BlockingDecoder()
+    engine = MapMatchedRetriever(chain_graph(), provider=_provider(_store(ids=IDS)), decoder=decoder, **session_options())
+    retriever = as_langchain_retriever(engine)
+    expected = _plain_conversation()
+
+    async def cancel_then_continue() -> List[Document]:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(retriever.ainvoke(QUERIES[0]), 0.5)  # cancelled while decoding
+        assert decoder.entered.is_set(), "the first turn never reached the decoder"
+        # the first turn is still decoding in its thread: its conversation is busy
+        with pytest.raises(MapMatchedRuntimeError, match="already taking a turn"):
+            await asyncio.wait_for(retriever.ainvoke(QUERIES[1]), 5)
+        with pytest.raises(MapMatchedRuntimeError, match="already taking a turn"):
+            retriever.invoke(QUERIES[1])
+        decoder.release.set()
+        for _ in range(500):  # until the first turn's thread has released the guard
+            try:
+                return await asyncio.wait_for(retriever.ainvoke(QUERIES[1]), 5)
+            except MapMatchedRuntimeError:
+                await asyncio.sleep(0.01)
+        raise AssertionError("the conversation stayed busy after its decoding ended")
+
+    second = asyncio.run(cancel_then_continue())
+    assert retriever.session.turn_count == 2  # the cancelled turn stands, and nothing else was added
+    assert _ids(second) == list(expected[1].context_chunk_ids)
+    assert retriever.trace.to_dict() == expected[1].trace.to_dict()
+    assert retriever.last_result == expected[1]
+
+
 def test_concurrent_invoke_from_threads_is_refused_and_two_adapters_share_the_guard() -> None:
     store = _gated()
-    session = MapMatchedRetriever(_graph(), provider=_provider(store), **_options()).session()
+    session = MapMatchedRetriever(chain_graph(), provider=_provider(store), **session_options()).session()
     one, two = as_langchain_retriever(session), as_langchain_retriever(session)
     outcome: Dict[str, Any] = {}
     worker = threading.Thread(target=lambda: outcome.setdefault("first", one.invoke(QUERIES[0])))
@@ -672,7 +868,7 @@ def test_concurrent_invoke_from_threads_is_refused_and_two_adapters_share_the_gu
 
 def test_different_server_sessions_may_run_concurrently() -> None:
     store = _gated()
-    server = MapMatchedServer(_graph(), provider=_provider(store), **_options())
+    server = MapMatchedServer(chain_graph(), provider=_provider(store), **session_options())
     alice, bob = as_langchain_retriever(server, session_id="a"), as_langchain_retriever(server, session_id="b")
 
     async def both() -> List[Any]:
@@ -693,36 +889,11 @@ def test_different_server_sessions_may_run_concurrently() -> None:
 # --------------------------------------------------------------------------- the optional dependency
 
 
-@pytest.fixture
-def without_langchain(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in [name for name in sys.modules if name == "langchain_core" or name.startswith("langchain_core.")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "langchain_core", None)
-    _optional.clear_cache()
-    yield
-    _optional.clear_cache()
-
-
-def test_missing_langchain_names_the_extra(without_langchain: Any) -> None:
-    session = MapMatchedRetriever(_graph(), provider=object()).session()
-    for build in (lambda: LangChainProvider(object()), lambda: as_langchain_retriever(session)):
-        with pytest.raises(MissingDependencyError) as caught:
-            build()
-        assert isinstance(caught.value, ImportError)
-        assert "pip install mapmatched-torch[langchain]" in str(caught.value)
-        assert caught.value.extra == "langchain"
+def test_missing_langchain_names_the_extra() -> None:
+    session = MapMatchedRetriever(chain_graph(), provider=object()).session()
+    missing_extra_errors("langchain_core", "langchain", lambda: LangChainProvider(object()),
+                         lambda: as_langchain_retriever(session))
 
 
 def test_importing_the_library_does_not_import_langchain() -> None:
-    script = textwrap.dedent(
-        """
-        import sys
-        import mapmatched_torch
-        import mapmatched_torch.providers
-        from mapmatched_torch import LangChainProvider, as_langchain_retriever
-        print(sorted(name for name in sys.modules if name.startswith("langchain")))
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert modules_loaded_by_importing("LangChainProvider, as_langchain_retriever", "langchain") == []

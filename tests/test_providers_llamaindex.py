@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import subprocess
-import sys
-import textwrap
 import threading
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,33 +18,19 @@ from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 from llama_index.core.retrievers import BaseRetriever  # noqa: E402
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
-from mapmatched_torch import InMemoryCorpusGraph, MapMatchedRetriever, ScoredCandidate, _optional  # noqa: E402
-from mapmatched_torch.errors import MapMatchedRuntimeError, MissingDependencyError  # noqa: E402
+from mapmatched_torch import MapMatchedRetriever, ScoredCandidate  # noqa: E402
+from mapmatched_torch.errors import MapMatchedRuntimeError  # noqa: E402
 from mapmatched_torch.protocols import CandidateProvider  # noqa: E402
 from mapmatched_torch.providers import llamaindex as llamaindex_adapters  # noqa: E402
 from mapmatched_torch.providers.llamaindex import LlamaIndexProvider, as_llamaindex_retriever  # noqa: E402
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
 
-# --------------------------------------------------------------------------- a small corpus
+from .providers_fixtures import IDS, LIMIT, QUERIES, QUERY_VECTORS, STORE_IDS, TABLE, TEXTS, VECTORS  # noqa: E402
+from .providers_fixtures import chain_graph, check_decoded_chunk_without_text, missing_extra_errors  # noqa: E402
+from .providers_fixtures import modules_loaded_by_importing  # noqa: E402
+from .providers_fixtures import qdrant_provider, score_pairs, session_options, store_graph  # noqa: E402
 
-N, D, LIMIT = 10, 6, 4
-IDS = [f"c{i}" for i in range(N)]
-WALK = [2, 3, 3, 4, 8, 5]
-
-
-def _corpus() -> Tuple[np.ndarray, List[np.ndarray]]:
-    rng = np.random.default_rng(7)
-    vectors = rng.standard_normal((N, D))
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    queries = [vectors[i] + 0.8 * rng.standard_normal(D) for i in WALK]
-    return vectors, queries
-
-
-VECTORS, QUERY_VECTORS = _corpus()
-QUERIES = [f"question {t}" for t in range(len(WALK))]
-TEXTS = {chunk: f"passage about {chunk}" for chunk in IDS}
-TABLE = {TEXTS[chunk]: VECTORS[i].tolist() for i, chunk in enumerate(IDS)}
-TABLE.update({q: v.tolist() for q, v in zip(QUERIES, QUERY_VECTORS)})
+# --------------------------------------------------------------------------- a small corpus (providers_fixtures)
 
 
 class TableEmbedding(BaseEmbedding):
@@ -71,14 +55,6 @@ def _index() -> VectorStoreIndex:
     return VectorStoreIndex(_nodes(), embed_model=TableEmbedding())
 
 
-def _graph() -> InMemoryCorpusGraph:
-    return InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(N - 1)], maximum_distance=4.0)
-
-
-def _options(**overrides: Any) -> Dict[str, Any]:
-    return {"candidate_limit": LIMIT, "context_radius": 1.0, **overrides}
-
-
 def _index_candidates(index: VectorStoreIndex, query: str, limit: int = LIMIT) -> List[ScoredCandidate]:
     """The candidates, computed without the provider: LlamaIndex's own retriever."""
     return [ScoredCandidate(hit.node.node_id, hit.score) for hit in index.as_retriever(similarity_top_k=limit).retrieve(query)]
@@ -86,12 +62,8 @@ def _index_candidates(index: VectorStoreIndex, query: str, limit: int = LIMIT) -
 
 def _plain_conversation() -> List[Any]:
     index = _index()
-    session = MapMatchedRetriever(_graph(), **_options()).session()
+    session = MapMatchedRetriever(chain_graph(), **session_options()).session()
     return [session.retrieve_candidates(_index_candidates(index, query)) for query in QUERIES]
-
-
-def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
-    return [(c.chunk_id, c.score) for c in candidates]
 
 
 class ListRetriever(BaseRetriever):
@@ -121,7 +93,7 @@ def test_round_trips_ids_and_scores_from_a_vector_index_and_its_retriever() -> N
         assert isinstance(provider, CandidateProvider)
         for query in QUERIES:
             got = provider.retrieve(query, LIMIT)
-            assert _pairs(got) == _pairs(_index_candidates(index, query))
+            assert score_pairs(got) == score_pairs(_index_candidates(index, query))
             q = QUERY_VECTORS[QUERIES.index(query)]
             cosine = VECTORS @ (q / np.linalg.norm(q))
             assert [c.score for c in got] == pytest.approx([cosine[IDS.index(c.chunk_id)] for c in got], abs=1e-12)
@@ -131,20 +103,20 @@ def test_an_index_is_asked_for_the_limit_and_a_retriever_is_cut_at_it() -> None:
     index = _index()
     assert len(LlamaIndexProvider(index).retrieve(QUERIES[0], 7)) == 7
     wide = LlamaIndexProvider(index.as_retriever(similarity_top_k=8))
-    assert _pairs(wide.retrieve(QUERIES[0], 3)) == _pairs(_index_candidates(index, QUERIES[0], 3))
+    assert score_pairs(wide.retrieve(QUERIES[0], 3)) == score_pairs(_index_candidates(index, QUERIES[0], 3))
     narrow = LlamaIndexProvider(index.as_retriever(similarity_top_k=2))
     assert len(narrow.retrieve(QUERIES[0], 5)) == 2  # the retriever's own top-k caps it
 
 
 def test_scores_sorting_distance_and_rank_modes() -> None:
     hits = [(_node("a"), 0.5), (_node("b"), 0.0), (_node("c"), 0.5), (_node("d"), 2.0)]
-    assert _pairs(LlamaIndexProvider(ListRetriever(hits)).retrieve("q", 4)) == \
+    assert score_pairs(LlamaIndexProvider(ListRetriever(hits)).retrieve("q", 4)) == \
         [("d", 2.0), ("a", 0.5), ("c", 0.5), ("b", 0.0)]
     distance = LlamaIndexProvider(ListRetriever(hits), score_mode="distance").retrieve("q", 3)
-    assert _pairs(distance) == [("b", 0.0), ("a", -0.5), ("c", -0.5)]
+    assert score_pairs(distance) == [("b", 0.0), ("a", -0.5), ("c", -0.5)]
     assert np.copysign(1.0, distance[0].score) == 1.0
     no_scores = [(_node("a"), None), (_node("b"), None)]
-    assert _pairs(LlamaIndexProvider(ListRetriever(no_scores), score_mode="rank").retrieve("q", 5)) == \
+    assert score_pairs(LlamaIndexProvider(ListRetriever(no_scores), score_mode="rank").retrieve("q", 5)) == \
         [("a", 0.0), ("b", -1.0)]
 
 
@@ -168,13 +140,16 @@ def test_chunk_ids_from_node_id_or_a_metadata_field() -> None:
     [
         ([(_node("a"), 0.5)], {"chunk_id_field": "key"},
          r"rank 0: node 'a' has no metadata field 'key' \(its metadata keys: \[\]\)"),
-        ([(_node("a"), 0.5), (_node("b", key="x"), 0.4), (_node("c", key="x"), 0.3)], {"chunk_id_field": "key"},
-         r"rank 0: node 'a' has no metadata field"),
+        ([(_node("a", key=""), 0.5)], {"chunk_id_field": "key"},
+         r"rank 0: node 'a' has metadata field 'key' = '', not a non-empty string chunk ID"),
         ([(_node("b", key="x"), 0.4), (_node("c", key="x"), 0.3)], {"chunk_id_field": "key"},
          r"chunk ID 'x' returned twice .* \(ranks 0 and 1\)"),
-        ([(_node("a", key=3), 0.5)], {"chunk_id_field": "key"}, r"rank 0 must be a string, got int"),
+        ([(_node("a", key=3), 0.5)], {"chunk_id_field": "key"}, r"node 'a' has metadata field 'key' = 3, not a non"),
+        ([NodeWithScore.model_construct(node=_node("a"), score="0.5")], {"score_mode": "distance"},
+         r"rank 0 must be a real number, got str"),
         ([(_node("a"), float("nan"))], {}, r"must be finite, got nan \(chunk 'a'\)"),
         ([NodeWithScore.model_construct(node=_node("a"), score="0.5")], {}, r"must be a real number, got str"),
+        ([(_node("a"), float("-inf"))], {"score_mode": "distance"}, r"must be finite, got -inf \(chunk 'a'\)"),
     ],
 )
 def test_bad_retriever_answers_are_rejected(hits: Any, kwargs: Dict[str, Any], message: str) -> None:
@@ -243,7 +218,7 @@ def test_get_nodes_remembers_and_reads_the_index_docstore() -> None:
 
 
 def test_a_session_over_the_provider_equals_a_plain_session_fed_the_same_candidates() -> None:
-    session = MapMatchedRetriever(_graph(), provider=LlamaIndexProvider(_index()), **_options()).session()
+    session = MapMatchedRetriever(chain_graph(), provider=LlamaIndexProvider(_index()), **session_options()).session()
     got = [session.retrieve(query) for query in QUERIES]
     expected = _plain_conversation()
     assert got == expected
@@ -258,7 +233,7 @@ def _adapter(source: Any = None, **kwargs: Any) -> Any:
     engine = kwargs.pop("engine", None)
     if engine is None:
         provider = LlamaIndexProvider(source if source is not None else _index())
-        engine = MapMatchedRetriever(_graph(), provider=provider, **_options())
+        engine = MapMatchedRetriever(chain_graph(), provider=provider, **session_options())
     return as_llamaindex_retriever(engine, **kwargs)
 
 
@@ -322,7 +297,7 @@ def test_aretrieve_decodes_the_same_conversation() -> None:
 
 
 def test_server_mode_equals_the_plain_session() -> None:
-    server = MapMatchedServer(_graph(), provider=LlamaIndexProvider(_index()), **_options())
+    server = MapMatchedServer(chain_graph(), provider=LlamaIndexProvider(_index()), **session_options())
     retriever = as_llamaindex_retriever(server, session_id=("tenant", 1))
     other = as_llamaindex_retriever(server, session_id=("tenant", 2))
     expected = _plain_conversation()
@@ -339,7 +314,7 @@ def test_server_mode_equals_the_plain_session() -> None:
 def test_the_adapter_copies_nodes_and_never_mutates_the_originals() -> None:
     index = _index()
     provider = LlamaIndexProvider(index)
-    retriever = _adapter(engine=MapMatchedRetriever(_graph(), provider=provider, **_options()))
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=provider, **session_options()))
     scored = retriever.retrieve(QUERIES[0])
     originals = provider.get_nodes(_ids(scored))
     for chunk, node in originals.items():
@@ -378,19 +353,121 @@ def test_unknown_text_is_skipped_or_returned_empty_and_nodes_fill_it_in() -> Non
     assert _ids(_adapter(index).retrieve(QUERIES[0])) == context
 
 
+def test_the_decoded_chunk_is_returned_even_when_no_text_is_known() -> None:
+    # remember=False over a retriever (no docstore): no chunk's text is known
+    provider = LlamaIndexProvider(_index().as_retriever(similarity_top_k=LIMIT), remember=False)
+    engine = MapMatchedRetriever(chain_graph(), provider=provider, **session_options())
+    for retriever in check_decoded_chunk_without_text(
+        lambda missing_text: as_llamaindex_retriever(engine.session(), missing_text=missing_text),
+        lambda retriever: [(n.node.get_content(), n.node.metadata["map_matched"]) for n in retriever.retrieve(QUERIES[0])],
+    ):
+        decoded = retriever.retrieve(QUERIES[1])[0]
+        assert decoded.node.node_id == retriever.session.current_chunk_id
+        assert decoded.score == decoded.node.metadata["map_matched"]["raw_score"] is not None
+
+
+def test_node_scores_are_the_raw_provider_scores() -> None:
+    hits = [(_node(chunk), distance) for chunk, distance in (("c3", 0.25), ("c4", 0.5), ("c8", 1.5))]
+    for score_mode, expected in (("distance", {"c3": -0.25, "c4": -0.5, "c8": -1.5}),
+                                 ("rank", {"c3": 0.0, "c4": -1.0, "c8": -2.0})):
+        provider = LlamaIndexProvider(ListRetriever(hits), score_mode=score_mode)
+        retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=provider, **session_options()),
+                             missing_text="empty")
+        scored = retriever.retrieve("q")
+        for item in scored:
+            report = item.node.metadata["map_matched"]
+            assert item.score == expected.get(report["chunk_id"]) == report["raw_score"]
+            assert (item.score is None) is (report["role"] == "neighbor")
+    # a similarity cutoff after the adapter drops every neighbour (score None)
+    from llama_index.core.postprocessor import SimilarityPostprocessor
+
+    kept = SimilarityPostprocessor(similarity_cutoff=-10.0).postprocess_nodes(scored)
+    assert [item.node.metadata["map_matched"]["role"] for item in kept] == \
+        [item.node.metadata["map_matched"]["role"] for item in scored if item.score is not None]
+    assert "neighbor" in [item.node.metadata["map_matched"]["role"] for item in scored]
+
+
+def test_a_provider_without_text_gives_the_decoded_chunk_and_warns_when_built() -> None:
+    engine = MapMatchedRetriever(store_graph(), provider=qdrant_provider("Euclid"), candidate_limit=5)
+    with pytest.warns(UserWarning, match=r"QdrantProvider has no get_nodes\(\) and no nodes= was given"):
+        retriever = as_llamaindex_retriever(engine)
+    for query in ("q0", "q1", "q4"):
+        scored = retriever.retrieve(query)
+        assert _ids(scored) == [retriever.session.current_chunk_id]
+        assert scored[0].node.get_content() == "" and scored[0].node.metadata["map_matched"]["text_known"] is False
+        assert scored[0].score <= 0.0  # Qdrant's negated Euclidean distance
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a text source: no warning
+        given = as_llamaindex_retriever(engine, nodes={chunk: f"text {chunk}" for chunk in STORE_IDS})
+        scored = given.retrieve("q0")
+    assert [item.node.get_content() for item in scored] == [f"text {c}" for c in given.last_result.context_chunk_ids]
+
+
+def test_a_failing_lookup_after_decoding_warns_and_the_turn_stands() -> None:
+    def lookup(chunk_id: str) -> Any:
+        raise TimeoutError(f"cache timeout for {chunk_id}")
+
+    provider = LlamaIndexProvider(_index().as_retriever(similarity_top_k=LIMIT))
+    retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=provider, **session_options()),
+                         nodes=lookup)
+    with pytest.warns(UserWarning) as caught:
+        scored = retriever.retrieve(QUERIES[0])
+    assert retriever.session.turn_count == 1
+    context = retriever.last_result.context_chunk_ids
+    assert sorted(str(w.message) for w in caught) == sorted(
+        f"as_llamaindex_retriever: no text for chunk {c!r}: nodes= raised TimeoutError: cache timeout for {c}; "
+        "treated as unknown text" for c in context)
+    candidates = [c.chunk_id for c in retriever.last_result.candidates]
+    assert _ids(scored) == [c for c in retriever.last_result.context_chunk_ids if c in candidates]  # from memory
+    assert all(item.node.get_content() == TEXTS[item.node.node_id] for item in scored)
+
+
+def test_memory_is_bounded_and_forgotten_on_request() -> None:
+    hits = [(_node("a"), 0.3), (_node("b"), 0.2), (_node("c"), 0.1)]
+    retriever = ListRetriever(hits)
+    provider = LlamaIndexProvider(retriever, remember=2)
+    provider.retrieve("q", 3)
+    assert set(provider.get_nodes(["a", "b", "c"])) == {"b", "c"}
+    provider.get_nodes(["b"])
+    retriever.hits = [(_node("d"), 0.5)]
+    provider.retrieve("q", 1)
+    assert set(provider.get_nodes(["a", "b", "c", "d"])) == {"b", "d"}
+    provider.forget()
+    assert provider.get_nodes(["b", "d"]) == {}
+    with pytest.raises(ValueError, match=r"remember must be True, False or a capacity \(an int >= 0\), got -3"):
+        LlamaIndexProvider(retriever, remember=-3)
+    # absent docstore marks: bounded, and dropped by forget()
+    index = _index()
+    asked: List[str] = []
+    real = index.docstore.get_node
+    index.docstore.get_node = lambda node_id, raise_error=True: asked.append(node_id) or real(node_id, raise_error)
+    by_index = LlamaIndexProvider(index, remember=1)
+    assert by_index.get_nodes(["x"]) == {} and by_index.get_nodes(["x"]) == {} and asked == ["x"]
+    assert by_index.get_nodes(["y"]) == {}  # pushes the mark of x out
+    assert by_index.get_nodes(["x"]) == {} and asked == ["x", "y", "x"]
+    by_index.forget()
+    assert by_index.get_nodes(["x"]) == {} and asked[-1] == "x" and len(asked) == 4
+
+
 def test_adapter_arguments_and_queries_are_checked() -> None:
-    graph = _graph()
+    graph = chain_graph()
     with pytest.raises(ValueError, match="needs a CandidateProvider"):
         as_llamaindex_retriever(MapMatchedRetriever(graph))
+    without_provider = MapMatchedServer(graph)
+    with pytest.raises(ValueError, match="pass provider= to MapMatchedServer"):
+        as_llamaindex_retriever(without_provider, session_id="x")
+    assert len(without_provider) == 0  # the refused build opened no session
     with pytest.raises(ValueError, match="takes a MapMatchedSession, a MapMatchedRetriever or a MapMatchedServer"):
         as_llamaindex_retriever(_index())
     with pytest.raises(ValueError, match="unsupported missing_text: 'drop'"):
         _adapter(missing_text="drop")
     with pytest.raises(ValueError, match="nodes must be a mapping or a callable"):
         _adapter(nodes=3)
+    # nodes= giving the wrong type: a warning per chunk, and the provider (the docstore) is asked instead
     retriever = _adapter(nodes=lambda chunk_id: 1.5)
-    with pytest.raises(ValueError, match=r"must be a BaseNode, NodeWithScore or str, got float"):
-        retriever.retrieve(QUERIES[0])
+    with pytest.warns(UserWarning, match=r"no text for chunk 'c\d': nodes= gave float, not BaseNode, NodeWithScore or str"):
+        scored = retriever.retrieve(QUERIES[0])
+    assert [item.node.get_content() for item in scored] == [TEXTS[c] for c in retriever.last_result.context_chunk_ids]
     fresh = _adapter()
     with pytest.raises(ValueError, match="query must be a non-empty string"):
         fresh.retrieve(" ")
@@ -452,36 +529,11 @@ def test_one_conversation_takes_one_turn_at_a_time() -> None:
 # --------------------------------------------------------------------------- the optional dependency
 
 
-@pytest.fixture
-def without_llamaindex(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for name in [name for name in sys.modules if name == "llama_index" or name.startswith("llama_index.")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "llama_index", None)
-    _optional.clear_cache()
-    yield
-    _optional.clear_cache()
-
-
-def test_missing_llamaindex_names_the_extra(without_llamaindex: Any) -> None:
-    session = MapMatchedRetriever(_graph(), provider=object()).session()
-    for build in (lambda: LlamaIndexProvider(object()), lambda: as_llamaindex_retriever(session)):
-        with pytest.raises(MissingDependencyError) as caught:
-            build()
-        assert isinstance(caught.value, ImportError)
-        assert "pip install mapmatched-torch[llamaindex]" in str(caught.value)
-        assert caught.value.extra == "llamaindex"
+def test_missing_llamaindex_names_the_extra() -> None:
+    session = MapMatchedRetriever(chain_graph(), provider=object()).session()
+    missing_extra_errors("llama_index", "llamaindex", lambda: LlamaIndexProvider(object()),
+                         lambda: as_llamaindex_retriever(session))
 
 
 def test_importing_the_library_does_not_import_llamaindex() -> None:
-    script = textwrap.dedent(
-        """
-        import sys
-        import mapmatched_torch
-        import mapmatched_torch.providers
-        from mapmatched_torch import LlamaIndexProvider, as_llamaindex_retriever
-        print(sorted(name for name in sys.modules if name.startswith("llama_index")))
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert modules_loaded_by_importing("LlamaIndexProvider, as_llamaindex_retriever", "llama_index") == []

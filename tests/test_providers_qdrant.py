@@ -11,9 +11,6 @@ itself received.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 import uuid
 from types import SimpleNamespace
 from typing import Any, Dict, List, Sequence, Tuple
@@ -21,22 +18,21 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 
-from mapmatched_torch import _optional
-from mapmatched_torch.errors import MissingDependencyError
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.protocols import CandidateProvider
 from mapmatched_torch.providers.qdrant import QdrantProvider
 from mapmatched_torch.retrieval import MapMatchedRetriever
-from mapmatched_torch.serving import MapMatchedServer
-from mapmatched_torch.standalone import KNNGraph
+
+from .providers_fixtures import STORE_CONVERSATION as CONVERSATION
+from .providers_fixtures import STORE_DIMENSION as DIMENSION
+from .providers_fixtures import STORE_IDS as IDS
+from .providers_fixtures import STORE_QUERIES as QUERIES
+from .providers_fixtures import STORE_VECTORS as VECTORS
+from .providers_fixtures import brute_force, check_server_parity, missing_extra_errors, run_script, score_pairs, store_graph
 
 qdrant_client = pytest.importorskip("qdrant_client", reason="qdrant-client is not installed (the [qdrant] extra)")
 models = qdrant_client.models
 
-IDS = tuple(f"chunk-{letter}" for letter in "kbhadjlfcegi")  # not sorted: ties must follow Qdrant's rank
-DIMENSION = 6
-VECTORS = np.random.default_rng(0).standard_normal((len(IDS), DIMENSION)).astype(np.float32)
-QUERIES = {f"q{i}": row for i, row in enumerate(np.random.default_rng(1).standard_normal((8, DIMENSION)).astype(np.float32))}
 DISTANCES = ("Cosine", "Dot", "Euclid", "Manhattan")
 
 
@@ -46,13 +42,6 @@ DISTANCES = ("Cosine", "Dot", "Euclid", "Manhattan")
 @pytest.fixture
 def client() -> Any:
     return qdrant_client.QdrantClient(":memory:")
-
-
-@pytest.fixture
-def fresh_probe_cache():
-    _optional.clear_cache()
-    yield
-    _optional.clear_cache()
 
 
 def _collection(
@@ -75,27 +64,11 @@ def _provider(client: Any, distance: str = "Dot", **kwargs: Any) -> QdrantProvid
     return QdrantProvider(client, name, QUERIES.__getitem__, chunk_id_field="chunk", **kwargs)
 
 
-def _brute_force(distance: str, query: np.ndarray, vectors: np.ndarray = VECTORS) -> np.ndarray:
-    """Higher-is-better scores in float64, computed here from the stored float32 vectors."""
-    vectors, query = vectors.astype(np.float64), query.astype(np.float64)
-    if distance == "Cosine":
-        return vectors @ query / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
-    if distance == "Dot":
-        return vectors @ query
-    if distance == "Euclid":
-        return -np.linalg.norm(vectors - query, axis=1)
-    return -np.abs(vectors - query).sum(axis=1)
-
-
 def _by_hand(points: Sequence[Any], distance: str) -> List[ScoredCandidate]:
     """Candidates built by hand from Qdrant's points (no provider code)."""
     sign = -1.0 if distance in ("Euclid", "Manhattan") else 1.0
     hits = [(sign * p.score, rank, p.payload["chunk"]) for rank, p in enumerate(points)]
     return [ScoredCandidate(chunk, score + 0.0) for score, _, chunk in sorted(hits, key=lambda h: (-h[0], h[1]))]
-
-
-def _graph() -> KNNGraph:
-    return KNNGraph.from_embeddings(IDS, VECTORS, neighbor_count=3, maximum_distance=3.0)
 
 
 class FakeClient:
@@ -128,10 +101,6 @@ def _fake(distance: str, points: List[Any], **kwargs: Any) -> QdrantProvider:
     return QdrantProvider(FakeClient(vectors, points), "docs", lambda query: [1.0, 0.0], **kwargs)
 
 
-def _pairs(candidates: Sequence[ScoredCandidate]) -> List[Tuple[str, float]]:
-    return [(c.chunk_id, c.score) for c in candidates]
-
-
 # --------------------------------------------------------------------------- scores and order
 
 
@@ -141,7 +110,7 @@ def test_scores_are_higher_is_better_for_every_distance(client: Any, distance: s
     assert provider.distance == distance and provider.dimension == DIMENSION
     for query, vector in QUERIES.items():
         got = provider.retrieve(query, 5)
-        expected = _brute_force(distance, vector)
+        expected = brute_force(distance, vector)
         order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
         assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
         assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
@@ -182,7 +151,7 @@ def test_ties_keep_qdrants_rank(client: Any, distance: str) -> None:
 )
 def test_unsorted_response_is_sorted_by_score_then_rank(distance: str, scores: List[float], expected: Any) -> None:
     points = _points(*((i, score, {"chunk": f"p{i}"}) for i, score in enumerate(scores)))
-    assert _pairs(_fake(distance, points, chunk_id_field="chunk").retrieve("q", 3)) == expected
+    assert score_pairs(_fake(distance, points, chunk_id_field="chunk").retrieve("q", 3)) == expected
 
 
 def test_limit_cuts_and_large_limit_returns_every_point(client: Any) -> None:
@@ -199,7 +168,7 @@ def test_point_ids_are_chunk_ids_by_default(client: Any) -> None:
     client.upsert("ids", [models.PointStruct(id=7, vector=[1.0, 0.0]), models.PointStruct(id=str(key), vector=[0.0, 1.0])])
     provider = QdrantProvider(client, "ids", lambda query: [0.25, 0.5])
     assert provider.chunk_id_field is None
-    assert _pairs(provider.retrieve("q", 5)) == [(str(key), 0.5), ("7", 0.25)]
+    assert score_pairs(provider.retrieve("q", 5)) == [(str(key), 0.5), ("7", 0.25)]
 
 
 def test_named_vectors(client: Any) -> None:
@@ -222,7 +191,7 @@ def test_named_vectors(client: Any) -> None:
     title = QdrantProvider(client, "named", lambda query: titles[2], chunk_id_field="chunk", using="title")
     assert (text.using, text.distance, text.dimension) == ("text", "Dot", DIMENSION)
     assert (title.using, title.distance, title.dimension) == ("title", "Euclid", 3)
-    expected = _brute_force("Dot", QUERIES["q1"])
+    expected = brute_force("Dot", QUERIES["q1"])
     assert [c.chunk_id for c in text.retrieve("q1", 3)] == [IDS[i] for i in np.argsort(-expected)[:3]]
     assert title.retrieve("q", 1)[0] == ScoredCandidate(IDS[2], 0.0)
     with pytest.raises(ValueError, match=r"several named vectors \('text', 'title'\); pass using="):
@@ -238,7 +207,7 @@ def test_single_named_vector_needs_no_using(client: Any) -> None:
     client.upsert("one", [models.PointStruct(id=1, vector={"dense": [1.0, 2.0]})])
     provider = QdrantProvider(client, "one", lambda query: [1.0, 1.0])
     assert provider.using == "dense"
-    assert _pairs(provider.retrieve("q", 2)) == [("1", 3.0)]
+    assert score_pairs(provider.retrieve("q", 2)) == [("1", 3.0)]
 
 
 def test_unnamed_vector_rejects_using(client: Any) -> None:
@@ -391,7 +360,7 @@ def test_rejects_a_missing_collection_and_bad_arguments(client: Any) -> None:
         QdrantProvider(client, name, "not callable")
     with pytest.raises(ValueError, match="collection_name must be a non-empty string, got ''"):
         QdrantProvider(client, "", QUERIES.__getitem__)
-    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string, got 3"):
+    with pytest.raises(ValueError, match="chunk_id_field must be a non-empty string or None, got 3"):
         QdrantProvider(client, name, QUERIES.__getitem__, chunk_id_field=3)
     with pytest.raises(ValueError, match=r"client has no collection_exists\(\) method"):
         QdrantProvider(object(), name, QUERIES.__getitem__)
@@ -420,7 +389,7 @@ def test_missing_payload_field_names_the_point(client: Any) -> None:
     with pytest.raises(ValueError, match=r"Qdrant point 8 of collection 'docs' \(query, rank 0\) has no payload field 'chunk'"):
         provider.retrieve("q", len(IDS))
     provider = QdrantProvider(client, name, lambda query: VECTORS[3], chunk_id_field="chunk")
-    with pytest.raises(ValueError, match=r"payload field 'chunk' of Qdrant point 3 .* must be a non-empty string, got 17"):
+    with pytest.raises(ValueError, match=r"Qdrant point 3 .* has payload field 'chunk' = 17, not a non-empty string chunk ID"):
         provider.retrieve("q", 1)
 
 
@@ -449,17 +418,13 @@ def test_rejects_invalid_qdrant_results(points: List[Any], message: str) -> None
 # --------------------------------------------------------------------------- optional dependency
 
 
-def test_missing_qdrant_client_names_the_extra(monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None) -> None:
-    monkeypatch.setitem(sys.modules, "qdrant_client", None)  # makes the import raise ImportError
-    with pytest.raises(MissingDependencyError) as caught:
-        QdrantProvider(object(), "docs", str)
-    assert isinstance(caught.value, ImportError)
-    assert "`pip install mapmatched-torch[qdrant]`" in str(caught.value) and "QdrantProvider" in str(caught.value)
-    assert caught.value.extra == "qdrant"
+def test_missing_qdrant_client_names_the_extra() -> None:
+    (error,) = missing_extra_errors("qdrant_client", "qdrant", lambda: QdrantProvider(object(), "docs", str))
+    assert "QdrantProvider" in str(error)
 
 
 def test_module_imports_without_qdrant_client() -> None:
-    script = textwrap.dedent(
+    stdout = run_script(
         """
         import sys
         sys.modules["qdrant_client"] = None
@@ -472,14 +437,10 @@ def test_module_imports_without_qdrant_client() -> None:
             print(error)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "[qdrant]" in result.stdout
+    assert "[qdrant]" in stdout
 
 
 # --------------------------------------------------------------------------- sessions and the server
-
-CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
 
 
 @pytest.mark.parametrize(
@@ -494,7 +455,7 @@ CONVERSATION = ["q0", "q1", "q1", "q4", "q2", "q7"]
 def test_session_through_the_provider_equals_a_plain_session(
     client: Any, distance: str, options: Dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    graph = _graph()
+    graph = store_graph()
     provider = _provider(client, distance)
     limit = options.get("candidate_limit", 20)
     received: List[Any] = []
@@ -520,23 +481,6 @@ def test_session_through_the_provider_equals_a_plain_session(
 
 
 def test_server_step_through_the_provider_equals_sessions(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    graph = _graph()
     session_provider = _provider(client, "Dot")
     server_provider = QdrantProvider(client, "docs", QUERIES.__getitem__, chunk_id_field="chunk")
-
-    def no_single_queries(query: str, limit: int) -> Any:
-        raise AssertionError("the server should use retrieve_batch")
-
-    monkeypatch.setattr(server_provider, "retrieve", no_single_queries)
-    server = MapMatchedServer(graph, provider=server_provider, candidate_limit=5, fixed_lag=1)
-    sessions = {key: MapMatchedRetriever(graph, provider=session_provider, candidate_limit=5, fixed_lag=1).session() for key in "abc"}
-    for key in sessions:
-        server.open(key)
-    for turn in range(4):
-        asked = {"a": f"q{turn}", "b": f"q{7 - turn}", "c": f"q{(3 * turn) % 8}"}
-        results, errors = server.step(asked)
-        assert not errors
-        for key, query in asked.items():
-            expected = sessions[key].retrieve(query)
-            assert results[key] == expected
-            assert results[key].trace.to_dict() == expected.trace.to_dict()
+    check_server_parity(session_provider, server_provider, monkeypatch)

@@ -1,18 +1,35 @@
-"""Checks shared by every provider (IDs, queries, embeddings as arrays)."""
+"""Checks shared by every provider (IDs, queries, batches, embeddings as arrays, scores)."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Tuple
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from .._validation import check_chunk_id
+from .._validation import check_chunk_id, check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
 
-__all__ = ["check_chunk_ids", "check_query", "as_array", "as_query_vector", "ranked_candidates"]
+__all__ = [
+    "QueryEmbedder",
+    "as_array",
+    "as_query_vector",
+    "check_batch",
+    "check_chunk_ids",
+    "chunk_id_from_field",
+    "check_name",
+    "check_query",
+    "check_request",
+    "check_result_count",
+    "distance_to_score",
+    "ranked_candidates",
+]
+
+#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
+QueryEmbedder = Callable[[str], Any]
 
 
 def check_chunk_ids(chunk_ids: Iterable[str]) -> Tuple[str, ...]:
@@ -39,6 +56,87 @@ def check_query(query: Any, name: str) -> None:
         raise MapMatchedValueError(f"{name} must be a string, got {type(query).__name__}")
     if not query:
         raise MapMatchedValueError(f"{name} must be a non-empty string")
+
+
+def check_request(query: Any, limit: Any) -> Tuple[str, int]:
+    """One ``retrieve(query, limit)`` call's arguments: a non-empty query string and a
+    positive int limit (messages say ``query`` and ``limit``)."""
+    check_query(query, "query")
+    return query, check_positive_int(limit, "limit")
+
+
+def check_batch(queries: Any, limit: Any) -> Tuple[List[str], int]:
+    """One ``retrieve_batch(queries, limit)`` call's arguments, checked in this order.
+
+    Returns:
+        ``(queries as a list, limit)``.
+
+    Raises:
+        MapMatchedValueError: ``queries`` is a single string (or bytes) rather than a
+            sequence of them; a bad ``limit``; a bad query, named by its position
+            (``"query 1 must be a non-empty string"``).
+    """
+    if isinstance(queries, (str, bytes)):
+        raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
+    queries = list(queries)
+    limit = check_positive_int(limit, "limit")
+    for position, query in enumerate(queries):
+        check_query(query, f"query {position}")
+    return queries, limit
+
+
+def check_name(value: Any, name: str, *, optional: bool = False) -> Optional[str]:
+    """A non-empty string naming a field, collection or vector (None allowed when
+    ``optional``); ``name`` says which argument in the message."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        allowed = "a non-empty string or None" if optional else "a non-empty string"
+        raise MapMatchedValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def chunk_id_from_field(fields: Any, field: str, where: str, kind: str = "metadata") -> str:
+    """The chunk ID a store keeps under ``field`` of a hit's metadata (or payload:
+    ``kind``), for providers built with ``chunk_id_field=``.
+
+    Raises:
+        MapMatchedValueError: naming the hit (``where``, e.g. ``"Qdrant point 3 of
+            collection 'docs' (query, rank 0)"``): the field is missing (the message
+            lists the keys the hit has), or it holds something other than a non-empty
+            string.
+    """
+    if not isinstance(fields, Mapping) or field not in fields:
+        keys = sorted(fields) if isinstance(fields, Mapping) else []
+        raise MapMatchedValueError(
+            f"{where} has no {kind} field {field!r} (its {kind} keys: {keys}); "
+            "chunk_id_field= names the field that holds chunk IDs"
+        )
+    value = fields[field]
+    if not isinstance(value, str) or not value:
+        raise MapMatchedValueError(f"{where} has {kind} field {field!r} = {value!r}, not a non-empty string chunk ID")
+    return value
+
+
+def distance_to_score(distance: Any, offset: float = 0.0) -> Any:
+    """A "higher is better" score from a "lower is better" distance: ``offset - d``.
+
+    ``0.0 - d`` (not ``-d``) keeps a zero distance at ``+0.0``; ``offset=1.0`` turns a
+    Chroma cosine or inner-product distance (``1 - similarity``) back into the
+    similarity. Anything that is not a finite real number (None, a string, NaN, inf,
+    a bool) is returned unchanged, for :func:`ranked_candidates` to reject with its
+    position and original value.
+    """
+    if isinstance(distance, numbers.Real) and not isinstance(distance, bool) and math.isfinite(distance):
+        return offset - float(distance)
+    return distance
+
+
+def check_result_count(count: int, limit: int, store: str, name: str, unit: str) -> None:
+    """A store must not answer a query with more than ``limit`` hits (``unit``: what a
+    hit is called, e.g. ``"points"``); else an invalid-result error naming the query."""
+    if count > limit:
+        raise MapMatchedValueError(f"invalid {store} result for {name}: {count} {unit} for limit {limit}")
 
 
 def as_array(vector: Any) -> np.ndarray:

@@ -4,9 +4,11 @@ A framework retriever answers one query with a list of documents. Map-matched
 retrieval answers one *turn of a conversation*: :class:`Conversation` is that
 conversation behind an adapter -- a :class:`~mapmatched_torch.MapMatchedSession`, or one
 session of a :class:`~mapmatched_torch.serving.MapMatchedServer` -- with a guard that
-refuses two concurrent turns. :func:`context_entries` and :func:`entry_metadata` turn a
+refuses two concurrent turns. :class:`ConversationViews` gives both adapters the same
+properties and turn methods; :func:`context_contents` and :func:`entry_metadata` turn a
 :class:`~mapmatched_torch.models.RetrievalResult` into what each adapter's documents
-carry, so both ecosystems report a turn identically.
+carry, so both ecosystems report a turn identically. :class:`TextMemory` is the
+bounded memory of chunk texts both framework providers keep.
 
 No framework is imported here.
 """
@@ -15,36 +17,50 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import numbers
 import threading
+import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..models import DecoderCandidate, RetrievalResult, RetrievalTrace
 from ..retrieval import MapMatchedRetriever, MapMatchedSession
+from ._common import check_name
 
 __all__ = [
     "Conversation",
+    "ConversationViews",
     "ContextEntry",
+    "DEFAULT_MEMORY",
     "MISSING_TEXT",
     "ROLES",
+    "TextMemory",
     "check_lookup",
     "check_metadata_key",
     "check_missing_text",
+    "check_remember",
+    "context_contents",
     "context_entries",
     "entry_metadata",
-    "resolve_contents",
+    "warn_without_text",
 ]
 
-#: The values of ``missing_text`` (what an adapter does with a context chunk whose
-#: text it cannot find): leave it out, or include it with empty text.
+#: The values of ``missing_text`` (what an adapter does with a context chunk, other
+#: than the decoded one, whose text it cannot find): leave it out, or include it with
+#: empty text. The decoded chunk is always returned.
 MISSING_TEXT = ("skip", "empty")
 
 #: The ``role`` of a context chunk: the decoded chunk of the turn; another candidate of
 #: the turn; a chunk that only the graph neighbourhood brought in.
 ROLES = ("decoded", "candidate", "neighbor")
+
+#: How many chunks a framework provider remembers with ``remember=True`` (and, as many
+#: again, chunk IDs its store did not have).
+DEFAULT_MEMORY = 65536
 
 _NO_SESSION_ID = object()
 
@@ -60,9 +76,7 @@ def check_missing_text(value: Any) -> str:
 
 def check_metadata_key(value: Any) -> str:
     """The metadata key under which the adapters put their per-chunk report."""
-    if not isinstance(value, str) or not value:
-        raise MapMatchedValueError(f"metadata_key must be a non-empty string, got {value!r}")
-    return value
+    return check_name(value, "metadata_key")
 
 
 def check_lookup(value: Any, name: str) -> Optional[Callable[[str], Any]]:
@@ -77,6 +91,105 @@ def check_lookup(value: Any, name: str) -> Optional[Callable[[str], Any]]:
     raise MapMatchedValueError(
         f"{name} must be a mapping or a callable chunk_id -> content, got {type(value).__name__}"
     )
+
+
+def check_remember(value: Any) -> int:
+    """``remember=`` of a framework provider as a capacity: True -> :data:`DEFAULT_MEMORY`,
+    False -> 0 (remember nothing), an int >= 0 -> that many chunks."""
+    if value is True:
+        return DEFAULT_MEMORY
+    if value is False:
+        return 0
+    if isinstance(value, numbers.Integral) and value >= 0:
+        return int(value)
+    raise MapMatchedValueError(f"remember must be True, False or a capacity (an int >= 0), got {value!r}")
+
+
+# --------------------------------------------------------------------------- the text of chunks
+
+
+def _warn_unknown_text(source: str, chunk_ids: Sequence[str], reason: str) -> None:
+    noun = "chunk" if len(chunk_ids) == 1 else "chunks"
+    warnings.warn(
+        f"{source}: no text for {noun} {', '.join(map(repr, chunk_ids))}: {reason}; treated as unknown text",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+class TextMemory:
+    """A framework provider's memory of chunk texts: bounded, least recently used out.
+
+    It keeps the content (a ``Document``, a node) of up to ``capacity`` chunks the
+    provider has seen, and up to ``capacity`` chunk IDs its store did not have (so they
+    are not asked again; the oldest of these marks go first, and :meth:`forget` drops
+    them all, e.g. after documents were added to the store). ``capacity=0`` remembers
+    nothing. Thread-safe: server sessions search concurrently.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._known: "OrderedDict[str, Any]" = OrderedDict()
+        self._absent: "OrderedDict[str, None]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def _put(self, table: "OrderedDict[str, Any]", chunk_id: str, value: Any) -> None:
+        if self.capacity == 0:
+            return
+        table[chunk_id] = value
+        table.move_to_end(chunk_id)
+        while len(table) > self.capacity:
+            table.popitem(last=False)
+
+    def remember(self, pairs: Iterable[Tuple[str, Any]]) -> None:
+        """Keep ``(chunk_id, content)`` pairs (the newest are the last evicted)."""
+        with self._lock:
+            for chunk_id, content in pairs:
+                self._put(self._known, chunk_id, content)
+                self._absent.pop(chunk_id, None)
+
+    def lookup(
+        self, chunk_ids: Iterable[str], fetch: Optional[Callable[[List[str]], Mapping]] = None, source: str = ""
+    ) -> Dict[str, Any]:
+        """``{chunk_id: content}`` for the chunk IDs known here or found by ``fetch``.
+
+        ``fetch(missing)`` is asked once for the IDs neither remembered nor marked
+        absent and returns ``{chunk_id: content}`` for those it has; the others are
+        marked absent. If ``fetch`` raises, a warning names ``source``, the chunks and
+        the error, and those chunks are left out (and not marked absent).
+        """
+        wanted = list(dict.fromkeys(chunk_ids))
+        with self._lock:
+            found = {}
+            for chunk_id in wanted:
+                if chunk_id in self._known:
+                    self._known.move_to_end(chunk_id)
+                    found[chunk_id] = self._known[chunk_id]
+            missing = [chunk_id for chunk_id in wanted if chunk_id not in found and chunk_id not in self._absent]
+        if not missing or fetch is None:
+            return found
+        try:
+            fetched = fetch(missing)
+        except Exception as error:  # a store failure must not fail a turn that was decoded
+            _warn_unknown_text(source, missing, f"fetching failed ({type(error).__name__}: {error})")
+            return found
+        with self._lock:
+            for chunk_id in missing:
+                if chunk_id in fetched:
+                    found[chunk_id] = fetched[chunk_id]
+                    self._put(self._known, chunk_id, fetched[chunk_id])
+                else:
+                    self._put(self._absent, chunk_id, None)
+        return found
+
+    def forget(self) -> None:
+        """Drop every remembered content and every absent mark."""
+        with self._lock:
+            self._known.clear()
+            self._absent.clear()
 
 
 # --------------------------------------------------------------------------- guards
@@ -103,6 +216,13 @@ def _guards_of(engine: Any) -> _Guards:
         return guards
 
 
+def _retrieve_exception(future: "asyncio.Future[Any]") -> None:
+    """Done callback: a turn whose awaiting task was cancelled may still fail; its
+    error is not logged as 'never retrieved'."""
+    if not future.cancelled():
+        future.exception()
+
+
 # --------------------------------------------------------------------------- the conversation
 
 
@@ -113,8 +233,8 @@ class Conversation:
         engine: a :class:`~mapmatched_torch.MapMatchedSession` (the conversation
             itself), a :class:`~mapmatched_torch.MapMatchedRetriever` (a new session is
             opened from it), or a :class:`~mapmatched_torch.serving.MapMatchedServer`
-            (then ``session_id`` names the conversation; it is opened here if the
-            server does not have it yet).
+            (then ``session_id`` names the conversation; it is opened here, after every
+            check has passed, if the server does not have it yet).
         session_id: required with a server, refused otherwise.
         feature: names the adapter in error messages.
 
@@ -127,9 +247,12 @@ class Conversation:
     turn, so two concurrent turns have no meaning). A second turn of the same
     conversation while one is running -- from another thread, or a second coroutine
     -- raises :class:`~mapmatched_torch.errors.MapMatchedRuntimeError` at once, also
-    across two adapters over the same session. Different sessions of one server may be
-    asked concurrently: their candidate searches run in parallel, and their server
-    steps are serialized by a lock per server (the server is not thread-safe).
+    across two adapters over the same session. A turn ends when its decoding ends:
+    cancelling the task awaiting :meth:`aturn` while the decoding runs in the executor
+    does not stop the decoding, and the turn stands; the conversation stays busy until
+    it is done. Different sessions of one server may be asked concurrently: their
+    candidate searches run in parallel, and their server steps are serialized by a
+    lock per server (the server is not thread-safe).
     """
 
     def __init__(self, engine: Any, session_id: Any = _NO_SESSION_ID, *, feature: str) -> None:
@@ -143,8 +266,6 @@ class Conversation:
             if session_id is _NO_SESSION_ID or session_id is None:
                 raise MapMatchedValueError(f"{feature} over a MapMatchedServer needs session_id= (one per conversation)")
             hash(session_id)
-            if session_id not in engine:
-                engine.open(session_id)
             self._server, self._session, self._key = engine, None, session_id
             retriever = engine.retriever
         elif isinstance(engine, MapMatchedSession):
@@ -166,6 +287,8 @@ class Conversation:
             )
         self._retriever = retriever
         self._guards = _guards_of(self._server if self._server is not None else self._session)
+        if self._server is not None and session_id not in self._server:
+            self._server.open(session_id)  # last: a refused build opens nothing
 
     # ----------------------------------------------------------------- state
 
@@ -208,8 +331,7 @@ class Conversation:
 
     # ----------------------------------------------------------------- turns
 
-    @contextmanager
-    def _turn(self) -> Iterator[None]:
+    def _acquire(self) -> None:
         guards, key = self._guards, self._key
         with guards.mutex:
             if key in guards.busy:
@@ -219,11 +341,18 @@ class Conversation:
                     "turn at a time (await each turn before the next; use one retriever per conversation)"
                 )
             guards.busy.add(key)
+
+    def _release(self) -> None:
+        with self._guards.mutex:
+            self._guards.busy.discard(self._key)
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        self._acquire()
         try:
             yield
         finally:
-            with guards.mutex:
-                guards.busy.discard(key)
+            self._release()
 
     def _check_query(self, query: Any) -> str:
         if not isinstance(query, str) or not query.strip():
@@ -232,12 +361,24 @@ class Conversation:
             raise MapMatchedValueError(f"unknown session {self._key!r} (it is no longer open in the server)")
         return query
 
-    def _server_step(self, candidates: Any) -> RetrievalResult:
-        with self._guards.step:
-            results, errors = self._server.step({self._key: candidates})
-        if self._key in errors:
-            raise errors[self._key]
-        return results[self._key]
+    def _decode(self, candidates: Any) -> RetrievalResult:
+        """Append the turn and decode (the guard is held)."""
+        if self._server is None:
+            result = self._session.retrieve_candidates(candidates)
+        else:
+            with self._guards.step:
+                results, errors = self._server.step({self._key: candidates})
+            if self._key in errors:
+                raise errors[self._key]
+            result = results[self._key]
+        self._last = result
+        return result
+
+    def _decode_then_release(self, candidates: Any) -> RetrievalResult:
+        try:
+            return self._decode(candidates)
+        finally:
+            self._release()
 
     def turn(self, query: Any) -> RetrievalResult:
         """Decode one turn for ``query``; the engine's state is unchanged if it raises."""
@@ -245,18 +386,23 @@ class Conversation:
         with self._turn():
             if self._server is None:
                 result = self._session.retrieve(query)
-            else:
-                candidates = self.provider.retrieve(query, self._retriever.candidate_limit)
-                result = self._server_step(candidates)
-        self._last = result
-        return result
+                self._last = result
+                return result
+            return self._decode(self.provider.retrieve(query, self._retriever.candidate_limit))
 
     async def aturn(self, query: Any) -> RetrievalResult:
         """:meth:`turn` for asyncio: the provider's ``aretrieve`` is awaited when it has
         one (else its ``retrieve`` runs in the default executor), then the decoding runs
-        in the default executor, so the event loop never waits for the graph search."""
+        in the default executor, so the event loop never waits for the graph search.
+
+        Cancelled while the candidates are searched, the turn is not taken. Cancelled
+        while decoding, the decoding still finishes in its thread and the turn stands
+        (``last_result`` and the trace show it); the conversation refuses other turns
+        until then.
+        """
         query = self._check_query(query)
-        with self._turn():
+        self._acquire()
+        try:
             provider, limit = self.provider, self._retriever.candidate_limit
             loop = asyncio.get_running_loop()
             fetch = getattr(provider, "aretrieve", None)
@@ -264,12 +410,47 @@ class Conversation:
                 candidates = await fetch(query, limit)
             else:
                 candidates = await loop.run_in_executor(None, provider.retrieve, query, limit)
-            if self._server is None:
-                result = await loop.run_in_executor(None, self._session.retrieve_candidates, candidates)
-            else:
-                result = await loop.run_in_executor(None, self._server_step, candidates)
-        self._last = result
-        return result
+            decoding = loop.run_in_executor(None, self._decode_then_release, candidates)
+        except BaseException:
+            self._release()
+            raise
+        # The worker thread now holds the guard and releases it when the decoding ends;
+        # the shield keeps a cancellation of this task from cancelling that future.
+        decoding.add_done_callback(_retrieve_exception)
+        return await asyncio.shield(decoding)
+
+
+def _view(name: str, doc: str) -> property:
+    """A read-only property giving ``self.conversation.<name>``."""
+    return property(lambda self: getattr(self.conversation, name), doc=doc)
+
+
+class ConversationViews:
+    """What both adapter classes expose about the conversation behind them.
+
+    The adapter keeps its :class:`Conversation` in ``self.conversation``.
+    """
+
+    conversation: Any
+
+    def _answer(self, query: Any, build: Callable[[RetrievalResult], Any]) -> Any:
+        """One turn, then ``build`` (documents or nodes) from its result."""
+        return build(self.conversation.turn(query))
+
+    async def _aanswer(self, query: Any, build: Callable[[RetrievalResult], Any]) -> Any:
+        """One turn (awaited), then ``build`` in the default executor (text lookups may block)."""
+        result = await self.conversation.aturn(query)
+        return await asyncio.get_running_loop().run_in_executor(None, build, result)
+
+    session = _view("session", "The :class:`~mapmatched_torch.MapMatchedSession` (None in server mode).")
+    server = _view("server", "The :class:`~mapmatched_torch.serving.MapMatchedServer` (None in session mode).")
+    session_id = _view("session_id", "The conversation's ID in the server (None in session mode).")
+    last_result = _view(
+        "last_result",
+        "The :class:`~mapmatched_torch.models.RetrievalResult` of the latest turn taken through this retriever "
+        "(None before one).",
+    )
+    trace = _view("trace", "The conversation's latest trace (``trace.render()`` prints it).")
 
 
 # --------------------------------------------------------------------------- reporting a turn
@@ -339,24 +520,101 @@ def entry_metadata(entry: ContextEntry, result: RetrievalResult, text_known: boo
     }
 
 
-def resolve_contents(
-    chunk_ids: Sequence[str], lookup: Optional[Callable[[str], Any]], provider: Any, method: str
+def _resolve_contents(
+    chunk_ids: Sequence[str],
+    lookup: Optional[Callable[[str], Any]],
+    lookup_name: str,
+    provider: Any,
+    method: str,
+    accept: Tuple[type, ...],
+    feature: str,
 ) -> Dict[str, Any]:
     """The content known for each of ``chunk_ids`` (unknown ones are left out).
 
-    The user's ``lookup`` is asked first, chunk by chunk; the chunks it does not know
+    The user's ``lookup`` is asked first, chunk by chunk; the chunks it does not give
     go in one call to the provider's ``method`` (``get_documents`` / ``get_nodes``:
-    chunk IDs -> {chunk ID: content}) when the provider has one.
+    chunk IDs -> {chunk ID: content}) when the provider has one. A lookup that raises
+    or gives something not in ``accept`` is a warning and counts as not found there
+    (the provider is asked); a provider method that raises or gives such content is a
+    warning too, and those chunks stay unknown.
     """
+    names = [kind.__name__ for kind in accept]
+    expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
     found: Dict[str, Any] = {}
+
+    def take(chunk_id: str, content: Any, origin: str) -> None:
+        if content is None:
+            return
+        if isinstance(content, accept):
+            found[chunk_id] = content
+        else:
+            _warn_unknown_text(feature, [chunk_id], f"{origin} gave {type(content).__name__}, not {expected}")
+
     if lookup is not None:
         for chunk_id in chunk_ids:
-            content = lookup(chunk_id)
-            if content is not None:
-                found[chunk_id] = content
+            try:
+                content = lookup(chunk_id)
+            except Exception as error:
+                _warn_unknown_text(feature, [chunk_id], f"{lookup_name}= raised {type(error).__name__}: {error}")
+                continue
+            take(chunk_id, content, f"{lookup_name}=")
     rest = [chunk_id for chunk_id in chunk_ids if chunk_id not in found]
     getter = getattr(provider, method, None)
     if rest and callable(getter):
-        from_provider = getter(rest)
-        found.update((chunk_id, from_provider[chunk_id]) for chunk_id in rest if chunk_id in from_provider)
+        origin = f"{type(provider).__name__}.{method}()"
+        try:
+            from_provider = getter(rest)
+        except Exception as error:
+            _warn_unknown_text(feature, rest, f"{origin} raised {type(error).__name__}: {error}")
+            from_provider = {}
+        for chunk_id in rest:
+            if chunk_id in from_provider:
+                take(chunk_id, from_provider[chunk_id], origin)
     return found
+
+
+def context_contents(
+    result: RetrievalResult,
+    provider: Any,
+    lookup: Optional[Callable[[str], Any]],
+    *,
+    lookup_name: str,
+    method: str,
+    accept: Tuple[type, ...],
+    missing_text: str,
+    feature: str,
+) -> List[Tuple[ContextEntry, Any]]:
+    """The context of a decoded turn, as ``(entry, content)`` pairs in context order.
+
+    ``content`` is what ``lookup`` (the user's ``lookup_name=``) or else the provider's
+    ``method`` gave for the chunk -- an instance of one of ``accept`` -- or None when
+    the text is unknown. Unknown chunks are left out with ``missing_text="skip"``,
+    except the decoded chunk, which is always first.
+
+    Nothing here raises for a chunk: the turn is already decoded and committed, so a
+    lookup that raises, or gives something not in ``accept``, is a ``UserWarning``
+    naming the chunk and the reason (see :func:`_resolve_contents`).
+    """
+    entries = context_entries(result)
+    contents = _resolve_contents([e.chunk_id for e in entries], lookup, lookup_name, provider, method, accept, feature)
+    return [
+        (entry, contents.get(entry.chunk_id))
+        for entry in entries
+        if entry.chunk_id in contents or missing_text == "empty" or entry.role == "decoded"
+    ]
+
+
+def warn_without_text(provider: Any, lookup: Any, *, lookup_name: str, method: str, missing_text: str, feature: str) -> None:
+    """A ``UserWarning`` (once, when the adapter is built) when nothing can give the text
+    of a chunk: no ``lookup_name=`` and a provider without ``method`` (e.g. a
+    :class:`~mapmatched_torch.providers.QdrantProvider`, which returns IDs and scores)."""
+    if lookup is not None or callable(getattr(provider, method, None)):
+        return
+    returned = "only the decoded chunk, " if missing_text == "skip" else "every context chunk "
+    warnings.warn(
+        f"{feature}: {type(provider).__name__} has no {method}() and no {lookup_name}= was given, so no chunk's "
+        f"text is known: each turn returns {returned}with empty text and text_known=False. Pass {lookup_name}= "
+        "(a mapping or callable chunk ID -> text)",
+        UserWarning,
+        stacklevel=3,
+    )

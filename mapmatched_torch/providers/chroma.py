@@ -43,9 +43,7 @@ Decisions where SPEC.md is silent:
 
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,15 +51,13 @@ from .._optional import import_optional
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import as_query_vector, check_query, ranked_candidates
+from ._common import QueryEmbedder, as_query_vector, check_batch, check_name, check_request, check_result_count
+from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
 
 __all__ = ["ChromaProvider", "CHROMA_SPACES"]
 
 #: Chroma's space -> the offset of its score: score = offset - distance.
 CHROMA_SPACES = {"l2": 0.0, "cosine": 1.0, "ip": 1.0}
-
-#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
-QueryEmbedder = Callable[[str], Any]
 
 
 class ChromaProvider:
@@ -126,8 +122,7 @@ class ChromaProvider:
         import_optional("chromadb", "chroma", "ChromaProvider")
         if not callable(embed_query):
             raise MapMatchedValueError(f"embed_query must be callable, got {type(embed_query).__name__}")
-        if chunk_id_field is not None and (not isinstance(chunk_id_field, str) or not chunk_id_field):
-            raise MapMatchedValueError(f"chunk_id_field must be a non-empty string, got {chunk_id_field!r}")
+        check_name(chunk_id_field, "chunk_id_field", optional=True)
         for method in ("query", "get"):
             if not callable(getattr(collection, method, None)):
                 raise MapMatchedValueError(f"collection has no {method}() method; pass a chromadb collection")
@@ -190,6 +185,7 @@ class ChromaProvider:
             ValueError: a bad query, query vector or limit; a record without a valid
                 chunk ID; one chunk ID returned twice; a non-finite distance.
         """
+        query, limit = check_request(query, limit)
         return self._search([query], limit, ("query",))[0]
 
     def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
@@ -205,15 +201,11 @@ class ChromaProvider:
         Raises:
             ValueError: as :meth:`retrieve`; messages name the query's position.
         """
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
+        queries, limit = check_batch(queries, limit)
         return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
 
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
-        limit = check_positive_int(limit, "limit")
-        for query, name in zip(queries, names):
-            check_query(query, name)
+        """Checked queries and limit -> one tuple of candidates per query."""
         if not queries:
             return []
         dimension = self._stored_dimension()
@@ -247,31 +239,16 @@ class ChromaProvider:
                 f"invalid Chroma result for {name}: {len(ids)} IDs, {len(distances)} distances"
                 + ("" if metadatas is None else f", {len(metadatas)} metadatas")
             )
-        if len(ids) > limit:
-            raise MapMatchedValueError(f"invalid Chroma result for {name}: {len(ids)} records for limit {limit}")
+        check_result_count(len(ids), limit, "Chroma", name, "records")
         hits = []
         for rank, (record_id, distance) in enumerate(zip(ids, distances)):
             chunk_id = record_id if metadatas is None else self._chunk_id(record_id, metadatas[rank], rank, name)
-            hits.append((chunk_id, self._to_score(distance)))
+            hits.append((chunk_id, distance_to_score(distance, self._offset)))
         return ranked_candidates(hits, limit, f"Chroma collection {self._name!r}, {name}")
 
     def _chunk_id(self, record_id: Any, metadata: Any, rank: int, name: str) -> str:
         where = f"Chroma record {record_id!r} of collection {self._name!r} ({name}, rank {rank})"
-        field = self._chunk_id_field
-        if not isinstance(metadata, Mapping) or field not in metadata:
-            raise MapMatchedValueError(f"{where} has no metadata field {field!r} for its chunk ID")
-        value = metadata[field]
-        if not isinstance(value, str) or not value:
-            raise MapMatchedValueError(f"metadata field {field!r} of {where} must be a non-empty string, got {value!r}")
-        return value
-
-    def _to_score(self, distance: Any) -> Any:
-        # offset - d: 0.0 - d (l2; a zero distance stays +0.0) or 1.0 - d (cosine, ip).
-        # Anything that is not a finite real number is left for ranked_candidates to
-        # reject with its position.
-        if isinstance(distance, numbers.Real) and not isinstance(distance, bool) and math.isfinite(distance):
-            return self._offset - float(distance)
-        return distance
+        return chunk_id_from_field(metadata, self._chunk_id_field, where)
 
 
 def _read_space(collection: Any) -> str:

@@ -14,7 +14,7 @@ import torch
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import check_chunk_ids, check_query
+from ._common import check_batch, check_chunk_ids
 
 __all__ = ["DenseProvider", "DENSE_METRICS", "exact_top_k"]
 
@@ -183,12 +183,7 @@ class DenseProvider:
         """Embed every query with ``embed_query`` and search them in one matrix product."""
         if self._embed_query is None:
             raise MapMatchedValueError("retrieve needs embed_query; pass it to DenseProvider or call search(embeddings)")
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
-        check_positive_int(limit, "limit")
-        for position, query in enumerate(queries):
-            check_query(query, f"query {position}")
+        queries, limit = check_batch(queries, limit)
         if not queries:
             return []
         vectors = [torch.as_tensor(self._embed_query(query)).reshape(-1) for query in queries]

@@ -22,12 +22,12 @@ Decisions where SPEC.md is silent:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, List, Sequence, Tuple
+from typing import Any, Iterable, List, Sequence, Tuple
 
 import numpy as np
 
 from .._optional import require_faiss
-from ._common import as_query_vector, check_chunk_ids, check_query
+from ._common import QueryEmbedder, as_query_vector, check_batch, check_chunk_ids, check_request, distance_to_score
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
@@ -36,9 +36,6 @@ __all__ = ["FAISSProvider", "SCORE_MODES"]
 
 #: The accepted values of ``score_mode``.
 SCORE_MODES = ("similarity", "distance")
-
-#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
-QueryEmbedder = Callable[[str], Any]
 
 
 class FAISSProvider:
@@ -142,6 +139,7 @@ class FAISSProvider:
         Raises:
             ValueError: a bad query, query vector or limit, or an invalid FAISS result.
         """
+        query, limit = check_request(query, limit)
         return self._search([query], limit, ("query",))[0]
 
     def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
@@ -157,15 +155,11 @@ class FAISSProvider:
         Raises:
             ValueError: as :meth:`retrieve`; messages name the query's position.
         """
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
+        queries, limit = check_batch(queries, limit)
         return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
 
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
-        limit = check_positive_int(limit, "limit")
-        for query, name in zip(queries, names):
-            check_query(query, name)
+        """Checked queries and limit -> one tuple of candidates per query."""
         if not queries:
             return []
         # shape: (Q, D) float32, C-contiguous
@@ -198,8 +192,7 @@ class FAISSProvider:
         return tuple(ScoredCandidate(self._chunk_ids[label], score) for score, label in hits)
 
     def _to_score(self, value: float) -> float:
-        # 0.0 - x (not -x) keeps a zero distance at +0.0.
-        return 0.0 - value if self._score_mode == "distance" else value
+        return distance_to_score(value) if self._score_mode == "distance" else value
 
 
 def _check_score_mode(score_mode: Any) -> str:

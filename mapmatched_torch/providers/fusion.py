@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .._validation import check_positive_int, check_weight
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import check_query
+from ._common import check_batch
 
 __all__ = ["FusionProvider", "reciprocal_rank_fusion"]
 
@@ -103,12 +103,7 @@ class FusionProvider:
 
     def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
         """:meth:`retrieve` for many queries (providers' own ``retrieve_batch`` when they have one)."""
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
-        limit = check_positive_int(limit, "limit")
-        for position, query in enumerate(queries):
-            check_query(query, f"query {position}")
+        queries, limit = check_batch(queries, limit)
         depth = self._depth or limit
         per_provider = [_ask(provider, queries, depth) for provider in self._providers]
         return [

@@ -39,13 +39,23 @@ Decisions:
 - Text of context chunks: the decoder works on chunk IDs, and a chunk of the graph
   neighbourhood may never have been returned by the store. The retriever adapter
   finds a chunk's text in the user's ``documents`` (a mapping or callable), then in
-  the provider's memory of every document it has returned, then -- when the store can
-  fetch by ID (``get_by_ids``) and its IDs are the chunk IDs -- in the store. A chunk
-  whose text is still unknown is left out (``missing_text="skip"``, the default: a
-  prompt gets no empty passages) or returned with empty ``page_content`` and
-  ``text_known=False`` (``missing_text="empty"``). The decoded chunk and the other
-  candidates always come from the provider, so with a :class:`LangChainProvider` only
-  graph neighbours can be unknown.
+  the provider's memory of the documents it has returned (the latest
+  :data:`~mapmatched_torch.providers._conversation.DEFAULT_MEMORY` = 65536 by default,
+  see ``remember=``), then -- when the store can fetch by ID (``get_by_ids``) and its
+  IDs are the chunk IDs -- in the store.
+- The decoded chunk is always returned, first; when its text is unknown it comes with
+  empty ``page_content`` and ``text_known=False``. Another chunk whose text is unknown
+  is left out (``missing_text="skip"``, the default: a prompt gets no empty passages)
+  or returned the same way (``missing_text="empty"``). No chunk's text is known when
+  nothing can give it: a provider that keeps no documents (Qdrant, Chroma, FAISS,
+  dense, fusion providers) without ``documents=`` -- the adapter warns once, when
+  built -- or ``LangChainProvider(..., remember=False)`` over a store whose IDs are
+  not the chunk IDs.
+- A text lookup that fails after the turn was decoded -- ``documents=`` raising or
+  returning something other than a ``Document`` or ``str``, the store's
+  ``get_by_ids`` raising -- is a ``UserWarning`` naming the chunk and the error; the
+  chunk's text counts as unknown, the turn stands and its documents are returned (so a
+  retry never takes the turn twice).
 - Each returned ``Document`` keeps the store's metadata and adds one key,
   ``metadata["map_matched"]`` (``metadata_key``): the chunk ID, its ``role``
   (``"decoded"``, ``"candidate"`` or ``"neighbor"``: brought in by the graph only),
@@ -58,7 +68,13 @@ Decisions:
   server does not have it). A conversation takes one turn at a time: a concurrent
   second ``invoke``/``ainvoke`` of the same conversation raises
   :class:`~mapmatched_torch.errors.MapMatchedRuntimeError`. ``ainvoke`` awaits the
-  store's async search and decodes in the default executor.
+  store's async search and decodes in the default executor (cancelled while
+  decoding, the turn still completes and stands).
+- ``batch``/``abatch`` (and ``batch_as_completed``/``abatch_as_completed``) take the
+  queries as turns of the one conversation, one after another in input order, and
+  return the results in that order (LangChain's default would run them concurrently,
+  which a conversation refuses). Without ``return_exceptions=True`` the first failing
+  query raises and the later ones are not asked; the turns before it stand.
 
 The adapter's class, ``MapMatchedLangChainRetriever``, subclasses langchain-core's
 ``BaseRetriever``, so it is built on first use; ``providers.langchain.MapMatchedLangChainRetriever``
@@ -69,23 +85,24 @@ from __future__ import annotations
 
 import copy
 import functools
-import numbers
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._optional import import_optional
-from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
-from ..models import RetrievalResult, RetrievalTrace, ScoredCandidate
-from ._common import check_query, ranked_candidates
+from ..models import RetrievalResult, ScoredCandidate
+from ._common import check_batch, check_name, check_request, chunk_id_from_field, distance_to_score, ranked_candidates
 from ._conversation import (
     Conversation,
+    ConversationViews,
+    TextMemory,
     check_lookup,
     check_metadata_key,
     check_missing_text,
-    context_entries,
+    check_remember,
+    context_contents,
     entry_metadata,
-    resolve_contents,
+    warn_without_text,
 )
 
 __all__ = [
@@ -113,14 +130,6 @@ def _langchain(feature: str) -> Tuple[Any, Any, Any]:
     )
 
 
-def _check_field(value: Any, name: str) -> Optional[str]:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise MapMatchedValueError(f"{name} must be a non-empty string or None, got {value!r}")
-    return value
-
-
 def _overrides(store: Any, base: type, names: Iterable[str]) -> bool:
     return any(getattr(type(store), name, None) is not getattr(base, name, None) for name in names)
 
@@ -145,8 +154,12 @@ class LangChainProvider:
             higher-is-better score.
         search_kwargs: extra keyword arguments for the store's search (e.g.
             ``filter``); not ``k``, which is the limit. Stores only.
-        remember: keep every returned document by chunk ID (for the text of context
-            chunks, see :meth:`get_documents`); default True.
+        remember: keep the returned documents by chunk ID, for the text of context
+            chunks (see :meth:`get_documents`): True (default) keeps the latest
+            65536 (:data:`~mapmatched_torch.providers._conversation.DEFAULT_MEMORY`),
+            an int that many, False none. As many chunk IDs the store did not have
+            are remembered too (so they are not fetched again); the least recently
+            used go first, and :meth:`forget` drops both.
 
     Results are sorted by (-score, the store's rank) and hold at most ``limit``
     candidates. A retriever without a score source is refused here, with the two ways
@@ -173,12 +186,13 @@ class LangChainProvider:
         score_mode: Optional[str] = None,
         score_field: Optional[str] = None,
         search_kwargs: Optional[Mapping] = None,
-        remember: bool = True,
+        remember: Union[bool, int] = True,
     ) -> None:
         documents, retrievers, vectorstores = _langchain("LangChainProvider")
         self._document_type = documents.Document
-        self._chunk_id_field = _check_field(chunk_id_field, "chunk_id_field")
-        self._score_field = _check_field(score_field, "score_field")
+        self._chunk_id_field = check_name(chunk_id_field, "chunk_id_field", optional=True)
+        self._score_field = check_name(score_field, "score_field", optional=True)
+        self._memory = TextMemory(check_remember(remember))
         if search_kwargs is not None and not isinstance(search_kwargs, Mapping):
             raise MapMatchedValueError(f"search_kwargs must be a mapping, got {type(search_kwargs).__name__}")
         kwargs = dict(search_kwargs or {})
@@ -238,9 +252,6 @@ class LangChainProvider:
         self._source = source
         self._score_mode = mode
         self._search_kwargs = kwargs
-        self._remember = bool(remember)
-        self._memory: Dict[str, Any] = {}
-        self._absent: set = set()
         self._name = f"LangChain {self._kind} {type(source).__name__}"
 
     # ----------------------------------------------------------------- properties
@@ -269,19 +280,13 @@ class LangChainProvider:
     def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """The ``CandidateProvider`` protocol: search and return up to ``limit``
         candidates sorted by (-score, the store's rank)."""
-        check_query(query, "query")
-        limit = check_positive_int(limit, "limit")
+        query, limit = check_request(query, limit)
         return self._candidates(self._search(query, limit), limit, self._name)
 
     def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
         """:meth:`retrieve` for many queries (a retriever's own ``batch``, which runs
         them concurrently; a store is searched query by query)."""
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
-        limit = check_positive_int(limit, "limit")
-        for position, query in enumerate(queries):
-            check_query(query, f"query {position}")
+        queries, limit = check_batch(queries, limit)
         if not queries:
             return []
         if self._kind == "retriever":
@@ -295,8 +300,7 @@ class LangChainProvider:
 
     async def aretrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """:meth:`retrieve` with the store's (or retriever's) async search."""
-        check_query(query, "query")
-        limit = check_positive_int(limit, "limit")
+        query, limit = check_request(query, limit)
         source = self._source
         if self._kind == "retriever":
             answer = self._scored(await source.ainvoke(query))
@@ -333,9 +337,7 @@ class LangChainProvider:
                     f"{self._name} returned {item!r} at rank {rank}; expected (Document, score) pairs"
                 )
             document, score = item
-            if self._score_mode == "distance" and isinstance(score, numbers.Real) and not isinstance(score, bool):
-                score = 0.0 - float(score)  # 0.0 - 0.0 is +0.0
-            pairs.append((document, score))
+            pairs.append((document, distance_to_score(score) if self._score_mode == "distance" else score))
         return pairs
 
     def _scored(self, documents: Any) -> List[Tuple[Any, Any]]:
@@ -364,20 +366,12 @@ class LangChainProvider:
                     f"{where}: the Document has no id; set chunk_id_field= to the metadata key holding chunk IDs"
                 )
             return document.id
-        if self._chunk_id_field not in document.metadata:
-            raise MapMatchedValueError(
-                f"{where}: the Document has no metadata field {self._chunk_id_field!r} (its metadata keys: "
-                f"{sorted(document.metadata)}); chunk_id_field= names the field that holds chunk IDs"
-            )
-        return document.metadata[self._chunk_id_field]
+        return chunk_id_from_field(document.metadata, self._chunk_id_field, f"{where}: the Document")
 
     def _candidates(self, pairs: List[Tuple[Any, Any]], limit: int, source: str) -> Tuple[ScoredCandidate, ...]:
         ids = [self._chunk_id(document, f"{source}, rank {rank}") for rank, (document, _) in enumerate(pairs)]
         candidates = ranked_candidates(zip(ids, (score for _, score in pairs)), limit, source)
-        if self._remember:
-            for chunk_id, (document, _) in zip(ids, pairs):
-                self._memory[chunk_id] = document
-                self._absent.discard(chunk_id)
+        self._memory.remember(zip(ids, (document for document, _ in pairs)))
         return candidates
 
     def _no_relevance(self, store: Any) -> MapMatchedValueError:
@@ -401,34 +395,35 @@ class LangChainProvider:
     def get_documents(self, chunk_ids: Iterable[str]) -> Dict[str, Any]:
         """The ``Document`` of each chunk ID this provider knows, as ``{chunk_id: Document}``.
 
-        Known: every document a search returned (with ``remember=True``), and, for a
-        vector store that implements ``get_by_ids``, documents fetched by chunk ID in one
-        call -- kept only when the fetched document's own chunk ID (by
+        Known: the documents searches returned (as many as ``remember=`` keeps), and,
+        for a vector store that implements ``get_by_ids``, documents fetched by chunk ID
+        in one call -- kept only when the fetched document's own chunk ID (by
         ``chunk_id_field``) is the one asked for, so a store whose IDs are not chunk IDs
-        returns nothing here. IDs the store did not have are not asked again (with
-        ``remember=True``). Unknown IDs are left out.
+        returns nothing here. IDs the store did not have are remembered as absent and
+        not asked again (until :meth:`forget`, or until newer marks push them out).
+        Unknown IDs are left out. A ``get_by_ids`` that raises is a ``UserWarning``
+        naming the chunks and the error; they are left out and asked again next time.
         """
-        chunk_ids = list(chunk_ids)
-        found = {chunk_id: self._memory[chunk_id] for chunk_id in chunk_ids if chunk_id in self._memory}
-        missing = [chunk_id for chunk_id in dict.fromkeys(chunk_ids) if chunk_id not in found and chunk_id not in self._absent]
-        if missing and self._kind == "vector store":
+        return self._memory.lookup(chunk_ids, self._fetch if self._kind == "vector store" else None, self._name)
+
+    def forget(self) -> None:
+        """Drop the remembered documents and absent marks (e.g. after the store changed)."""
+        self._memory.forget()
+
+    def _fetch(self, missing: List[str]) -> Dict[str, Any]:
+        """``{chunk_id: Document}`` from the store's ``get_by_ids`` for the chunk IDs it has."""
+        try:
+            fetched = self._source.get_by_ids(missing)
+        except NotImplementedError:
+            return {}
+        wanted, found = set(missing), {}
+        for document in fetched:
             try:
-                fetched = self._source.get_by_ids(missing)
-            except NotImplementedError:
-                fetched = []
-            for document in fetched:
-                try:
-                    chunk_id = self._chunk_id(document, self._name)
-                except MapMatchedValueError:
-                    continue
-                if chunk_id in missing and chunk_id not in found:
-                    found[chunk_id] = document
-            if self._remember:
-                for chunk_id in missing:
-                    if chunk_id in found:
-                        self._memory[chunk_id] = found[chunk_id]
-                    else:
-                        self._absent.add(chunk_id)
+                chunk_id = self._chunk_id(document, self._name)
+            except MapMatchedValueError:
+                continue
+            if chunk_id in wanted and chunk_id not in found:
+                found[chunk_id] = document
         return found
 
 
@@ -439,13 +434,15 @@ class LangChainProvider:
 def _retriever_class() -> type:
     """Build the ``BaseRetriever`` subclass (langchain-core is needed at class creation)."""
     documents, retrievers, _ = _langchain("as_langchain_retriever")
+    config_list = import_optional("langchain_core.runnables.config", _EXTRA, "as_langchain_retriever").get_config_list
     Document, BaseRetriever = documents.Document, retrievers.BaseRetriever
 
-    class MapMatchedLangChainRetriever(BaseRetriever):
+    class MapMatchedLangChainRetriever(ConversationViews, BaseRetriever):
         """A LangChain ``BaseRetriever`` over one map-matched conversation.
 
         Built by :func:`as_langchain_retriever` (see there). ``invoke(query)`` runs
-        one turn and returns ``Document`` objects in context order.
+        one turn and returns ``Document`` objects in context order; ``batch(queries)``
+        runs one turn per query, in order.
         """
 
         conversation: Any
@@ -454,65 +451,70 @@ def _retriever_class() -> type:
         metadata_key: str = "map_matched"
 
         def _get_relevant_documents(self, query: str, *, run_manager: Any) -> List[Any]:
-            return self.to_documents(self.conversation.turn(query))
+            return self._answer(query, self.to_documents)
 
         async def _aget_relevant_documents(self, query: str, *, run_manager: Any) -> List[Any]:
-            import asyncio
-
-            result = await self.conversation.aturn(query)
-            return await asyncio.get_running_loop().run_in_executor(None, self.to_documents, result)
+            return await self._aanswer(query, self.to_documents)
 
         def to_documents(self, result: RetrievalResult) -> List[Any]:
-            """``Document`` objects for a turn's context, in context order (decoded chunk
-            first); unknown text is handled by ``missing_text``."""
-            entries = context_entries(result)
-            contents = resolve_contents(
-                [entry.chunk_id for entry in entries], self.lookup, self.conversation.provider, "get_documents"
-            )
+            """``Document`` objects for a turn's context, in context order: the decoded
+            chunk always (with empty text when unknown), the others as
+            ``missing_text`` says. Never raises for a chunk (see the module docstring)."""
             out = []
-            for entry in entries:
-                content = contents.get(entry.chunk_id)
-                if content is None:
-                    if self.missing_text == "skip":
-                        continue
-                    text, metadata, document_id = "", {}, entry.chunk_id
-                elif isinstance(content, Document):
+            for entry, content in context_contents(
+                result, self.conversation.provider, self.lookup, lookup_name="documents", method="get_documents",
+                accept=(Document, str), missing_text=self.missing_text, feature="as_langchain_retriever",
+            ):
+                if isinstance(content, Document):
                     text, metadata, document_id = content.page_content, copy.deepcopy(content.metadata), content.id
-                elif isinstance(content, str):
-                    text, metadata, document_id = content, {}, entry.chunk_id
                 else:
-                    raise MapMatchedValueError(
-                        f"the text of chunk {entry.chunk_id!r} must be a Document or a str, got {type(content).__name__}"
-                    )
+                    text, metadata, document_id = content or "", {}, entry.chunk_id
                 metadata[self.metadata_key] = entry_metadata(entry, result, content is not None)
                 out.append(Document(page_content=text, metadata=metadata, id=document_id))
             return out
 
-        @property
-        def session(self) -> Any:
-            """The :class:`~mapmatched_torch.MapMatchedSession` (None in server mode)."""
-            return self.conversation.session
+        def batch_as_completed(
+            self, inputs: Sequence[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+        ) -> Iterator[Tuple[int, Any]]:
+            """One turn per input, one after another in input order (yields
+            ``(index, documents or exception)``)."""
+            inputs = list(inputs)
+            for index, (value, one) in enumerate(zip(inputs, config_list(config, len(inputs)) if inputs else [])):
+                try:
+                    output = self.invoke(value, one, **kwargs)
+                except Exception as error:
+                    if not return_exceptions:
+                        raise
+                    output = error
+                yield index, output
 
-        @property
-        def server(self) -> Any:
-            """The :class:`~mapmatched_torch.serving.MapMatchedServer` (None in session mode)."""
-            return self.conversation.server
+        def batch(
+            self, inputs: List[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+        ) -> List[Any]:
+            """One turn per input, one after another in input order; the results in that
+            order (an exception in place of a failed turn with ``return_exceptions``)."""
+            return [out for _, out in self.batch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)]
 
-        @property
-        def session_id(self) -> Any:
-            """The conversation's ID in the server (None in session mode)."""
-            return self.conversation.session_id
+        async def abatch_as_completed(
+            self, inputs: Sequence[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+        ) -> AsyncIterator[Tuple[int, Any]]:
+            """:meth:`batch_as_completed` with ``ainvoke``: each turn is awaited before the next."""
+            inputs = list(inputs)
+            for index, (value, one) in enumerate(zip(inputs, config_list(config, len(inputs)) if inputs else [])):
+                try:
+                    output = await self.ainvoke(value, one, **kwargs)
+                except Exception as error:
+                    if not return_exceptions:
+                        raise
+                    output = error
+                yield index, output
 
-        @property
-        def last_result(self) -> Optional[RetrievalResult]:
-            """The :class:`~mapmatched_torch.models.RetrievalResult` of the latest turn
-            taken through this retriever (None before one)."""
-            return self.conversation.last_result
-
-        @property
-        def trace(self) -> Optional[RetrievalTrace]:
-            """The conversation's latest trace (``trace.render()`` prints it)."""
-            return self.conversation.trace
+        async def abatch(
+            self, inputs: List[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+        ) -> List[Any]:
+            """:meth:`batch` with ``ainvoke``: each turn is awaited before the next."""
+            iterator = self.abatch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
+            return [out async for _, out in iterator]
 
     MapMatchedLangChainRetriever.__module__ = __name__
     return MapMatchedLangChainRetriever
@@ -533,14 +535,18 @@ def as_langchain_retriever(
             :class:`~mapmatched_torch.MapMatchedRetriever` (a new session is opened),
             or a :class:`~mapmatched_torch.serving.MapMatchedServer` with
             ``session_id``. It needs a provider (e.g. a :class:`LangChainProvider`).
-        session_id: the conversation in a server (opened here if the server does not
-            have it yet); refused for a session.
+        session_id: the conversation in a server (opened here, once every argument
+            has been checked, if the server does not have it yet); refused for a
+            session.
         documents: optional text for chunks: a mapping or a callable chunk ID ->
             ``Document`` or ``str`` (None when unknown). Asked before the provider's
-            memory (:meth:`LangChainProvider.get_documents`).
-        missing_text: ``"skip"`` (default) leaves out a context chunk whose text is
-            unknown; ``"empty"`` returns it with empty ``page_content`` and
-            ``metadata[metadata_key]["text_known"] = False``.
+            memory (:meth:`LangChainProvider.get_documents`). Needed for any text
+            with a provider that keeps none (Qdrant, Chroma, FAISS, ...): without it
+            such an adapter warns when built.
+        missing_text: ``"skip"`` (default) leaves out a context chunk other than the
+            decoded one whose text is unknown; ``"empty"`` returns it with empty
+            ``page_content``. The decoded chunk is always returned; either way an
+            unknown text shows as ``metadata[metadata_key]["text_known"] = False``.
         metadata_key: the metadata key of the per-chunk report (see the module
             docstring); the store's own metadata is kept beside it.
 
@@ -548,9 +554,11 @@ def as_langchain_retriever(
         A ``MapMatchedLangChainRetriever`` (a ``langchain_core`` ``BaseRetriever``):
         ``invoke(query)`` and ``ainvoke(query)`` decode one turn and return
         ``Document`` objects in context order -- the decoded chunk, its graph
-        neighbourhood, the turn's other candidates in provider order. ``.trace``,
-        ``.last_result``, ``.session`` / ``.server`` give the decoding behind them. The
-        text of chunks is looked up after the turn is decoded.
+        neighbourhood, the turn's other candidates in provider order -- never an empty
+        list. ``batch(queries)`` / ``abatch`` take the queries as consecutive turns, in
+        order. ``.trace``, ``.last_result``, ``.session`` / ``.server`` give the
+        decoding behind them. The text of chunks is looked up after the turn is
+        decoded; a failing lookup is a warning, not an error (the turn stands).
 
     Raises:
         MissingDependencyError: langchain-core is not installed (the ``[langchain]``
@@ -559,6 +567,11 @@ def as_langchain_retriever(
             ``missing_text`` / ``metadata_key`` / ``documents``; at ``invoke``, an empty
             query (the conversation is unchanged).
         RuntimeError: ``invoke`` while the same conversation is taking another turn.
+
+    Warns:
+        UserWarning: when built, if no chunk's text can be known (no ``documents``
+            and a provider without ``get_documents``); at ``invoke``, for each chunk
+            whose text lookup failed.
 
     Example:
         >>> from langchain_core.documents import Document
@@ -579,6 +592,8 @@ def as_langchain_retriever(
     missing_text = check_missing_text(missing_text)
     metadata_key = check_metadata_key(metadata_key)
     conversation = Conversation(engine, session_id, feature="as_langchain_retriever")
+    warn_without_text(conversation.provider, lookup, lookup_name="documents", method="get_documents",
+                      missing_text=missing_text, feature="as_langchain_retriever")
     return cls(conversation=conversation, lookup=lookup, missing_text=missing_text, metadata_key=metadata_key)
 
 

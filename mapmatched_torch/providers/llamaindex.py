@@ -28,21 +28,37 @@ Decisions:
   provider keeps the first ``limit`` after sorting by (-score, rank).
 - Text of context chunks and the per-chunk report: as for LangChain (see
   :mod:`mapmatched_torch.providers.langchain`). The text comes from the user's
-  ``nodes`` (a mapping or callable), then the provider's memory of every node it has
-  returned, then, for a ``VectorStoreIndex``, its docstore (kept only when the node's
-  own chunk ID is the one asked for). Unknown text: left out
-  (``missing_text="skip"``, default) or an empty ``TextNode`` with
-  ``text_known=False`` (``"empty"``).
+  ``nodes`` (a mapping or callable), then the provider's memory of the nodes it has
+  returned (bounded: ``remember=``), then, for a ``VectorStoreIndex``, its docstore
+  (kept only when the node's own chunk ID is the one asked for). The decoded chunk is
+  always returned, first, as an empty ``TextNode`` with ``text_known=False`` when its
+  text is unknown; another unknown chunk is left out (``missing_text="skip"``,
+  default) or returned the same way (``"empty"``). A provider that keeps no nodes
+  (Qdrant, Chroma, FAISS, ...) needs ``nodes=`` for any text; the adapter warns once,
+  when built, if it has no text source at all. A text lookup that fails after the
+  turn was decoded is a ``UserWarning`` naming the chunk and the error, and its text
+  counts as unknown: the turn stands and its nodes are returned.
 - Returned nodes are deep copies of the known nodes (the originals are never
   mutated) with ``metadata["map_matched"]`` added and excluded from the LLM and
-  embedding views of the node, so the trace never reaches a prompt. Their score is
-  the chunk's raw provider score this turn (the wrapped retriever's own score, so a
-  similarity cutoff keeps its meaning), None for a graph neighbour that was not a
-  candidate; the list order, not the score, is the context order.
+  embedding views of the node, so the trace never reaches a prompt. The list order,
+  not the score, is the context order.
+- ``NodeWithScore.score`` is the chunk's ``raw_score`` this turn: the score the
+  engine's provider gave it, "higher is better", before the decoder's normalization.
+  With a :class:`LlamaIndexProvider` that is, per ``score_mode``: ``"similarity"``
+  the wrapped retriever's own score; ``"distance"`` its negation ``0.0 - d`` (a
+  cutoff on distances ``d <= c`` becomes ``score >= -c``); ``"rank"`` ``-rank`` (0,
+  -1, -2, ... in the retriever's order), which means nothing to a similarity cutoff.
+  Other providers give their own higher-is-better scores (e.g. Qdrant's
+  similarity or negated distance, fused reciprocal-rank scores). A chunk that was not
+  a candidate this turn (role ``"neighbor"``) has ``score=None``, so LlamaIndex's
+  ``SimilarityPostprocessor(similarity_cutoff=...)`` drops every neighbour, and it
+  may drop the decoded chunk too, whose score need not be the highest: apply score
+  cutoffs to the wrapped retriever, not after this one.
 - One adapter is one conversation; a conversation takes one turn at a time (a
   concurrent second ``retrieve``/``aretrieve`` raises
   :class:`~mapmatched_torch.errors.MapMatchedRuntimeError`). ``aretrieve`` awaits the
-  provider's async retrieval and decodes in the default executor.
+  provider's async retrieval and decodes in the default executor (cancelled while
+  decoding, the turn still completes and stands).
 
 The adapter's class, ``MapMatchedLlamaIndexRetriever``, subclasses llama-index-core's
 ``BaseRetriever``, so it is built on first use;
@@ -52,22 +68,23 @@ The adapter's class, ``MapMatchedLlamaIndexRetriever``, subclasses llama-index-c
 from __future__ import annotations
 
 import functools
-import numbers
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .._optional import import_optional
-from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
-from ..models import RetrievalResult, RetrievalTrace, ScoredCandidate
-from ._common import check_query, ranked_candidates
+from ..models import RetrievalResult, ScoredCandidate
+from ._common import check_batch, check_name, check_request, chunk_id_from_field, distance_to_score, ranked_candidates
 from ._conversation import (
     Conversation,
+    ConversationViews,
+    TextMemory,
     check_lookup,
     check_metadata_key,
     check_missing_text,
-    context_entries,
+    check_remember,
+    context_contents,
     entry_metadata,
-    resolve_contents,
+    warn_without_text,
 )
 
 __all__ = ["LlamaIndexProvider", "as_llamaindex_retriever", "SCORE_MODES"]
@@ -100,8 +117,12 @@ class LlamaIndexProvider:
         score_mode: ``"similarity"`` (default: ``NodeWithScore.score`` as is, higher is
             better), ``"distance"`` (negated) or ``"rank"`` (0, -1, -2, ... in the
             retriever's order; for retrievers that give no scores).
-        remember: keep every returned node by chunk ID (for the text of context
-            chunks, see :meth:`get_nodes`); default True.
+        remember: keep the returned nodes by chunk ID, for the text of context
+            chunks (see :meth:`get_nodes`): True (default) keeps the latest 65536
+            (:data:`~mapmatched_torch.providers._conversation.DEFAULT_MEMORY`), an
+            int that many, False none. As many chunk IDs the docstore did not have are
+            remembered too; the least recently used go first, and :meth:`forget`
+            drops both.
 
     Results are sorted by (-score, rank) and hold at most ``limit`` candidates.
 
@@ -124,12 +145,12 @@ class LlamaIndexProvider:
         *,
         chunk_id_field: Optional[str] = None,
         score_mode: str = "similarity",
-        remember: bool = True,
+        remember: Union[bool, int] = True,
     ) -> None:
         core, schema, retrievers = _llamaindex("LlamaIndexProvider")
         self._schema = schema
-        if chunk_id_field is not None and (not isinstance(chunk_id_field, str) or not chunk_id_field):
-            raise MapMatchedValueError(f"chunk_id_field must be a non-empty string or None, got {chunk_id_field!r}")
+        check_name(chunk_id_field, "chunk_id_field", optional=True)
+        self._memory = TextMemory(check_remember(remember))
         if not isinstance(score_mode, str) or score_mode not in SCORE_MODES:
             raise MapMatchedValueError(
                 f"unsupported score mode: {score_mode!r} (expected one of {', '.join(map(repr, SCORE_MODES))})"
@@ -146,9 +167,6 @@ class LlamaIndexProvider:
         self._source = source
         self._chunk_id_field = chunk_id_field
         self._score_mode = score_mode
-        self._remember = bool(remember)
-        self._memory: Dict[str, Any] = {}
-        self._absent: set = set()
         self._name = f"LlamaIndex {self._kind} {type(source).__name__}"
 
     @property
@@ -178,18 +196,12 @@ class LlamaIndexProvider:
     def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """The ``CandidateProvider`` protocol: retrieve and return up to ``limit``
         candidates sorted by (-score, rank)."""
-        check_query(query, "query")
-        limit = check_positive_int(limit, "limit")
+        query, limit = check_request(query, limit)
         return self._candidates(self._retriever(limit).retrieve(query), limit, self._name)
 
     def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
         """:meth:`retrieve` for many queries, one after the other."""
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
-        limit = check_positive_int(limit, "limit")
-        for position, query in enumerate(queries):
-            check_query(query, f"query {position}")
+        queries, limit = check_batch(queries, limit)
         retriever = self._retriever(limit) if queries else None
         return [
             self._candidates(retriever.retrieve(query), limit, f"{self._name}, query {position}")
@@ -198,8 +210,7 @@ class LlamaIndexProvider:
 
     async def aretrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """:meth:`retrieve` with the retriever's ``aretrieve``."""
-        check_query(query, "query")
-        limit = check_positive_int(limit, "limit")
+        query, limit = check_request(query, limit)
         return self._candidates(await self._retriever(limit).aretrieve(query), limit, self._name)
 
     def _chunk_id(self, node: Any, where: str) -> Any:
@@ -207,12 +218,7 @@ class LlamaIndexProvider:
             raise MapMatchedValueError(f"{where}: expected a llama_index BaseNode, got {type(node).__name__}")
         if self._chunk_id_field is None:
             return node.node_id
-        if self._chunk_id_field not in node.metadata:
-            raise MapMatchedValueError(
-                f"{where}: node {node.node_id!r} has no metadata field {self._chunk_id_field!r} (its metadata keys: "
-                f"{sorted(node.metadata)}); chunk_id_field= names the field that holds chunk IDs"
-            )
-        return node.metadata[self._chunk_id_field]
+        return chunk_id_from_field(node.metadata, self._chunk_id_field, f"{where}: node {node.node_id!r}")
 
     def _candidates(self, scored_nodes: Any, limit: int, source: str) -> Tuple[ScoredCandidate, ...]:
         nodes, hits = [], []
@@ -229,33 +235,34 @@ class LlamaIndexProvider:
                     f"{where}: node {item.node.node_id!r} has no score (the retriever gives none); pass "
                     "score_mode='rank' to score nodes by their rank (0, -1, -2, ...)"
                 )
-            elif self._score_mode == "distance" and isinstance(score, numbers.Real) and not isinstance(score, bool):
-                score = 0.0 - float(score)  # 0.0 - 0.0 is +0.0
+            elif self._score_mode == "distance":
+                score = distance_to_score(score)
             nodes.append(item.node)
             hits.append((chunk_id, score))
         candidates = ranked_candidates(hits, limit, source)
-        if self._remember:
-            for (chunk_id, _), node in zip(hits, nodes):
-                self._memory[chunk_id] = node
-                self._absent.discard(chunk_id)
+        self._memory.remember((chunk_id, node) for (chunk_id, _), node in zip(hits, nodes))
         return candidates
 
     def get_nodes(self, chunk_ids: Iterable[str]) -> Dict[str, Any]:
         """The node of each chunk ID this provider knows, as ``{chunk_id: BaseNode}``.
 
-        Known: every node a retrieval returned (with ``remember=True``), and, for a
-        ``VectorStoreIndex``, nodes in its docstore under the chunk ID -- kept only when
-        the node's own chunk ID (by ``chunk_id_field``) is the one asked for. IDs the
-        docstore did not have are not asked again (with ``remember=True``). Unknown IDs
-        are left out.
+        Known: the nodes retrievals returned (as many as ``remember=`` keeps), and, for
+        a ``VectorStoreIndex``, nodes in its docstore under the chunk ID -- kept only
+        when the node's own chunk ID (by ``chunk_id_field``) is the one asked for. IDs
+        the docstore did not have are remembered as absent and not asked again (until
+        :meth:`forget`, or until newer marks push them out). Unknown IDs are left out;
+        a docstore that raises is a ``UserWarning`` naming the chunks and the error.
         """
-        chunk_ids = list(chunk_ids)
-        found = {chunk_id: self._memory[chunk_id] for chunk_id in chunk_ids if chunk_id in self._memory}
-        if self._kind != "index":
-            return found
-        for chunk_id in dict.fromkeys(chunk_ids):
-            if chunk_id in found or chunk_id in self._absent:
-                continue
+        return self._memory.lookup(chunk_ids, self._fetch if self._kind == "index" else None, self._name)
+
+    def forget(self) -> None:
+        """Drop the remembered nodes and absent marks (e.g. after the index changed)."""
+        self._memory.forget()
+
+    def _fetch(self, missing: List[str]) -> Dict[str, Any]:
+        """``{chunk_id: node}`` from the index's docstore for the chunk IDs it has."""
+        found = {}
+        for chunk_id in missing:
             node = self._source.docstore.get_node(chunk_id, raise_error=False)
             try:
                 matches = node is not None and self._chunk_id(node, self._name) == chunk_id
@@ -263,10 +270,6 @@ class LlamaIndexProvider:
                 matches = False
             if matches:
                 found[chunk_id] = node
-                if self._remember:
-                    self._memory[chunk_id] = node
-            elif self._remember:
-                self._absent.add(chunk_id)
         return found
 
 
@@ -279,7 +282,7 @@ def _retriever_class() -> type:
     _, schema, retrievers = _llamaindex("as_llamaindex_retriever")
     BaseNode, NodeWithScore, TextNode = schema.BaseNode, schema.NodeWithScore, schema.TextNode
 
-    class MapMatchedLlamaIndexRetriever(retrievers.BaseRetriever):
+    class MapMatchedLlamaIndexRetriever(ConversationViews, retrievers.BaseRetriever):
         """A LlamaIndex ``BaseRetriever`` over one map-matched conversation.
 
         Built by :func:`as_llamaindex_retriever` (see there). ``retrieve(query)`` runs
@@ -289,44 +292,35 @@ def _retriever_class() -> type:
         def __init__(self, conversation: Conversation, lookup: Any, missing_text: str, metadata_key: str,
                      callback_manager: Any = None, verbose: bool = False) -> None:
             super().__init__(callback_manager=callback_manager, verbose=verbose)
-            self._conversation = conversation
+            self.conversation = conversation
             self._lookup = lookup
             self._missing_text = missing_text
             self._metadata_key = metadata_key
 
         def _retrieve(self, query_bundle: Any) -> List[Any]:
-            return self.to_nodes(self._conversation.turn(query_bundle.query_str))
+            return self._answer(query_bundle.query_str, self.to_nodes)
 
         async def _aretrieve(self, query_bundle: Any) -> List[Any]:
-            import asyncio
-
-            result = await self._conversation.aturn(query_bundle.query_str)
-            return await asyncio.get_running_loop().run_in_executor(None, self.to_nodes, result)
+            return await self._aanswer(query_bundle.query_str, self.to_nodes)
 
         def to_nodes(self, result: RetrievalResult) -> List[Any]:
-            """``NodeWithScore`` objects for a turn's context, in context order (decoded
-            chunk first); unknown text is handled by ``missing_text``."""
+            """``NodeWithScore`` objects for a turn's context, in context order: the
+            decoded chunk always (an empty ``TextNode`` when its text is unknown), the
+            others as ``missing_text`` says. Never raises for a chunk (see the module
+            docstring)."""
             key = self._metadata_key
-            entries = context_entries(result)
-            contents = resolve_contents(
-                [entry.chunk_id for entry in entries], self._lookup, self._conversation.provider, "get_nodes"
-            )
             out = []
-            for entry in entries:
-                content = contents.get(entry.chunk_id)
+            for entry, content in context_contents(
+                result, self.conversation.provider, self._lookup, lookup_name="nodes", method="get_nodes",
+                accept=(BaseNode, NodeWithScore, str), missing_text=self._missing_text,
+                feature="as_llamaindex_retriever",
+            ):
                 if isinstance(content, NodeWithScore):
                     content = content.node
-                if content is None and self._missing_text == "skip":
-                    continue
                 if isinstance(content, BaseNode):
                     node = content.model_copy(deep=True)
-                elif content is None or isinstance(content, str):
-                    node = TextNode(id_=entry.chunk_id, text=content or "")
                 else:
-                    raise MapMatchedValueError(
-                        f"the text of chunk {entry.chunk_id!r} must be a BaseNode, NodeWithScore or str, "
-                        f"got {type(content).__name__}"
-                    )
+                    node = TextNode(id_=entry.chunk_id, text=content or "")
                 node.metadata[key] = entry_metadata(entry, result, content is not None)
                 for excluded in (node.excluded_llm_metadata_keys, node.excluded_embed_metadata_keys):
                     if key not in excluded:
@@ -334,32 +328,6 @@ def _retriever_class() -> type:
                 score = None if entry.candidate is None else entry.candidate.raw_score
                 out.append(NodeWithScore(node=node, score=score))
             return out
-
-        @property
-        def session(self) -> Any:
-            """The :class:`~mapmatched_torch.MapMatchedSession` (None in server mode)."""
-            return self._conversation.session
-
-        @property
-        def server(self) -> Any:
-            """The :class:`~mapmatched_torch.serving.MapMatchedServer` (None in session mode)."""
-            return self._conversation.server
-
-        @property
-        def session_id(self) -> Any:
-            """The conversation's ID in the server (None in session mode)."""
-            return self._conversation.session_id
-
-        @property
-        def last_result(self) -> Optional[RetrievalResult]:
-            """The :class:`~mapmatched_torch.models.RetrievalResult` of the latest turn
-            taken through this retriever (None before one)."""
-            return self._conversation.last_result
-
-        @property
-        def trace(self) -> Optional[RetrievalTrace]:
-            """The conversation's latest trace (``trace.render()`` prints it)."""
-            return self._conversation.trace
 
     MapMatchedLlamaIndexRetriever.__module__ = __name__
     return MapMatchedLlamaIndexRetriever
@@ -381,14 +349,18 @@ def as_llamaindex_retriever(
             :class:`~mapmatched_torch.MapMatchedRetriever` (a new session is opened),
             or a :class:`~mapmatched_torch.serving.MapMatchedServer` with
             ``session_id``. It needs a provider (e.g. a :class:`LlamaIndexProvider`).
-        session_id: the conversation in a server (opened here if the server does not
-            have it yet); refused for a session.
+        session_id: the conversation in a server (opened here, once every argument
+            has been checked, if the server does not have it yet); refused for a
+            session.
         nodes: optional text for chunks: a mapping or a callable chunk ID ->
             ``BaseNode``, ``NodeWithScore`` or ``str`` (None when unknown). Asked before
-            the provider's memory (:meth:`LlamaIndexProvider.get_nodes`).
-        missing_text: ``"skip"`` (default) leaves out a context chunk whose text is
-            unknown; ``"empty"`` returns it as an empty ``TextNode`` with
-            ``metadata[metadata_key]["text_known"] = False``.
+            the provider's memory (:meth:`LlamaIndexProvider.get_nodes`). Needed for
+            any text with a provider that keeps none (Qdrant, Chroma, FAISS, ...):
+            without it such an adapter warns when built.
+        missing_text: ``"skip"`` (default) leaves out a context chunk other than the
+            decoded one whose text is unknown; ``"empty"`` returns it as an empty
+            ``TextNode``. The decoded chunk is always returned; either way an unknown
+            text shows as ``metadata[metadata_key]["text_known"] = False``.
         metadata_key: the node metadata key of the per-chunk report (see
             :func:`~mapmatched_torch.providers.langchain.as_langchain_retriever`).
         callback_manager: passed to LlamaIndex's ``BaseRetriever``.
@@ -397,9 +369,10 @@ def as_llamaindex_retriever(
         A ``MapMatchedLlamaIndexRetriever``: ``retrieve(query)`` and
         ``aretrieve(query)`` decode one turn and return ``NodeWithScore`` objects in
         context order (decoded chunk, graph neighbourhood, the turn's other candidates
-        in provider order); score = the chunk's raw provider score this turn, None for
-        a neighbour. ``.trace``, ``.last_result``, ``.session`` / ``.server`` give the
-        decoding behind them.
+        in provider order) -- never an empty list; score = the chunk's ``raw_score``
+        this turn, None for a neighbour (see the module docstring for what that is per
+        provider and ``score_mode``, and for similarity cutoffs). ``.trace``,
+        ``.last_result``, ``.session`` / ``.server`` give the decoding behind them.
 
     Raises:
         MissingDependencyError: llama-index-core is not installed (the
@@ -408,6 +381,11 @@ def as_llamaindex_retriever(
             ``missing_text`` / ``metadata_key`` / ``nodes``; at ``retrieve``, an empty
             query (the conversation is unchanged).
         RuntimeError: ``retrieve`` while the same conversation is taking another turn.
+
+    Warns:
+        UserWarning: when built, if no chunk's text can be known (no ``nodes`` and a
+            provider without ``get_nodes``); at ``retrieve``, for each chunk whose
+            text lookup failed.
 
     Example:
         >>> from llama_index.core import VectorStoreIndex
@@ -426,6 +404,8 @@ def as_llamaindex_retriever(
     missing_text = check_missing_text(missing_text)
     metadata_key = check_metadata_key(metadata_key)
     conversation = Conversation(engine, session_id, feature="as_llamaindex_retriever")
+    warn_without_text(conversation.provider, lookup, lookup_name="nodes", method="get_nodes",
+                      missing_text=missing_text, feature="as_llamaindex_retriever")
     return cls(conversation, lookup, missing_text, metadata_key, callback_manager=callback_manager)
 
 

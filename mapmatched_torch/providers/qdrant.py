@@ -37,9 +37,7 @@ Decisions where SPEC.md is silent:
 
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,15 +45,13 @@ from .._optional import import_optional
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import as_query_vector, check_query, ranked_candidates
+from ._common import QueryEmbedder, as_query_vector, check_batch, check_name, check_request, check_result_count
+from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
 
 __all__ = ["QdrantProvider", "QDRANT_DISTANCES"]
 
 #: Qdrant's distance name -> whether its score is a distance (negated here).
 QDRANT_DISTANCES = {"Cosine": False, "Dot": False, "Euclid": True, "Manhattan": True}
-
-#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
-QueryEmbedder = Callable[[str], Any]
 
 
 class QdrantProvider:
@@ -135,11 +131,9 @@ class QdrantProvider:
         self._models = models
         if not callable(embed_query):
             raise MapMatchedValueError(f"embed_query must be callable, got {type(embed_query).__name__}")
-        _check_name(collection_name, "collection_name")
-        if chunk_id_field is not None:
-            _check_name(chunk_id_field, "chunk_id_field")
-        if using is not None:
-            _check_name(using, "using")
+        check_name(collection_name, "collection_name")
+        check_name(chunk_id_field, "chunk_id_field", optional=True)
+        check_name(using, "using", optional=True)
         for method in ("collection_exists", "get_collection", "query_points", "query_batch_points"):
             if not callable(getattr(client, method, None)):
                 raise MapMatchedValueError(f"client has no {method}() method; pass a qdrant_client.QdrantClient")
@@ -214,8 +208,7 @@ class QdrantProvider:
             ValueError: a bad query, query vector or limit; a point without a valid
                 chunk ID; one chunk ID returned twice; a non-finite score.
         """
-        limit = check_positive_int(limit, "limit")
-        check_query(query, "query")
+        query, limit = check_request(query, limit)
         vector = self._embed(query, "query")
         response = self._client.query_points(
             self._collection_name,
@@ -242,13 +235,8 @@ class QdrantProvider:
         Raises:
             ValueError: as :meth:`retrieve`; messages name the query's position.
         """
-        if isinstance(queries, (str, bytes)):
-            raise MapMatchedValueError("queries must be a sequence of query strings, not a single string")
-        queries = list(queries)
-        limit = check_positive_int(limit, "limit")
+        queries, limit = check_batch(queries, limit)
         names = [f"query {i}" for i in range(len(queries))]
-        for query, name in zip(queries, names):
-            check_query(query, name)
         if not queries:
             return []
         requests = [
@@ -280,8 +268,7 @@ class QdrantProvider:
 
     def _candidates(self, points: Sequence[Any], limit: int, name: str) -> Tuple[ScoredCandidate, ...]:
         source = f"Qdrant collection {self._collection_name!r}, {name}"
-        if len(points) > limit:
-            raise MapMatchedValueError(f"invalid Qdrant result for {name}: {len(points)} points for limit {limit}")
+        check_result_count(len(points), limit, "Qdrant", name, "points")
         return ranked_candidates(
             ((self._chunk_id(point, rank, name), self._to_score(point.score)) for rank, point in enumerate(points)),
             limit,
@@ -291,28 +278,11 @@ class QdrantProvider:
     def _chunk_id(self, point: Any, rank: int, name: str) -> Any:
         if self._chunk_id_field is None:
             return str(point.id)
-        payload = point.payload or {}
         where = f"Qdrant point {point.id!r} of collection {self._collection_name!r} ({name}, rank {rank})"
-        if self._chunk_id_field not in payload:
-            raise MapMatchedValueError(f"{where} has no payload field {self._chunk_id_field!r} for its chunk ID")
-        value = payload[self._chunk_id_field]
-        if not isinstance(value, str) or not value:
-            raise MapMatchedValueError(
-                f"payload field {self._chunk_id_field!r} of {where} must be a non-empty string, got {value!r}"
-            )
-        return value
+        return chunk_id_from_field(point.payload or {}, self._chunk_id_field, where, "payload")
 
     def _to_score(self, value: Any) -> Any:
-        # 0.0 - d (not -d) keeps a zero distance at +0.0; anything that is not a real
-        # number is left for ranked_candidates to reject with its position.
-        if self._negate and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-            return 0.0 - float(value)
-        return value
-
-
-def _check_name(value: Any, what: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise MapMatchedValueError(f"{what} must be a non-empty string, got {value!r}")
+        return distance_to_score(value) if self._negate else value
 
 
 def _vector_label(using: Optional[str], collection_name: str) -> str:
