@@ -10,6 +10,7 @@ the whole trellis each turn, on the same graph as an InMemoryCorpusGraph), measu
 scaled per turn.
 
 Run:  python benchmarks/serving.py            (sessions 1, 64, 1024, 4096)
+      python benchmarks/serving.py --dense    (distances gathered from a precomputed table)
       python benchmarks/serving.py --quick    (a smoke run)
 """
 
@@ -126,12 +127,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--lag", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dense", action="store_true", help="precompute the dense distance table first (distances by gather)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.nodes, args.steps, args.warmup = [1, 64], 2000, 3, 2
     graph = clustered_graph(args.nodes, torch.Generator().manual_seed(args.seed)).to(args.device)
+    if args.dense:
+        start = time.perf_counter()
+        graph.precompute_dense(memory_budget=8 * args.nodes ** 2)
+        print(f"dense table built in {time.perf_counter() - start:.1f} s")
     per_turn = standalone_per_turn(graph, args.width, args.warmup + args.steps, args.lag, args.seed)
     mode = "full" if args.lag is None else f"fixed-lag {args.lag}"
     print(f"graph: {len(graph)} nodes, {graph.edge_count} arcs; M = {args.width}; mode {mode}; device {args.device}; "

@@ -613,8 +613,8 @@ class TensorCorpusGraph:
             radius: a number >= 0 (``inf`` allowed); the search limit is
                 ``min(radius, maximum_distance)``.
             engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``
-                (the dense table is used when present; ``"compiled"``, the CPU
-                ``auto`` with numba, costs O(ball) per centre instead of O(N)).
+                (``"compiled"``, the CPU ``auto`` with numba, searches each ball in
+                O(ball); otherwise the dense table's rows are used when present).
 
         Returns:
             One tuple per centre, in input order, as :meth:`neighborhood`.
@@ -627,8 +627,8 @@ class TensorCorpusGraph:
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
         found = {}
-        if self._table is None and known and resolve_engine(engine, self.device) == "compiled":
-            # O(ball) per centre instead of O(N): the balls come sorted by distance
+        if known and resolve_engine(engine, self.device) == "compiled":
+            # O(ball) per centre instead of O(N) (a table row is O(N) too): sorted balls
             rank = self._vocabulary.rank()
             sources = torch.tensor(known, dtype=torch.long)
             for source, (ball, distances) in zip(
