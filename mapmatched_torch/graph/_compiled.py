@@ -21,6 +21,7 @@ the first call compiles the kernel (a few seconds, cached on disk afterwards).
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -38,11 +39,32 @@ def available() -> bool:
     return has_module("numba")
 
 
-def _kernels() -> Any:
-    """The numba kernels module (compiled on first use; numba's disk cache keeps them)."""
+#: Serializes kernel calls: numba's fallback threading layer (workqueue, used when no
+#: OpenMP or TBB runtime is found) aborts the process on concurrent parallel calls, and
+#: each call already uses every thread.
+_KERNEL_LOCK = threading.Lock()
+
+
+class _Kernels:
+    """The numba kernels, each call holding :data:`_KERNEL_LOCK`."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def pairs(self, *args: Any) -> None:
+        with _KERNEL_LOCK:
+            self._module.pairs(*args)
+
+    def balls(self, *args: Any) -> None:
+        with _KERNEL_LOCK:
+            self._module.balls(*args)
+
+
+def _kernels() -> _Kernels:
+    """The numba kernels (compiled on first use; numba's disk cache keeps them)."""
     from . import _compiled_kernels
 
-    return _compiled_kernels
+    return _Kernels(_compiled_kernels)
 
 
 def _csr_arrays(adjacency: CSRAdjacency, reverse: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -161,7 +161,7 @@ def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_gro
     for block in numba.prange(blocks):
         work = workspace(nodes, indices.shape[0])
         heuristic = work[4]
-        for unit in range(units * block // blocks, units * (block + 1) // blocks):
+        for unit in range(block, units, blocks):  # round robin: costs vary by unit
             lo, hi = unit_ptr[unit], unit_ptr[unit + 1]
             first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
             floor = _INF
@@ -203,7 +203,7 @@ def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit,
     for block in numba.prange(blocks):
         work = workspace(nodes, indices.shape[0])
         dist, touched, order = work[0], work[3], work[5]
-        for group in range(groups * block // blocks, groups * (block + 1) // blocks):
+        for group in range(block, groups, blocks):
             stamp = group + 1
             count, stored, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
                                  no_targets, False, _INF, 1.0, bound, settle_limit, work, stamp, no_values, no_found)

@@ -310,3 +310,16 @@ def test_empty_inputs(device) -> None:
     for engine in ("torch", "scipy", "hybrid", "compiled"):
         assert source_target_distances(graph.adjacency, empty, empty, bound=1.0, engine=engine).shape == (0,)
         assert bounded_rows(graph.adjacency, empty, limit=1.0, engine=engine).shape == (0, 2)
+
+
+def test_compiled_engine_calls_from_many_threads_agree() -> None:
+    # concurrent callers (e.g. servers in threads) must neither crash nor mix results
+    from concurrent.futures import ThreadPoolExecutor
+
+    graph = knn_like_graph(300, seed=7)
+    generator = torch.Generator().manual_seed(8)
+    batches = [torch.randint(0, 300, (6, 3, 4), generator=generator) for _ in range(6)]
+    expected = [graph.trellis_distances(b, engine="scipy", target_aware=False, use_cache=False) for b in batches]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        found = list(pool.map(lambda b: graph.trellis_distances(b, engine="compiled", use_cache=False), batches))
+    assert all(torch.equal(a, b) for a, b in zip(found, expected))
