@@ -245,10 +245,14 @@ def finish_turn(
     ranking: Tuple[CandidateScore, ...],
     previous_path: Optional[DecodedPath],
     previous_trace: Optional[RetrievalTrace],
+    *,
+    neighborhood: Optional[Sequence[Tuple[str, float]]] = None,
 ) -> RetrievalResult:
     """Everything after decoding a turn: revision check, trace, context, the result.
 
     Shared by the session and the batched server, so both report identically.
+    ``neighborhood`` is the decoded chunk's ``graph.neighborhood(chunk, context_radius)``
+    when the caller already has it (the server asks for all its sessions at once).
     """
     if len(path.steps) != len(trellis):
         raise MapMatchedRuntimeError(f"decoder returned {len(path.steps)} steps for {len(trellis)} turns")
@@ -261,9 +265,9 @@ def finish_turn(
         reuse=previous_trace.steps if previous_trace is not None else (),
     )
     chunk_id = path.steps[-1].chunk_id
-    context = context_chunk_ids(
-        chunk_id, retriever.graph.neighborhood(chunk_id, retriever.context_radius), trellis[-1], retriever.context_limit
-    )
+    if neighborhood is None:
+        neighborhood = retriever.graph.neighborhood(chunk_id, retriever.context_radius)
+    context = context_chunk_ids(chunk_id, neighborhood, trellis[-1], retriever.context_limit)
     return RetrievalResult(
         chunk_id=chunk_id,
         context_chunk_ids=context,

@@ -184,7 +184,7 @@ class MapMatchedServer:
         ok_rows = out.ok.tolist()
         paths, path_distances = out.paths.tolist(), out.path_distances.tolist()
         finals = out.final_scores.double().tolist()
-        results: Dict[SessionId, RetrievalResult] = {}
+        reported = []  # (session ID, session, trellis, path, ranking) of the rows that decoded
         for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
             if not ok_rows[row]:
                 errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {len(session.trellis)}")
@@ -200,10 +200,24 @@ class MapMatchedServer:
                 fixed_lag=decoder.fixed_lag,
                 reuse=session.path.steps if session.path is not None else (),
             )
-            result = finish_turn(self.retriever, trellis, path, ranking, session.path, session.trace)
+            reported.append((session_id, session, trellis, path, ranking))
+        neighborhoods = self._neighborhoods([path.steps[-1].chunk_id for _, _, _, path, _ in reported])
+        results: Dict[SessionId, RetrievalResult] = {}
+        for (session_id, session, trellis, path, ranking), neighborhood in zip(reported, neighborhoods):
+            result = finish_turn(
+                self.retriever, trellis, path, ranking, session.path, session.trace, neighborhood=neighborhood
+            )
             session.trellis, session.path, session.trace = trellis, path, result.trace
             results[session_id] = result
         return results, errors
+
+    def _neighborhoods(self, chunk_ids: List[str]) -> List[Any]:
+        """Every decoded chunk's context neighbourhood: one batched call when the graph
+        has ``neighborhoods`` (a tensor graph), else None each (asked one at a time)."""
+        batched = getattr(self.retriever.graph, "neighborhoods", None)
+        if not chunk_ids or not callable(batched):
+            return [None] * len(chunk_ids)
+        return list(batched(chunk_ids, self.retriever.context_radius))
 
     def _prepare(self, turns: Mapping[SessionId, Any], errors: Dict[SessionId, Exception]) -> Dict[SessionId, tuple]:
         """Validate and normalize each session's request; failures go to ``errors``."""

@@ -196,15 +196,17 @@ def test_state_dict_refuses_other_options():
         MapMatchedServer(make_graph(), candidate_limit=6).load_state_dict(state)
 
 
-@pytest.mark.parametrize("fixed_lag", [None, 2])
-def test_server_on_a_tensor_graph_equals_sessions_on_the_standalone_graph(fixed_lag):
+@pytest.mark.parametrize("fixed_lag, context_radius", [(None, 1.0), (2, 1.0), (None, 2.5), (2, 0.0)])
+def test_server_on_a_tensor_graph_equals_sessions_on_the_standalone_graph(fixed_lag, context_radius):
+    # the server asks the tensor graph for all sessions' context neighbourhoods at once
     from mapmatched_torch.graph import TensorCorpusGraph
 
     rng = random.Random(11)
     graph = make_graph(4)
     tensor_graph = TensorCorpusGraph.from_graph(graph)
-    server = MapMatchedServer(tensor_graph, candidate_limit=5, fixed_lag=fixed_lag)
-    sessions = {key: MapMatchedRetriever(graph, candidate_limit=5, fixed_lag=fixed_lag).session() for key in "abc"}
+    options = dict(candidate_limit=5, fixed_lag=fixed_lag, context_radius=context_radius)
+    server = MapMatchedServer(tensor_graph, **options)
+    sessions = {key: MapMatchedRetriever(graph, **options).session() for key in "abc"}
     for key in sessions:
         server.open(key)
     for _ in range(6):

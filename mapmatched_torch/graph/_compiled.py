@@ -45,19 +45,36 @@ def available() -> bool:
 _KERNEL_LOCK = threading.Lock()
 
 
+#: Below this many searches a call runs on the calling thread: starting a parallel
+#: region costs more than it saves, and far more when the cores are busy elsewhere.
+SERIAL_BELOW = 32
+
+
 class _Kernels:
-    """The numba kernels, each call holding :data:`_KERNEL_LOCK`."""
+    """The numba kernels, each call holding :data:`_KERNEL_LOCK`; the last argument,
+    ``blocks``, is the thread count (1: the serial variant)."""
 
     def __init__(self, module: Any) -> None:
         self._module = module
 
     def pairs(self, *args: Any) -> None:
         with _KERNEL_LOCK:
-            self._module.pairs(*args)
+            if args[-1] > 1:
+                self._module.pairs(*args)
+            else:
+                self._module.pairs_serial(*args[:-1])
 
     def balls(self, *args: Any) -> None:
         with _KERNEL_LOCK:
-            self._module.balls(*args)
+            if args[-1] > 1:
+                self._module.balls(*args)
+            else:
+                self._module.balls_serial(*args[:-1])
+
+
+def _blocks(threads: int, searches: int) -> int:
+    """Threads for ``searches`` searches: 1 below :data:`SERIAL_BELOW`."""
+    return 1 if searches < SERIAL_BELOW else max(1, min(threads, searches))
 
 
 def _kernels() -> _Kernels:
@@ -68,7 +85,15 @@ def _kernels() -> _Kernels:
 
 
 def _csr_arrays(adjacency: CSRAdjacency, reverse: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(indptr, indices, weights)`` numpy arrays of the arcs (reversed: of the transpose)."""
+    """``(indptr, indices, weights)`` numpy arrays of the arcs (reversed: of the transpose),
+    made once per adjacency."""
+    key = "compiled_reverse" if reverse else "compiled"
+    if key not in adjacency.derived:
+        adjacency.derived[key] = _make_csr_arrays(adjacency, reverse)
+    return adjacency.derived[key]
+
+
+def _make_csr_arrays(adjacency: CSRAdjacency, reverse: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     matrix = adjacency.scipy_matrix()
     if reverse:
         matrix = matrix.T.tocsr()
@@ -168,7 +193,7 @@ def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, bal
     ``(unit_group_ptr, groups)`` (all-zero offsets for unguided units)."""
     unit_group_ptr, unit_groups = unit_groups
     kernels.pairs(*arrays, unit_source, unit_ptr, targets, unit_group_ptr, unit_groups, *balls, scale, float(bound),
-                  limit, out, found, max(1, min(blocks, unit_source.size)))
+                  limit, out, found, _blocks(blocks, unit_source.size))
 
 
 def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, bound, scale, ball_limit,
@@ -193,7 +218,7 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         ball_count = np.empty(count, dtype=np.int64)
         ball_radius = np.empty(count, dtype=np.float64)
         kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, float(bound), ball_limit,
-                      ball_nodes, ball_values, ball_count, ball_radius, max(1, min(blocks, count)))
+                      ball_nodes, ball_values, ball_count, ball_radius, _blocks(blocks, count))
         # flattened: group g's entries are ball_ptr[g]:ball_ptr[g + 1]
         valid = np.arange(ball_limit)[None, :] < ball_count[:, None]
         flat_nodes, flat_values = ball_nodes[valid], ball_values[valid]
@@ -248,7 +273,7 @@ def compiled_balls(
         ball_count = np.empty(chunk.size, dtype=np.int64)
         ball_radius = np.empty(chunk.size, dtype=np.float64)
         kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
-                      ball_values, ball_count, ball_radius, max(1, min(numba.get_num_threads(), chunk.size)))
+                      ball_values, ball_count, ball_radius, _blocks(numba.get_num_threads(), chunk.size))
         for row, count in enumerate(ball_count.tolist()):
             result.append((torch.from_numpy(ball_nodes[row, :count].copy()),
                            torch.from_numpy(ball_values[row, :count].copy())))

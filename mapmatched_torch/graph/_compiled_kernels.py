@@ -149,67 +149,102 @@ def _reset(dist, touched, count):
         dist[touched[index]] = _INF
 
 
-@numba.njit(cache=True, parallel=True)
-def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-          ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, blocks):
-    """Every unit's search: unit ``u`` starts at ``unit_source[u]`` and wants the targets
-    ``pair_target[unit_ptr[u]:unit_ptr[u + 1]]``. A unit with groups
-    (``unit_groups[unit_group_ptr[u]:unit_group_ptr[u + 1]]``) is guided by
-    ``h(v) = min(min radius, min over its groups' balls holding v of the ball's value)``."""
+@numba.njit(cache=True, nogil=True)
+def _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
+                 blocks):
+    """The units ``block, block + blocks, ...`` of :func:`pairs` (round robin: costs vary by unit)."""
     units = unit_source.shape[0]
     nodes = indptr.shape[0] - 1
-    for block in numba.prange(blocks):
-        work = workspace(nodes, indices.shape[0])
-        heuristic = work[4]
-        for unit in range(block, units, blocks):  # round robin: costs vary by unit
-            lo, hi = unit_ptr[unit], unit_ptr[unit + 1]
-            first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
-            floor = _INF
-            for index in range(first_group, last_group):
-                floor = min(floor, ball_radius[unit_groups[index]])
-            for index in range(first_group, last_group):
-                group = unit_groups[index]
-                # a ball lists its nodes by distance: past the floor they add nothing
-                for entry in range(ball_ptr[group], ball_ptr[group + 1]):
-                    if ball_values[entry] >= floor:
-                        break
-                    node = ball_nodes[entry]
-                    heuristic[node] = min(heuristic[node], ball_values[entry])
-            count, _, _ = search(indptr, indices, weights, unit_source[unit:unit + 1], pair_target[lo:hi],
-                              last_group > first_group, floor, scale, bound, settle_limit, work, unit + 1,
-                              out[lo:hi], found[lo:hi])
-            _reset(work[0], work[3], count)
-            for index in range(first_group, last_group):
-                group = unit_groups[index]
-                for entry in range(ball_ptr[group], ball_ptr[group + 1]):
-                    if ball_values[entry] >= floor:
-                        break
-                    heuristic[ball_nodes[entry]] = _INF
+    work = workspace(nodes, indices.shape[0])
+    heuristic = work[4]
+    for unit in range(block, units, blocks):
+        lo, hi = unit_ptr[unit], unit_ptr[unit + 1]
+        first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
+        floor = _INF
+        for index in range(first_group, last_group):
+            floor = min(floor, ball_radius[unit_groups[index]])
+        for index in range(first_group, last_group):
+            group = unit_groups[index]
+            # a ball lists its nodes by distance: past the floor they add nothing
+            for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                if ball_values[entry] >= floor:
+                    break
+                node = ball_nodes[entry]
+                heuristic[node] = min(heuristic[node], ball_values[entry])
+        count, _, _ = search(indptr, indices, weights, unit_source[unit:unit + 1], pair_target[lo:hi],
+                             last_group > first_group, floor, scale, bound, settle_limit, work, unit + 1,
+                             out[lo:hi], found[lo:hi])
+        _reset(work[0], work[3], count)
+        for index in range(first_group, last_group):
+            group = unit_groups[index]
+            for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+                if ball_values[entry] >= floor:
+                    break
+                heuristic[ball_nodes[entry]] = _INF
 
 
-@numba.njit(cache=True, parallel=True)
-def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
-          ball_count, ball_radius, blocks):
-    """Group ``g``'s ball: a search from its nodes (``group_nodes[group_ptr[g]:group_ptr[g + 1]]``)
-    settling at most ``settle_limit`` nodes, stored in row ``g`` of ``ball_nodes`` /
-    ``ball_values`` (``ball_count[g]`` entries, by nondecreasing distance). ``ball_radius[g]`` is the distance the
-    search reached when the limit stopped it (every node nearer is in the ball), or
-    inf when it completed (every node within the bound is in the ball)."""
+@numba.njit(cache=True, nogil=True)
+def _balls_block(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+                 ball_count, ball_radius, block, blocks):
+    """The groups ``block, block + blocks, ...`` of :func:`balls`."""
     groups = group_ptr.shape[0] - 1
     nodes = indptr.shape[0] - 1
     no_targets = np.empty(0, np.int64)
     no_values = np.empty(0, np.float64)
     no_found = np.empty(0, np.bool_)
+    work = workspace(nodes, indices.shape[0])
+    dist, touched, order = work[0], work[3], work[5]
+    for group in range(block, groups, blocks):
+        stamp = group + 1
+        count, stored, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
+                             no_targets, False, _INF, 1.0, bound, settle_limit, work, stamp, no_values, no_found)
+        for index in range(stored):
+            ball_nodes[group, index] = order[index]
+            ball_values[group, index] = dist[order[index]]
+        ball_count[group] = stored
+        ball_radius[group] = last
+        _reset(dist, touched, count)
+
+
+@numba.njit(cache=True, parallel=True)
+def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+          ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, blocks):
+    """Every unit's search, on ``blocks`` threads: unit ``u`` starts at ``unit_source[u]``
+    and wants the targets ``pair_target[unit_ptr[u]:unit_ptr[u + 1]]``. A unit with
+    groups (``unit_groups[unit_group_ptr[u]:unit_group_ptr[u + 1]]``) is guided by
+    ``h(v) = min(min radius, min over its groups' balls holding v of the ball's value)``."""
     for block in numba.prange(blocks):
-        work = workspace(nodes, indices.shape[0])
-        dist, touched, order = work[0], work[3], work[5]
-        for group in range(block, groups, blocks):
-            stamp = group + 1
-            count, stored, last = search(indptr, indices, weights, group_nodes[group_ptr[group]:group_ptr[group + 1]],
-                                 no_targets, False, _INF, 1.0, bound, settle_limit, work, stamp, no_values, no_found)
-            for index in range(stored):
-                ball_nodes[group, index] = order[index]
-                ball_values[group, index] = dist[order[index]]
-            ball_count[group] = stored
-            ball_radius[group] = last
-            _reset(dist, touched, count)
+        _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+                     ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
+                     blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def pairs_serial(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found):
+    """:func:`pairs` on the calling thread (small batches: no parallel region to start)."""
+    _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
+                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, 0, 1)
+
+
+@numba.njit(cache=True, parallel=True)
+def balls(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+          ball_count, ball_radius, blocks):
+    """Group ``g``'s ball, on ``blocks`` threads: a search from its nodes
+    (``group_nodes[group_ptr[g]:group_ptr[g + 1]]``) settling at most ``settle_limit``
+    nodes, stored in row ``g`` of ``ball_nodes`` / ``ball_values`` (``ball_count[g]``
+    entries, by nondecreasing distance). ``ball_radius[g]`` is the distance the search
+    reached when the limit stopped it (every node nearer is in the ball), or inf when
+    it completed (every node within the bound is in the ball)."""
+    for block in numba.prange(blocks):
+        _balls_block(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+                     ball_count, ball_radius, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def balls_serial(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+                 ball_count, ball_radius):
+    """:func:`balls` on the calling thread."""
+    _balls_block(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
+                 ball_count, ball_radius, 0, 1)

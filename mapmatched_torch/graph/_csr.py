@@ -11,7 +11,7 @@ target), the order of :meth:`InMemoryCorpusGraph.edges`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 from torch_geometric.utils import coalesce, to_undirected
@@ -33,7 +33,7 @@ class CSRAdjacency:
     No duplicate arcs, no self-loops. Immutable (do not write into the tensors).
     """
 
-    __slots__ = ("indptr", "indices", "weights", "num_nodes", "_scipy", "_typical")
+    __slots__ = ("indptr", "indices", "weights", "num_nodes", "_scipy", "_typical", "derived")
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, num_nodes: int) -> None:
         self.indptr = indptr
@@ -42,6 +42,8 @@ class CSRAdjacency:
         self.num_nodes = int(num_nodes)
         self._scipy: Any = None
         self._typical: Optional[float] = None
+        #: arrays engines derive from the arcs once (e.g. the compiled engine's CSR)
+        self.derived: Dict[str, Any] = {}
 
     @property
     def device(self) -> torch.device:
