@@ -14,16 +14,18 @@ Nothing here imports an optional package.
 from __future__ import annotations
 
 import ast
+import asyncio
 import subprocess
 import sys
 import textwrap
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+import threading
+from typing import Any, Awaitable, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pytest
 
 from mapmatched_torch import _optional
-from mapmatched_torch.errors import MissingDependencyError
+from mapmatched_torch.errors import MapMatchedRuntimeError, MissingDependencyError
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
@@ -92,6 +94,96 @@ def check_decoded_chunk_without_text(
     return adapters
 
 
+def check_rejects_query(provider: Any, query: Any, message: str) -> None:
+    """A framework provider refuses a bad query in ``retrieve``, ``aretrieve`` and (as
+    query 1) ``retrieve_batch``."""
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve(query, 1)
+    with pytest.raises(ValueError, match=message):
+        asyncio.run(provider.aretrieve(query, 1))
+    with pytest.raises(ValueError, match=f"query 1 .*{message}"):
+        provider.retrieve_batch(["q", query], 1)
+
+
+def check_batch_and_aretrieve_equal_retrieve(provider: Any) -> None:
+    """``retrieve_batch(QUERIES)`` and ``aretrieve`` of each query equal ``retrieve``;
+    an empty batch gives ``[]``."""
+    expected = [provider.retrieve(query, LIMIT) for query in QUERIES]
+    assert provider.retrieve_batch(QUERIES, LIMIT) == expected
+    assert [asyncio.run(provider.aretrieve(query, LIMIT)) for query in QUERIES] == expected
+    assert provider.retrieve_batch([], LIMIT) == []
+
+
+def check_session_over_the_provider(provider: Any, expected: Sequence[Any]) -> None:
+    """A session over ``provider`` (chain graph, :func:`session_options`) answers
+    ``QUERIES`` with ``expected``, the plain session's results, traces included; the
+    conversation revised earlier turns."""
+    session = MapMatchedRetriever(chain_graph(), provider=provider, **session_options()).session()
+    got = [session.retrieve(query) for query in QUERIES]
+    assert got == list(expected)
+    assert [r.trace.to_dict() for r in got] == [r.trace.to_dict() for r in expected]
+    assert any(r.trace.revised_prior_indices for r in expected)
+
+
+def check_async_conversation(
+    adapter: Any, ask: Callable[[str], Awaitable[Any]], ids: Callable[[Any], List[str]], expected: Sequence[Any]
+) -> None:
+    """Awaiting ``ask(query)`` for each of ``QUERIES`` in turn gives the contexts (by
+    ``ids``), the final trace and the path of ``expected``, the plain conversation."""
+
+    async def talk() -> List[Any]:
+        return [await ask(query) for query in QUERIES]
+
+    answers = asyncio.run(talk())
+    assert [ids(answer) for answer in answers] == [list(r.context_chunk_ids) for r in expected]
+    assert adapter.trace.to_dict() == expected[-1].trace.to_dict()
+    assert adapter.session.path == expected[-1].path
+
+
+def check_adapter_needs_a_provider(build: Callable[..., Any]) -> None:
+    """``build(engine, **kwargs)`` (an ``as_..._retriever``) refuses a retriever or a
+    server without a provider, and the refused server build opens no session."""
+    graph = chain_graph()
+    with pytest.raises(ValueError, match="needs a CandidateProvider to answer queries: pass provider= to MapMatchedRetriever"):
+        build(MapMatchedRetriever(graph))
+    without_provider = MapMatchedServer(graph)
+    with pytest.raises(ValueError, match="pass provider= to MapMatchedServer"):
+        build(without_provider, session_id="x")
+    assert len(without_provider) == 0
+
+
+def race_two_async_turns(gate: Any, ask: Callable[[str], Awaitable[Any]]) -> Tuple[Any, Any]:
+    """Await ``ask(QUERIES[1])`` while ``ask(QUERIES[0])`` waits inside ``gate`` (which
+    sets ``gate.entered`` and then awaits ``gate.agate``, made here), then open the gate.
+    Returns the first answer and the second's answer or exception."""
+
+    async def race() -> Tuple[Any, Any]:
+        gate.agate = asyncio.Event()
+        first = asyncio.ensure_future(ask(QUERIES[0]))
+        for _ in range(10_000):
+            if gate.entered.is_set():
+                break
+            await asyncio.sleep(0)
+        second = await asyncio.wait_for(asyncio.gather(ask(QUERIES[1]), return_exceptions=True), 10)
+        gate.agate.set()
+        return await first, second[0]
+
+    return asyncio.run(race())
+
+
+def check_second_thread_refused(gate: Any, first: Callable[[], Any], second: Callable[[], Any], message: str) -> None:
+    """While ``first()`` runs in a thread, held inside ``gate`` (which sets
+    ``gate.entered`` and waits for ``gate.gate``), ``second()`` raises
+    MapMatchedRuntimeError matching ``message``; then the gate opens and ``first`` ends."""
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert gate.entered.wait(10)
+    with pytest.raises(MapMatchedRuntimeError, match=message):
+        second()
+    gate.gate.set()
+    worker.join(10)
+
+
 # --------------------------------------------------------------------------- the vector-store corpus
 
 STORE_IDS = tuple(f"chunk-{letter}" for letter in "kbhadjlfcegi")  # not sorted: ties must follow the store's rank
@@ -124,6 +216,119 @@ def brute_force(metric: str, query: np.ndarray, vectors: np.ndarray = STORE_VECT
 
 def store_graph() -> KNNGraph:
     return KNNGraph.from_embeddings(STORE_IDS, STORE_VECTORS, neighbor_count=3, maximum_distance=3.0)
+
+
+#: Bad queries and limits with the messages a vector-store provider gives.
+BAD_QUERIES = [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")]
+BAD_LIMITS = [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
+              (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")]
+
+
+def check_rejects_bad_limit(provider: Any, limit: Any, message: str) -> None:
+    """``retrieve`` and ``retrieve_batch`` both refuse ``limit``."""
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve("q0", limit)
+    with pytest.raises(ValueError, match=message):
+        provider.retrieve_batch(["q0"], limit)
+
+
+def check_batch_argument_errors(provider: Any) -> None:
+    """An empty batch gives ``[]``; a single string and an empty query (named by its
+    position) are refused."""
+    assert provider.retrieve_batch([], 2) == []
+    with pytest.raises(ValueError, match="not a single string"):
+        provider.retrieve_batch("q", 2)
+    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
+        provider.retrieve_batch(["q", ""], 2)
+
+
+def check_brute_force_top_five(provider: Any, metric: str) -> None:
+    """For every ``STORE_QUERIES`` query, ``provider`` (over the vector-store corpus)
+    returns the brute-force top five of ``metric`` (see :func:`brute_force`) with their
+    scores, best first; a distance metric's scores are <= 0."""
+    for query, vector in STORE_QUERIES.items():
+        got = provider.retrieve(query, 5)
+        expected = brute_force(metric, vector)
+        order = sorted(range(len(STORE_IDS)), key=lambda i: -expected[i])[:5]
+        assert [c.chunk_id for c in got] == [STORE_IDS[i] for i in order], query
+        assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
+        assert all(a.score >= b.score for a, b in zip(got, got[1:]))
+        if _METRICS[metric] in ("euclid", "manhattan", "squared_l2"):
+            assert all(c.score <= 0.0 for c in got)
+
+
+def check_zero_distance_is_positive_zero(provider: Any) -> None:
+    """``provider`` embeds every query as ``STORE_VECTORS[4]`` and scores by a distance:
+    the best candidate is that chunk, with score +0.0."""
+    best = provider.retrieve("the fifth chunk", 1)[0]
+    assert best.chunk_id == STORE_IDS[4]
+    assert best.score == 0.0 and np.copysign(1.0, best.score) == 1.0
+
+
+#: The positions of five identical vectors in :func:`tied_vectors`.
+TIED = (1, 3, 5, 7, 9)
+
+
+def tied_vectors() -> np.ndarray:
+    """``STORE_VECTORS`` with the rows of ``TIED`` set to ``10 * STORE_VECTORS[5]``: the
+    nearest to that row by every metric, all equally near."""
+    vectors = STORE_VECTORS.copy()
+    vectors[list(TIED)] = 10.0 * vectors[5]
+    return vectors
+
+
+def check_ties_keep_the_store_rank(got: Sequence[ScoredCandidate], store_order: Sequence[str]) -> None:
+    """Candidates for a query of ``tied_vectors()[5]`` keep the store's own order
+    (``store_order``: chunk IDs as the store returned them); the tied chunks come first."""
+    assert [c.chunk_id for c in got] == list(store_order)
+    assert {c.chunk_id for c in got[:5]} == {STORE_IDS[i] for i in TIED}
+    assert len({c.score for c in got[:5]}) == 1
+
+
+def check_limit_cuts(provider: Any) -> None:
+    """``limit`` cuts the answer; a limit above the store's size returns every chunk."""
+    assert len(provider.retrieve("q0", 1)) == 1
+    everything = provider.retrieve("q0", 100)
+    assert sorted(c.chunk_id for c in everything) == sorted(STORE_IDS)
+    assert provider.retrieve("q0", 4) == everything[:4]
+
+
+def check_batch_error_names_the_query(build: Callable[[Callable[[str], Any]], Any]) -> None:
+    """A bad query vector in a batch is named by its position; ``build(embed_query)``
+    makes the provider."""
+    table = dict(STORE_QUERIES, bad=np.full(STORE_DIMENSION, np.nan, dtype=np.float32))
+    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
+        build(table.__getitem__).retrieve_batch(["q0", "bad"], 2)
+
+
+def check_accepts_row_matrices_lists_and_torch_tensors(build: Callable[[Callable[[str], Any]], Any]) -> None:
+    """A query vector as a numpy row, a (1, D) matrix, a list or a torch tensor (with
+    grad) gives the same candidates; ``build(embed_query)`` makes the provider."""
+    torch = pytest.importorskip("torch")
+    vector = STORE_QUERIES["q3"]
+    table = {"numpy": vector, "row": vector[None, :], "list": vector.tolist(), "tensor": torch.tensor(vector, requires_grad=True)}
+    provider = build(table.__getitem__)
+    reference = provider.retrieve("numpy", 4)
+    for query in ("row", "list", "tensor"):
+        assert provider.retrieve(query, 4) == reference, query
+
+
+def check_store_session_parity(
+    provider: Any, options: Dict[str, Any], by_hand: Callable[[str], Sequence[ScoredCandidate]]
+) -> None:
+    """Along ``STORE_CONVERSATION``, a session over ``provider`` equals a plain session
+    fed ``by_hand(query)`` (the store's answer, converted without provider code; asked
+    after the provider's turn), result and trace, turn by turn."""
+    graph = store_graph()
+    through = MapMatchedRetriever(graph, provider=provider, **options).session()
+    plain = MapMatchedRetriever(graph, **options).session()
+    for query in STORE_CONVERSATION:
+        got = through.retrieve(query)
+        expected = plain.retrieve_candidates(by_hand(query))
+        assert got.path.chunk_ids == expected.path.chunk_ids
+        assert got.trace.to_dict() == expected.trace.to_dict()
+        assert got == expected
+    assert through.path == plain.path
 
 
 def qdrant_provider(distance: str = "Dot") -> Any:
@@ -198,6 +403,25 @@ def run_script(source: str) -> str:
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(source)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def import_error_without(module: str, provider: str, arguments: str) -> str:
+    """In a fresh interpreter where ``module`` cannot be imported, mapmatched_torch and
+    ``providers.<provider>`` import (and are the same object), and building
+    ``provider(arguments)`` raises an ImportError. Its message."""
+    return run_script(
+        f"""
+        import sys
+        sys.modules[{module!r}] = None
+        import mapmatched_torch
+        from mapmatched_torch.providers import {provider}
+        assert mapmatched_torch.{provider} is {provider}
+        try:
+            {provider}({arguments})
+        except ImportError as error:
+            print(error)
+        """
+    )
 
 
 def modules_loaded_by_importing(names: str, prefix: str) -> List[str]:

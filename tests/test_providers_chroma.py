@@ -17,14 +17,17 @@ import pytest
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.protocols import CandidateProvider
 from mapmatched_torch.providers.chroma import ChromaProvider
-from mapmatched_torch.retrieval import MapMatchedRetriever
 
-from .providers_fixtures import STORE_CONVERSATION as CONVERSATION
+from .providers_fixtures import BAD_LIMITS, BAD_QUERIES
 from .providers_fixtures import STORE_DIMENSION as DIMENSION
 from .providers_fixtures import STORE_IDS as IDS
 from .providers_fixtures import STORE_QUERIES as QUERIES
 from .providers_fixtures import STORE_VECTORS as VECTORS
-from .providers_fixtures import brute_force, check_server_parity, missing_extra_errors, run_script, score_pairs, store_graph
+from .providers_fixtures import brute_force, check_accepts_row_matrices_lists_and_torch_tensors, check_batch_argument_errors
+from .providers_fixtures import check_batch_error_names_the_query, check_brute_force_top_five, check_limit_cuts
+from .providers_fixtures import check_rejects_bad_limit, check_server_parity, check_store_session_parity
+from .providers_fixtures import check_ties_keep_the_store_rank, check_zero_distance_is_positive_zero, import_error_without
+from .providers_fixtures import missing_extra_errors, score_pairs, tied_vectors
 
 chromadb = pytest.importorskip("chromadb", reason="chromadb is not installed (the [chroma] extra)")
 
@@ -100,15 +103,7 @@ class FakeCollection:
 def test_scores_are_higher_is_better_in_every_space(make: Any, space: str) -> None:
     provider = ChromaProvider(make(space), QUERIES.__getitem__)
     assert provider.space == space and provider.dimension == DIMENSION
-    for query, vector in QUERIES.items():
-        got = provider.retrieve(query, 5)
-        expected = brute_force(space, vector)
-        order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
-        assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
-        assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
-        assert all(a.score >= b.score for a, b in zip(got, got[1:]))
-        if space == "l2":
-            assert all(c.score <= 0.0 for c in got)
+    check_brute_force_top_five(provider, space)
 
 
 @pytest.mark.parametrize("space", SPACES)
@@ -131,23 +126,16 @@ def test_space_from_legacy_metadata_or_chromas_default(make: Any, options: Dict[
 
 
 def test_zero_distance_is_positive_zero(make: Any) -> None:
-    provider = ChromaProvider(make("l2"), lambda query: VECTORS[4])
-    best = provider.retrieve("the fifth chunk", 1)[0]
-    assert best.chunk_id == IDS[4]
-    assert best.score == 0.0 and np.copysign(1.0, best.score) == 1.0
+    check_zero_distance_is_positive_zero(ChromaProvider(make("l2"), lambda query: VECTORS[4]))
 
 
 @pytest.mark.parametrize("space", SPACES)
 def test_ties_keep_chromas_rank(make: Any, space: str) -> None:
-    vectors = VECTORS.copy()
-    vectors[[1, 3, 5, 7, 9]] = 10.0 * vectors[5]  # five identical vectors, the nearest in every space
+    vectors = tied_vectors()
     collection = make(space, vectors)
-    provider = ChromaProvider(collection, lambda query: vectors[5])
-    got = provider.retrieve("q", len(IDS))
+    got = ChromaProvider(collection, lambda query: vectors[5]).retrieve("q", len(IDS))
     raw = collection.query(query_embeddings=[vectors[5]], n_results=len(IDS), include=["distances"])
-    assert [c.chunk_id for c in got] == raw["ids"][0]
-    assert {c.chunk_id for c in got[:5]} == {IDS[i] for i in (1, 3, 5, 7, 9)}
-    assert len({c.score for c in got[:5]}) == 1
+    check_ties_keep_the_store_rank(got, raw["ids"][0])
 
 
 @pytest.mark.parametrize(
@@ -164,11 +152,7 @@ def test_unsorted_answer_is_sorted_by_score_then_rank(space: str, distances: Lis
 
 
 def test_limit_cuts_and_large_limit_returns_every_record(make: Any) -> None:
-    provider = ChromaProvider(make("l2"), QUERIES.__getitem__)
-    assert len(provider.retrieve("q0", 1)) == 1
-    everything = provider.retrieve("q0", 100)
-    assert sorted(c.chunk_id for c in everything) == sorted(IDS)
-    assert provider.retrieve("q0", 4) == everything[:4]
+    check_limit_cuts(ChromaProvider(make("l2"), QUERIES.__getitem__))
 
 
 def test_chunk_ids_from_a_metadata_field(make: Any) -> None:
@@ -242,43 +226,29 @@ def test_retrieve_batch_equals_retrieve_with_one_query_call(make: Any, space: st
 def test_retrieve_batch_edge_cases() -> None:
     collection = FakeCollection(["r0"], [0.5])
     provider = ChromaProvider(collection, lambda query: [1.0, 0.0])
-    assert provider.retrieve_batch([], 2) == []
-    with pytest.raises(ValueError, match="not a single string"):
-        provider.retrieve_batch("q", 2)
-    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
-        provider.retrieve_batch(["q", ""], 2)
+    check_batch_argument_errors(provider)
     assert collection.queries == []
     assert provider.retrieve_batch(("a", "b"), 2) == [(ScoredCandidate("r0", -0.5),)] * 2
     assert collection.queries == [(2, 2)]
 
 
 def test_batch_error_names_the_query(make: Any) -> None:
-    table = dict(QUERIES, bad=np.full(DIMENSION, np.nan, dtype=np.float32))
-    provider = ChromaProvider(make("l2"), table.__getitem__)
-    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
-        provider.retrieve_batch(["q0", "bad"], 2)
+    collection = make("l2")
+    check_batch_error_names_the_query(lambda embed_query: ChromaProvider(collection, embed_query))
 
 
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(("query", "message"), [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")])
+@pytest.mark.parametrize(("query", "message"), BAD_QUERIES)
 def test_rejects_bad_queries(make: Any, query: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ChromaProvider(make(), QUERIES.__getitem__).retrieve(query, 1)
 
 
-@pytest.mark.parametrize(
-    ("limit", "message"),
-    [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
-     (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")],
-)
+@pytest.mark.parametrize(("limit", "message"), BAD_LIMITS)
 def test_rejects_bad_limits(make: Any, limit: Any, message: str) -> None:
-    provider = ChromaProvider(make(), QUERIES.__getitem__)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve("q0", limit)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve_batch(["q0"], limit)
+    check_rejects_bad_limit(ChromaProvider(make(), QUERIES.__getitem__), limit, message)
 
 
 @pytest.mark.parametrize(
@@ -298,13 +268,8 @@ def test_rejects_bad_query_vectors(make: Any, vector: Any, message: str) -> None
 
 
 def test_accepts_row_matrices_lists_and_torch_tensors(make: Any) -> None:
-    torch = pytest.importorskip("torch")
-    vector = QUERIES["q3"]
-    table = {"numpy": vector, "row": vector[None, :], "list": vector.tolist(), "tensor": torch.tensor(vector, requires_grad=True)}
-    provider = ChromaProvider(make("cosine"), table.__getitem__)
-    reference = provider.retrieve("numpy", 4)
-    for query in ("row", "list", "tensor"):
-        assert provider.retrieve(query, 4) == reference, query
+    collection = make("cosine")
+    check_accepts_row_matrices_lists_and_torch_tensors(lambda embed_query: ChromaProvider(collection, embed_query))
 
 
 def test_rejects_bad_arguments(make: Any) -> None:
@@ -372,20 +337,7 @@ def test_missing_chromadb_names_the_extra() -> None:
 
 
 def test_module_imports_without_chromadb() -> None:
-    stdout = run_script(
-        """
-        import sys
-        sys.modules["chromadb"] = None
-        import mapmatched_torch
-        from mapmatched_torch.providers import ChromaProvider
-        assert mapmatched_torch.ChromaProvider is ChromaProvider
-        try:
-            ChromaProvider(object(), str)
-        except ImportError as error:
-            print(error)
-        """
-    )
-    assert "[chroma]" in stdout
+    assert "[chroma]" in import_error_without("chromadb", "ChromaProvider", "object(), str")
 
 
 # --------------------------------------------------------------------------- sessions and the server
@@ -401,19 +353,14 @@ def test_module_imports_without_chromadb() -> None:
     ],
 )
 def test_session_through_the_provider_equals_a_plain_session(make: Any, space: str, options: Dict[str, Any]) -> None:
-    graph = store_graph()
     collection = make(space)
     limit = options.get("candidate_limit", 20)
-    through = MapMatchedRetriever(graph, provider=ChromaProvider(collection, QUERIES.__getitem__), **options).session()
-    plain = MapMatchedRetriever(graph, **options).session()
-    for query in CONVERSATION:
+
+    def by_hand(query: str) -> List[ScoredCandidate]:
         raw = collection.query(query_embeddings=[QUERIES[query]], n_results=limit, include=["distances"])
-        expected = plain.retrieve_candidates(_by_hand(raw["ids"][0], raw["distances"][0], space))
-        got = through.retrieve(query)
-        assert got.path.chunk_ids == expected.path.chunk_ids
-        assert got.trace.to_dict() == expected.trace.to_dict()
-        assert got == expected
-    assert through.path == plain.path
+        return _by_hand(raw["ids"][0], raw["distances"][0], space)
+
+    check_store_session_parity(ChromaProvider(collection, QUERIES.__getitem__), options, by_hand)
 
 
 def test_server_step_through_the_provider_equals_sessions(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,8 @@ from mapmatched_torch.protocols import CandidateProvider
 from mapmatched_torch.providers import faiss as faiss_provider
 from mapmatched_torch.providers.faiss import FAISSProvider
 
+from .providers_fixtures import BAD_LIMITS, check_batch_argument_errors, check_rejects_bad_limit
+
 IDS = ("d", "b", "e", "a", "c")  # deliberately not sorted: ties must follow index position
 
 
@@ -213,12 +215,8 @@ def test_retrieve_batch_equals_retrieve_with_one_search(faiss: Any) -> None:
 
 def test_retrieve_batch_edge_cases(no_faiss_needed: None) -> None:
     provider, index = _fake_provider([[1.0]], [[0]])
-    assert provider.retrieve_batch([], 2) == []
+    check_batch_argument_errors(provider)
     assert index.calls == []
-    with pytest.raises(ValueError, match="not a single string"):
-        provider.retrieve_batch("q", 2)
-    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
-        provider.retrieve_batch(["q", ""], 2)
 
 
 # --------------------------------------------------------------------------- construction checks
@@ -302,17 +300,10 @@ def test_rejects_bad_queries(no_faiss_needed: None, query: Any, message: str) ->
     assert index.calls == []
 
 
-@pytest.mark.parametrize(
-    ("limit", "message"),
-    [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
-     (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")],
-)
+@pytest.mark.parametrize(("limit", "message"), BAD_LIMITS)
 def test_rejects_bad_limits(no_faiss_needed: None, limit: Any, message: str) -> None:
     provider, index = _fake_provider([[1.0]], [[0]], count=1)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve("q", limit)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve_batch(["q"], limit)
+    check_rejects_bad_limit(provider, limit, message)
     assert index.calls == []
 
 

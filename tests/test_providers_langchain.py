@@ -27,8 +27,11 @@ from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
 from mapmatched_torch.standalone import StandaloneDecoder  # noqa: E402
 
 from .providers_fixtures import IDS, LIMIT, N, QUERIES, QUERY_VECTORS, STORE_IDS, TABLE, TEXTS, VECTORS  # noqa: E402
-from .providers_fixtures import chain_graph, check_decoded_chunk_without_text, missing_extra_errors  # noqa: E402
-from .providers_fixtures import modules_loaded_by_importing  # noqa: E402
+from .providers_fixtures import chain_graph, check_adapter_needs_a_provider, check_async_conversation  # noqa: E402
+from .providers_fixtures import check_batch_and_aretrieve_equal_retrieve, check_decoded_chunk_without_text  # noqa: E402
+from .providers_fixtures import check_rejects_query, check_second_thread_refused  # noqa: E402
+from .providers_fixtures import check_session_over_the_provider, missing_extra_errors  # noqa: E402
+from .providers_fixtures import modules_loaded_by_importing, race_two_async_turns  # noqa: E402
 from .providers_fixtures import qdrant_provider, score_pairs, session_options, store_graph  # noqa: E402
 
 # --------------------------------------------------------------------------- a small corpus (providers_fixtures)
@@ -284,13 +287,7 @@ def test_bad_store_answers_are_rejected(hits: Any, kwargs: Dict[str, Any], messa
 @pytest.mark.parametrize(("query", "message"), [("", "non-empty"), (None, "must be a string"), (b"q", "must be a string")])
 def test_rejects_bad_queries(query: Any, message: str) -> None:
     store = ScriptedStore([(_doc("a"), 0.5)])
-    provider = LangChainProvider(store, score_mode="similarity")
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve(query, 1)
-    with pytest.raises(ValueError, match=message):
-        asyncio.run(provider.aretrieve(query, 1))
-    with pytest.raises(ValueError, match=f"query 1 .*{message}"):
-        provider.retrieve_batch(["q", query], 1)
+    check_rejects_query(LangChainProvider(store, score_mode="similarity"), query, message)
     assert store.calls == []
 
 
@@ -308,10 +305,7 @@ def test_rejects_bad_limits(limit: Any, message: str) -> None:
 
 def test_retrieve_batch_and_aretrieve_equal_retrieve() -> None:
     provider = _provider()
-    expected = [provider.retrieve(query, LIMIT) for query in QUERIES]
-    assert provider.retrieve_batch(QUERIES, LIMIT) == expected
-    assert [asyncio.run(provider.aretrieve(query, LIMIT)) for query in QUERIES] == expected
-    assert provider.retrieve_batch([], LIMIT) == []
+    check_batch_and_aretrieve_equal_retrieve(provider)
     with pytest.raises(ValueError, match="not a single string"):
         provider.retrieve_batch("q", LIMIT)
     answers = {"x": [_doc("a", s=0.1), _doc("b", s=0.3)], "y": [_doc("c", s=0.7)], "z": [_doc("b", s=0.2), _doc("d", s=0.9)]}
@@ -435,13 +429,9 @@ def test_a_failing_get_by_ids_warns_and_is_asked_again_later() -> None:
 
 
 def test_a_session_over_the_provider_equals_a_plain_session_fed_the_same_candidates() -> None:
-    session = MapMatchedRetriever(chain_graph(), provider=_provider(), **session_options()).session()
-    got = [session.retrieve(query) for query in QUERIES]
     expected = _plain_conversation()
-    assert got == expected
-    assert [r.trace.to_dict() for r in got] == [r.trace.to_dict() for r in expected]
-    # the conversation is not trivial: the graph revised earlier turns and overruled the best score
-    assert any(r.trace.revised_prior_indices for r in expected)
+    check_session_over_the_provider(_provider(), expected)
+    # the conversation is not trivial: the graph also overruled the best score
     assert any(step.normalized_emission_margin < 0 for step in expected[-1].trace.steps)
 
 
@@ -509,15 +499,7 @@ def test_a_conversation_through_the_adapter_equals_the_plain_session() -> None:
 
 def test_ainvoke_decodes_the_same_conversation() -> None:
     retriever = _adapter(store_ids=IDS)
-    expected = _plain_conversation()
-
-    async def talk() -> List[List[Document]]:
-        return [await retriever.ainvoke(query) for query in QUERIES]
-
-    answers = asyncio.run(talk())
-    assert [_ids(documents) for documents in answers] == [list(r.context_chunk_ids) for r in expected]
-    assert retriever.trace.to_dict() == expected[-1].trace.to_dict()
-    assert retriever.session.path == expected[-1].path
+    check_async_conversation(retriever, retriever.ainvoke, _ids, _plain_conversation())
 
 
 def test_batch_takes_the_queries_as_consecutive_turns_in_input_order() -> None:
@@ -711,13 +693,8 @@ def test_the_adapter_never_mutates_the_stores_documents() -> None:
 
 
 def test_adapter_arguments_are_checked() -> None:
+    check_adapter_needs_a_provider(as_langchain_retriever)
     graph = chain_graph()
-    with pytest.raises(ValueError, match="needs a CandidateProvider to answer queries: pass provider= to MapMatchedRetriever"):
-        as_langchain_retriever(MapMatchedRetriever(graph))
-    without_provider = MapMatchedServer(graph)
-    with pytest.raises(ValueError, match="pass provider= to MapMatchedServer"):
-        as_langchain_retriever(without_provider, session_id="x")
-    assert len(without_provider) == 0  # the refused build opened no session
     with pytest.raises(ValueError, match="takes a MapMatchedSession, a MapMatchedRetriever or a MapMatchedServer, got str"):
         as_langchain_retriever("not an engine")
     engine = MapMatchedRetriever(graph, provider=_provider())
@@ -785,19 +762,7 @@ def _gated() -> GatedStore:
 def test_concurrent_ainvoke_of_one_conversation_is_refused() -> None:
     store = _gated()
     retriever = _adapter(engine=MapMatchedRetriever(chain_graph(), provider=_provider(store), **session_options()))
-
-    async def race() -> Tuple[Any, Any]:
-        store.agate = asyncio.Event()
-        first = asyncio.ensure_future(retriever.ainvoke(QUERIES[0]))
-        for _ in range(10_000):
-            if store.entered.is_set():
-                break
-            await asyncio.sleep(0)
-        second = await asyncio.wait_for(asyncio.gather(retriever.ainvoke(QUERIES[1]), return_exceptions=True), 10)
-        store.agate.set()
-        return await first, second[0]
-
-    first, second = asyncio.run(race())
+    first, second = race_two_async_turns(store, retriever.ainvoke)
     assert isinstance(second, MapMatchedRuntimeError) and isinstance(second, RuntimeError)
     assert "already taking a turn" in str(second)
     assert _ids(first)[0] == retriever.session.current_chunk_id
@@ -856,13 +821,8 @@ def test_concurrent_invoke_from_threads_is_refused_and_two_adapters_share_the_gu
     session = MapMatchedRetriever(chain_graph(), provider=_provider(store), **session_options()).session()
     one, two = as_langchain_retriever(session), as_langchain_retriever(session)
     outcome: Dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: outcome.setdefault("first", one.invoke(QUERIES[0])))
-    worker.start()
-    assert store.entered.wait(10)
-    with pytest.raises(MapMatchedRuntimeError, match="this session is already taking a turn"):
-        two.invoke(QUERIES[1])
-    store.gate.set()
-    worker.join(10)
+    check_second_thread_refused(store, lambda: outcome.setdefault("first", one.invoke(QUERIES[0])),
+                                lambda: two.invoke(QUERIES[1]), "this session is already taking a turn")
     assert session.turn_count == 1 and _ids(outcome["first"])[0] == session.current_chunk_id
 
 

@@ -26,8 +26,11 @@ from mapmatched_torch.providers.llamaindex import LlamaIndexProvider, as_llamain
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
 
 from .providers_fixtures import IDS, LIMIT, QUERIES, QUERY_VECTORS, STORE_IDS, TABLE, TEXTS, VECTORS  # noqa: E402
-from .providers_fixtures import chain_graph, check_decoded_chunk_without_text, missing_extra_errors  # noqa: E402
-from .providers_fixtures import modules_loaded_by_importing  # noqa: E402
+from .providers_fixtures import chain_graph, check_adapter_needs_a_provider, check_async_conversation  # noqa: E402
+from .providers_fixtures import check_batch_and_aretrieve_equal_retrieve, check_decoded_chunk_without_text  # noqa: E402
+from .providers_fixtures import check_rejects_query, check_second_thread_refused  # noqa: E402
+from .providers_fixtures import check_session_over_the_provider, missing_extra_errors  # noqa: E402
+from .providers_fixtures import modules_loaded_by_importing, race_two_async_turns  # noqa: E402
 from .providers_fixtures import qdrant_provider, score_pairs, session_options, store_graph  # noqa: E402
 
 # --------------------------------------------------------------------------- a small corpus (providers_fixtures)
@@ -180,12 +183,7 @@ def test_rejects_what_is_neither_a_retriever_nor_a_vector_index() -> None:
 def test_rejects_bad_queries_and_limits(query: Any, message: str) -> None:
     retriever = ListRetriever([(_node("a"), 0.5)])
     provider = LlamaIndexProvider(retriever)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve(query, 1)
-    with pytest.raises(ValueError, match=message):
-        asyncio.run(provider.aretrieve(query, 1))
-    with pytest.raises(ValueError, match=f"query 1 .*{message}"):
-        provider.retrieve_batch(["q", query], 1)
+    check_rejects_query(provider, query, message)
     for limit, limit_message in ((0, "limit must be positive, got 0"), (True, "limit must be an integer")):
         with pytest.raises(ValueError, match=limit_message):
             provider.retrieve("q", limit)
@@ -197,11 +195,7 @@ def test_rejects_bad_queries_and_limits(query: Any, message: str) -> None:
 
 
 def test_retrieve_batch_and_aretrieve_equal_retrieve() -> None:
-    provider = LlamaIndexProvider(_index())
-    expected = [provider.retrieve(query, LIMIT) for query in QUERIES]
-    assert provider.retrieve_batch(QUERIES, LIMIT) == expected
-    assert [asyncio.run(provider.aretrieve(query, LIMIT)) for query in QUERIES] == expected
-    assert provider.retrieve_batch([], LIMIT) == []
+    check_batch_and_aretrieve_equal_retrieve(LlamaIndexProvider(_index()))
 
 
 def test_get_nodes_remembers_and_reads_the_index_docstore() -> None:
@@ -218,12 +212,7 @@ def test_get_nodes_remembers_and_reads_the_index_docstore() -> None:
 
 
 def test_a_session_over_the_provider_equals_a_plain_session_fed_the_same_candidates() -> None:
-    session = MapMatchedRetriever(chain_graph(), provider=LlamaIndexProvider(_index()), **session_options()).session()
-    got = [session.retrieve(query) for query in QUERIES]
-    expected = _plain_conversation()
-    assert got == expected
-    assert [r.trace.to_dict() for r in got] == [r.trace.to_dict() for r in expected]
-    assert any(r.trace.revised_prior_indices for r in expected)
+    check_session_over_the_provider(LlamaIndexProvider(_index()), _plain_conversation())
 
 
 # --------------------------------------------------------------------------- retriever adapter
@@ -286,14 +275,7 @@ def test_a_conversation_through_the_adapter_equals_the_plain_session() -> None:
 
 def test_aretrieve_decodes_the_same_conversation() -> None:
     retriever = _adapter()
-    expected = _plain_conversation()
-
-    async def talk() -> List[List[NodeWithScore]]:
-        return [await retriever.aretrieve(query) for query in QUERIES]
-
-    answers = asyncio.run(talk())
-    assert [_ids(scored) for scored in answers] == [list(r.context_chunk_ids) for r in expected]
-    assert retriever.trace.to_dict() == expected[-1].trace.to_dict()
+    check_async_conversation(retriever, retriever.aretrieve, _ids, _plain_conversation())
 
 
 def test_server_mode_equals_the_plain_session() -> None:
@@ -450,13 +432,7 @@ def test_memory_is_bounded_and_forgotten_on_request() -> None:
 
 
 def test_adapter_arguments_and_queries_are_checked() -> None:
-    graph = chain_graph()
-    with pytest.raises(ValueError, match="needs a CandidateProvider"):
-        as_llamaindex_retriever(MapMatchedRetriever(graph))
-    without_provider = MapMatchedServer(graph)
-    with pytest.raises(ValueError, match="pass provider= to MapMatchedServer"):
-        as_llamaindex_retriever(without_provider, session_id="x")
-    assert len(without_provider) == 0  # the refused build opened no session
+    check_adapter_needs_a_provider(as_llamaindex_retriever)
     with pytest.raises(ValueError, match="takes a MapMatchedSession, a MapMatchedRetriever or a MapMatchedServer"):
         as_llamaindex_retriever(_index())
     with pytest.raises(ValueError, match="unsupported missing_text: 'drop'"):
@@ -500,29 +476,12 @@ class GatedRetriever(BaseRetriever):
 def test_one_conversation_takes_one_turn_at_a_time() -> None:
     gated = GatedRetriever(_index().as_retriever(similarity_top_k=LIMIT))
     retriever = _adapter(gated)
-
-    async def race() -> Tuple[Any, Any]:
-        gated.agate = asyncio.Event()
-        first = asyncio.ensure_future(retriever.aretrieve(QUERIES[0]))
-        for _ in range(10_000):
-            if gated.entered.is_set():
-                break
-            await asyncio.sleep(0)
-        second = await asyncio.wait_for(asyncio.gather(retriever.aretrieve(QUERIES[1]), return_exceptions=True), 10)
-        gated.agate.set()
-        return await first, second[0]
-
-    first, second = asyncio.run(race())
+    first, second = race_two_async_turns(gated, retriever.aretrieve)
     assert isinstance(second, MapMatchedRuntimeError) and "already taking a turn" in str(second)
     assert retriever.session.turn_count == 1
     gated.entered.clear()
-    worker = threading.Thread(target=lambda: retriever.retrieve(QUERIES[1]))
-    worker.start()
-    assert gated.entered.wait(10)
-    with pytest.raises(MapMatchedRuntimeError, match="already taking a turn"):
-        retriever.retrieve(QUERIES[2])
-    gated.gate.set()
-    worker.join(10)
+    check_second_thread_refused(gated, lambda: retriever.retrieve(QUERIES[1]), lambda: retriever.retrieve(QUERIES[2]),
+                                "already taking a turn")
     assert retriever.session.turn_count == 2
 
 

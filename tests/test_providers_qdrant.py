@@ -21,14 +21,17 @@ import pytest
 from mapmatched_torch.models import ScoredCandidate
 from mapmatched_torch.protocols import CandidateProvider
 from mapmatched_torch.providers.qdrant import QdrantProvider
-from mapmatched_torch.retrieval import MapMatchedRetriever
 
-from .providers_fixtures import STORE_CONVERSATION as CONVERSATION
+from .providers_fixtures import BAD_LIMITS, BAD_QUERIES
 from .providers_fixtures import STORE_DIMENSION as DIMENSION
 from .providers_fixtures import STORE_IDS as IDS
 from .providers_fixtures import STORE_QUERIES as QUERIES
 from .providers_fixtures import STORE_VECTORS as VECTORS
-from .providers_fixtures import brute_force, check_server_parity, missing_extra_errors, run_script, score_pairs, store_graph
+from .providers_fixtures import brute_force, check_accepts_row_matrices_lists_and_torch_tensors, check_batch_argument_errors
+from .providers_fixtures import check_batch_error_names_the_query, check_brute_force_top_five, check_limit_cuts
+from .providers_fixtures import check_rejects_bad_limit, check_server_parity, check_store_session_parity
+from .providers_fixtures import check_ties_keep_the_store_rank, check_zero_distance_is_positive_zero, import_error_without
+from .providers_fixtures import missing_extra_errors, score_pairs, tied_vectors
 
 qdrant_client = pytest.importorskip("qdrant_client", reason="qdrant-client is not installed (the [qdrant] extra)")
 models = qdrant_client.models
@@ -108,37 +111,22 @@ def _fake(distance: str, points: List[Any], **kwargs: Any) -> QdrantProvider:
 def test_scores_are_higher_is_better_for_every_distance(client: Any, distance: str) -> None:
     provider = _provider(client, distance)
     assert provider.distance == distance and provider.dimension == DIMENSION
-    for query, vector in QUERIES.items():
-        got = provider.retrieve(query, 5)
-        expected = brute_force(distance, vector)
-        order = sorted(range(len(IDS)), key=lambda i: -expected[i])[:5]
-        assert [c.chunk_id for c in got] == [IDS[i] for i in order], query
-        assert [c.score for c in got] == pytest.approx([expected[i] for i in order], rel=1e-5, abs=1e-5)
-        assert all(a.score >= b.score for a, b in zip(got, got[1:]))
-        if distance in ("Euclid", "Manhattan"):
-            assert all(c.score <= 0.0 for c in got)
+    check_brute_force_top_five(provider, distance)
 
 
 @pytest.mark.parametrize("distance", ["Euclid", "Manhattan"])
 def test_zero_distance_is_positive_zero(client: Any, distance: str) -> None:
     name = _collection(client, distance)
-    provider = QdrantProvider(client, name, lambda query: VECTORS[4], chunk_id_field="chunk")
-    best = provider.retrieve("the fifth chunk", 1)[0]
-    assert best.chunk_id == IDS[4]
-    assert best.score == 0.0 and np.copysign(1.0, best.score) == 1.0
+    check_zero_distance_is_positive_zero(QdrantProvider(client, name, lambda query: VECTORS[4], chunk_id_field="chunk"))
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
 def test_ties_keep_qdrants_rank(client: Any, distance: str) -> None:
-    vectors = VECTORS.copy()
-    vectors[[1, 3, 5, 7, 9]] = 10.0 * vectors[5]  # five identical vectors, the nearest by every distance
+    vectors = tied_vectors()
     name = _collection(client, distance, vectors)
-    provider = QdrantProvider(client, name, lambda query: vectors[5], chunk_id_field="chunk")
-    got = provider.retrieve("q", len(IDS))
+    got = QdrantProvider(client, name, lambda query: vectors[5], chunk_id_field="chunk").retrieve("q", len(IDS))
     raw = client.query_points(name, query=vectors[5].tolist(), limit=len(IDS), with_payload=True).points
-    assert [c.chunk_id for c in got] == [p.payload["chunk"] for p in raw]
-    assert {c.chunk_id for c in got[:5]} == {IDS[i] for i in (1, 3, 5, 7, 9)}
-    assert len({c.score for c in got[:5]}) == 1
+    check_ties_keep_the_store_rank(got, [p.payload["chunk"] for p in raw])
 
 
 @pytest.mark.parametrize(
@@ -155,11 +143,7 @@ def test_unsorted_response_is_sorted_by_score_then_rank(distance: str, scores: L
 
 
 def test_limit_cuts_and_large_limit_returns_every_point(client: Any) -> None:
-    provider = _provider(client, "Dot")
-    assert len(provider.retrieve("q0", 1)) == 1
-    everything = provider.retrieve("q0", 100)
-    assert sorted(c.chunk_id for c in everything) == sorted(IDS)
-    assert provider.retrieve("q0", 4) == everything[:4]
+    check_limit_cuts(_provider(client, "Dot"))
 
 
 def test_point_ids_are_chunk_ids_by_default(client: Any) -> None:
@@ -284,44 +268,28 @@ def test_cosine_batch_matches_retrieve_up_to_local_mode_rounding(client: Any) ->
 def test_retrieve_batch_edge_cases(client: Any) -> None:
     points = _points((0, 1.0, None))
     provider = _fake("Dot", points)
-    assert provider.retrieve_batch([], 2) == []
-    assert provider._client.batch_calls == 0
-    with pytest.raises(ValueError, match="not a single string"):
-        provider.retrieve_batch("q", 2)
-    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
-        provider.retrieve_batch(["q", ""], 2)
+    check_batch_argument_errors(provider)
     assert provider._client.batch_calls == 0
     assert provider.retrieve_batch(("a", "b"), 2) == [(ScoredCandidate("0", 1.0),)] * 2
 
 
 def test_batch_error_names_the_query(client: Any) -> None:
     name = _collection(client)
-    table = dict(QUERIES, bad=np.full(DIMENSION, np.nan, dtype=np.float32))
-    provider = QdrantProvider(client, name, table.__getitem__, chunk_id_field="chunk")
-    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
-        provider.retrieve_batch(["q0", "bad"], 2)
+    check_batch_error_names_the_query(lambda embed_query: QdrantProvider(client, name, embed_query, chunk_id_field="chunk"))
 
 
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(("query", "message"), [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")])
+@pytest.mark.parametrize(("query", "message"), BAD_QUERIES)
 def test_rejects_bad_queries(client: Any, query: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _provider(client).retrieve(query, 1)
 
 
-@pytest.mark.parametrize(
-    ("limit", "message"),
-    [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
-     (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")],
-)
+@pytest.mark.parametrize(("limit", "message"), BAD_LIMITS)
 def test_rejects_bad_limits(client: Any, limit: Any, message: str) -> None:
-    provider = _provider(client)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve("q0", limit)
-    with pytest.raises(ValueError, match=message):
-        provider.retrieve_batch(["q0"], limit)
+    check_rejects_bad_limit(_provider(client), limit, message)
 
 
 @pytest.mark.parametrize(
@@ -342,14 +310,10 @@ def test_rejects_bad_query_vectors(client: Any, vector: Any, message: str) -> No
 
 
 def test_accepts_row_matrices_lists_and_torch_tensors(client: Any) -> None:
-    torch = pytest.importorskip("torch")
-    vector = QUERIES["q3"]
-    table = {"numpy": vector, "row": vector[None, :], "list": vector.tolist(), "tensor": torch.tensor(vector, requires_grad=True)}
     name = _collection(client)
-    provider = QdrantProvider(client, name, table.__getitem__, chunk_id_field="chunk")
-    reference = provider.retrieve("numpy", 4)
-    for query in ("row", "list", "tensor"):
-        assert provider.retrieve(query, 4) == reference, query
+    check_accepts_row_matrices_lists_and_torch_tensors(
+        lambda embed_query: QdrantProvider(client, name, embed_query, chunk_id_field="chunk")
+    )
 
 
 def test_rejects_a_missing_collection_and_bad_arguments(client: Any) -> None:
@@ -424,20 +388,7 @@ def test_missing_qdrant_client_names_the_extra() -> None:
 
 
 def test_module_imports_without_qdrant_client() -> None:
-    stdout = run_script(
-        """
-        import sys
-        sys.modules["qdrant_client"] = None
-        import mapmatched_torch
-        from mapmatched_torch.providers import QdrantProvider
-        assert mapmatched_torch.QdrantProvider is QdrantProvider
-        try:
-            QdrantProvider(object(), "docs", str)
-        except ImportError as error:
-            print(error)
-        """
-    )
-    assert "[qdrant]" in stdout
+    assert "[qdrant]" in import_error_without("qdrant_client", "QdrantProvider", "object(), 'docs', str")
 
 
 # --------------------------------------------------------------------------- sessions and the server
@@ -455,29 +406,24 @@ def test_module_imports_without_qdrant_client() -> None:
 def test_session_through_the_provider_equals_a_plain_session(
     client: Any, distance: str, options: Dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    graph = store_graph()
     provider = _provider(client, distance)
     limit = options.get("candidate_limit", 20)
-    received: List[Any] = []
+    received: List[Tuple[Dict[str, Any], Any]] = []
     real = client.query_points
 
     def recording(name: str, **kwargs: Any) -> Any:
-        assert kwargs["limit"] == limit and kwargs["query"] == QUERIES[query].tolist()
         response = real(name, **kwargs)
-        received.append(response.points)
+        received.append((kwargs, response.points))
         return response
 
+    def by_hand(query: str) -> List[ScoredCandidate]:
+        (kwargs, points), = received  # the provider's one request of this turn
+        received.clear()
+        assert kwargs["limit"] == limit and kwargs["query"] == QUERIES[query].tolist()
+        return _by_hand(points, distance)  # the same points, by hand
+
     monkeypatch.setattr(client, "query_points", recording)
-    through = MapMatchedRetriever(graph, provider=provider, **options).session()
-    plain = MapMatchedRetriever(graph, **options).session()
-    for turn, query in enumerate(CONVERSATION):
-        got = through.retrieve(query)
-        assert len(received) == turn + 1
-        expected = plain.retrieve_candidates(_by_hand(received[-1], distance))  # the same points, by hand
-        assert got.path.chunk_ids == expected.path.chunk_ids
-        assert got.trace.to_dict() == expected.trace.to_dict()
-        assert got == expected
-    assert through.path == plain.path
+    check_store_session_parity(provider, options, by_hand)
 
 
 def test_server_step_through_the_provider_equals_sessions(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:

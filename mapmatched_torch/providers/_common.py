@@ -1,11 +1,13 @@
-"""Checks shared by every provider (IDs, queries, batches, embeddings as arrays, scores)."""
+"""Checks shared by every provider (IDs, queries, batches, embeddings as arrays, scores),
+and :class:`SearchProvider`, the ``retrieve`` / ``retrieve_batch`` of the vector-store
+providers."""
 
 from __future__ import annotations
 
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -15,6 +17,7 @@ from ..models import ScoredCandidate
 
 __all__ = [
     "QueryEmbedder",
+    "SearchProvider",
     "as_array",
     "as_query_vector",
     "check_batch",
@@ -83,6 +86,63 @@ def check_batch(queries: Any, limit: Any) -> Tuple[List[str], int]:
     for position, query in enumerate(queries):
         check_query(query, f"query {position}")
     return queries, limit
+
+
+class SearchProvider:
+    """``retrieve`` and ``retrieve_batch`` of a provider that embeds queries and searches
+    a store (Chroma, Qdrant, FAISS): both check their arguments, then hand the queries to
+    :meth:`_search` with the names error messages give them -- ``"query"`` for
+    :meth:`retrieve`, ``"query 0"``, ``"query 1"``, ... by position for
+    :meth:`retrieve_batch`. A subclass implements :meth:`_search`; its class docstring
+    says what the scores mean, how ties are ordered and what a call costs.
+    """
+
+    def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
+        """The best ``min(limit, n)`` candidates for one query, best first.
+
+        Args:
+            query: a non-empty query string, passed to ``embed_query``.
+            limit: the most candidates to return, a positive int.
+
+        Returns:
+            :class:`~mapmatched_torch.models.ScoredCandidate` sorted by (-score, the
+            store's rank or index position); scores as in the class docstring.
+
+        Raises:
+            ValueError: a bad query, query vector or limit, or an invalid result from
+                the store (e.g. a hit without a valid chunk ID, one chunk ID returned
+                twice, a non-finite score or distance).
+        """
+        query, limit = check_request(query, limit)
+        return self._search_one(query, limit, "query")
+
+    def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """:meth:`retrieve` for many queries with a single search of the store (see the
+        class docstring's cost).
+
+        Args:
+            queries: query strings (a list, not one string); may be empty.
+            limit: the most candidates per query, a positive int.
+
+        Returns:
+            One tuple per query, in query order, each equal to ``retrieve(query, limit)``.
+
+        Raises:
+            ValueError: as :meth:`retrieve`; messages name the query's position.
+        """
+        queries, limit = check_batch(queries, limit)
+        if not queries:
+            return []
+        return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
+
+    def _search_one(self, query: str, limit: int, name: str) -> Tuple[ScoredCandidate, ...]:
+        """One checked query (for :meth:`retrieve`); a batch of one unless overridden."""
+        return self._search([query], limit, (name,))[0]
+
+    def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """Checked queries (at least one) and limit -> one tuple of candidates per
+        query (``names``: one per query, for error messages)."""
+        raise NotImplementedError
 
 
 def check_name(value: Any, name: str, *, optional: bool = False) -> Optional[str]:

@@ -8,7 +8,8 @@ refuses two concurrent turns. :class:`ConversationViews` gives both adapters the
 properties and turn methods; :func:`context_contents` and :func:`entry_metadata` turn a
 :class:`~mapmatched_torch.models.RetrievalResult` into what each adapter's documents
 carry, so both ecosystems report a turn identically. :class:`TextMemory` is the
-bounded memory of chunk texts both framework providers keep.
+bounded memory of chunk texts both framework providers keep, and
+:class:`FrameworkProvider` their shared properties, ``repr`` and ``forget``.
 
 No framework is imported here.
 """
@@ -36,6 +37,7 @@ __all__ = [
     "ConversationViews",
     "ContextEntry",
     "DEFAULT_MEMORY",
+    "FrameworkProvider",
     "MISSING_TEXT",
     "ROLES",
     "TextMemory",
@@ -190,6 +192,39 @@ class TextMemory:
         with self._lock:
             self._known.clear()
             self._absent.clear()
+
+
+class FrameworkProvider:
+    """What the framework providers (LangChain, LlamaIndex) share: the properties of
+    what they search, their ``repr`` and :meth:`forget`. A subclass sets ``_source``,
+    ``_score_mode``, ``_chunk_id_field`` and ``_memory`` (a :class:`TextMemory`)."""
+
+    @property
+    def source(self) -> Any:
+        """The vector store, retriever or index searched (after unwrapping a LangChain
+        ``VectorStoreRetriever`` to its store)."""
+        return self._source
+
+    @property
+    def score_mode(self) -> str:
+        """Where the "higher is better" scores come from (see the class docstring)."""
+        return self._score_mode
+
+    @property
+    def chunk_id_field(self) -> Optional[str]:
+        """The metadata key holding the chunk ID (None: the document's or node's own ID)."""
+        return self._chunk_id_field
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({type(self._source).__name__}, score_mode={self._score_mode!r}, "
+            f"chunk_id_field={self._chunk_id_field!r})"
+        )
+
+    def forget(self) -> None:
+        """Drop the remembered documents (or nodes) and the marks of chunk IDs the store
+        did not have (e.g. after the store or index changed)."""
+        self._memory.forget()
 
 
 # --------------------------------------------------------------------------- guards

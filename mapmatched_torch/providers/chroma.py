@@ -51,7 +51,7 @@ from .._optional import import_optional
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import QueryEmbedder, as_query_vector, check_batch, check_name, check_request, check_result_count
+from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_name, check_result_count
 from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
 
 __all__ = ["ChromaProvider", "CHROMA_SPACES"]
@@ -60,7 +60,7 @@ __all__ = ["ChromaProvider", "CHROMA_SPACES"]
 CHROMA_SPACES = {"l2": 0.0, "cosine": 1.0, "ip": 1.0}
 
 
-class ChromaProvider:
+class ChromaProvider(SearchProvider):
     """Retrieve scored chunk candidates from a Chroma collection.
 
     The caller embeds the query (``embed_query``); the provider asks Chroma for the
@@ -170,44 +170,8 @@ class ChromaProvider:
             f"dimension={self._dimension}, chunk_id_field={self._chunk_id_field!r})"
         )
 
-    def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
-        """The best ``min(limit, n)`` candidates for one query, best first.
-
-        Args:
-            query: a non-empty query string, passed to ``embed_query``.
-            limit: the most candidates to return, a positive int.
-
-        Returns:
-            :class:`~mapmatched_torch.models.ScoredCandidate` sorted by
-            (-score, Chroma's rank); scores as in the class docstring.
-
-        Raises:
-            ValueError: a bad query, query vector or limit; a record without a valid
-                chunk ID; one chunk ID returned twice; a non-finite distance.
-        """
-        query, limit = check_request(query, limit)
-        return self._search([query], limit, ("query",))[0]
-
-    def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
-        """:meth:`retrieve` for many queries with a single ``collection.query`` call.
-
-        Args:
-            queries: query strings (a list, not one string); may be empty.
-            limit: the most candidates per query, a positive int.
-
-        Returns:
-            One tuple per query, in query order, each equal to ``retrieve(query, limit)``.
-
-        Raises:
-            ValueError: as :meth:`retrieve`; messages name the query's position.
-        """
-        queries, limit = check_batch(queries, limit)
-        return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
-
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
-        """Checked queries and limit -> one tuple of candidates per query."""
-        if not queries:
-            return []
+        """All the queries in one ``collection.query`` call (no call while the collection is empty)."""
         dimension = self._stored_dimension()
         if dimension is None:  # an empty collection: nothing to search
             return [() for _ in queries]

@@ -22,12 +22,12 @@ Decisions where SPEC.md is silent:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Iterable, List, Tuple
 
 import numpy as np
 
 from .._optional import require_faiss
-from ._common import QueryEmbedder, as_query_vector, check_batch, check_chunk_ids, check_request, distance_to_score
+from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
@@ -38,7 +38,7 @@ __all__ = ["FAISSProvider", "SCORE_MODES"]
 SCORE_MODES = ("similarity", "distance")
 
 
-class FAISSProvider:
+class FAISSProvider(SearchProvider):
     """Retrieve scored chunk candidates from a FAISS index.
 
     Label ``i`` of the index is the vector of ``chunk_ids[i]``. The caller embeds the
@@ -125,43 +125,8 @@ class FAISSProvider:
             f"score_mode={self._score_mode!r})"
         )
 
-    def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
-        """The best ``min(limit, n)`` candidates for one query, best first.
-
-        Args:
-            query: a non-empty query string, passed to ``embed_query``.
-            limit: the most candidates to return, a positive int.
-
-        Returns:
-            :class:`~mapmatched_torch.models.ScoredCandidate` sorted by
-            (-score, index position).
-
-        Raises:
-            ValueError: a bad query, query vector or limit, or an invalid FAISS result.
-        """
-        query, limit = check_request(query, limit)
-        return self._search([query], limit, ("query",))[0]
-
-    def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
-        """:meth:`retrieve` for many queries with a single ``index.search`` call.
-
-        Args:
-            queries: query strings (a list, not one string); may be empty.
-            limit: the most candidates per query, a positive int.
-
-        Returns:
-            One tuple per query, in query order, each equal to ``retrieve(query, limit)``.
-
-        Raises:
-            ValueError: as :meth:`retrieve`; messages name the query's position.
-        """
-        queries, limit = check_batch(queries, limit)
-        return self._search(queries, limit, tuple(f"query {i}" for i in range(len(queries))))
-
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
-        """Checked queries and limit -> one tuple of candidates per query."""
-        if not queries:
-            return []
+        """All the queries in one ``index.search`` of a (Q, D) float32 matrix."""
         # shape: (Q, D) float32, C-contiguous
         matrix = np.stack([self._embed(query, name) for query, name in zip(queries, names)])
         count = self._check_unchanged_size()

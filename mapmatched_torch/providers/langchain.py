@@ -95,6 +95,7 @@ from ._common import check_batch, check_name, check_request, chunk_id_from_field
 from ._conversation import (
     Conversation,
     ConversationViews,
+    FrameworkProvider,
     TextMemory,
     check_lookup,
     check_metadata_key,
@@ -134,7 +135,7 @@ def _overrides(store: Any, base: type, names: Iterable[str]) -> bool:
     return any(getattr(type(store), name, None) is not getattr(base, name, None) for name in names)
 
 
-class LangChainProvider:
+class LangChainProvider(FrameworkProvider):
     """Candidates from a LangChain vector store or retriever (``CandidateProvider``).
 
     Args:
@@ -253,27 +254,6 @@ class LangChainProvider:
         self._score_mode = mode
         self._search_kwargs = kwargs
         self._name = f"LangChain {self._kind} {type(source).__name__}"
-
-    # ----------------------------------------------------------------- properties
-
-    @property
-    def source(self) -> Any:
-        """The vector store or retriever searched (after unwrapping)."""
-        return self._source
-
-    @property
-    def score_mode(self) -> str:
-        return self._score_mode
-
-    @property
-    def chunk_id_field(self) -> Optional[str]:
-        return self._chunk_id_field
-
-    def __repr__(self) -> str:
-        return (
-            f"LangChainProvider({type(self._source).__name__}, score_mode={self._score_mode!r}, "
-            f"chunk_id_field={self._chunk_id_field!r})"
-        )
 
     # ----------------------------------------------------------------- searching
 
@@ -405,10 +385,6 @@ class LangChainProvider:
         naming the chunks and the error; they are left out and asked again next time.
         """
         return self._memory.lookup(chunk_ids, self._fetch if self._kind == "vector store" else None, self._name)
-
-    def forget(self) -> None:
-        """Drop the remembered documents and absent marks (e.g. after the store changed)."""
-        self._memory.forget()
 
     def _fetch(self, missing: List[str]) -> Dict[str, Any]:
         """``{chunk_id: Document}`` from the store's ``get_by_ids`` for the chunk IDs it has."""

@@ -77,6 +77,7 @@ from ._common import check_batch, check_name, check_request, chunk_id_from_field
 from ._conversation import (
     Conversation,
     ConversationViews,
+    FrameworkProvider,
     TextMemory,
     check_lookup,
     check_metadata_key,
@@ -105,7 +106,7 @@ def _llamaindex(feature: str) -> Tuple[Any, Any, Any]:
     )
 
 
-class LlamaIndexProvider:
+class LlamaIndexProvider(FrameworkProvider):
     """Candidates from a LlamaIndex retriever or ``VectorStoreIndex`` (``CandidateProvider``).
 
     Args:
@@ -168,25 +169,6 @@ class LlamaIndexProvider:
         self._chunk_id_field = chunk_id_field
         self._score_mode = score_mode
         self._name = f"LlamaIndex {self._kind} {type(source).__name__}"
-
-    @property
-    def source(self) -> Any:
-        """The retriever or index searched."""
-        return self._source
-
-    @property
-    def score_mode(self) -> str:
-        return self._score_mode
-
-    @property
-    def chunk_id_field(self) -> Optional[str]:
-        return self._chunk_id_field
-
-    def __repr__(self) -> str:
-        return (
-            f"LlamaIndexProvider({type(self._source).__name__}, score_mode={self._score_mode!r}, "
-            f"chunk_id_field={self._chunk_id_field!r})"
-        )
 
     def _retriever(self, limit: int) -> Any:
         if self._kind == "index":
@@ -254,10 +236,6 @@ class LlamaIndexProvider:
         a docstore that raises is a ``UserWarning`` naming the chunks and the error.
         """
         return self._memory.lookup(chunk_ids, self._fetch if self._kind == "index" else None, self._name)
-
-    def forget(self) -> None:
-        """Drop the remembered nodes and absent marks (e.g. after the index changed)."""
-        self._memory.forget()
 
     def _fetch(self, missing: List[str]) -> Dict[str, Any]:
         """``{chunk_id: node}`` from the index's docstore for the chunk IDs it has."""

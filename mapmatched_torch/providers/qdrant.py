@@ -45,7 +45,7 @@ from .._optional import import_optional
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ..models import ScoredCandidate
-from ._common import QueryEmbedder, as_query_vector, check_batch, check_name, check_request, check_result_count
+from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_name, check_result_count
 from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
 
 __all__ = ["QdrantProvider", "QDRANT_DISTANCES"]
@@ -54,7 +54,7 @@ __all__ = ["QdrantProvider", "QDRANT_DISTANCES"]
 QDRANT_DISTANCES = {"Cosine": False, "Dot": False, "Euclid": True, "Manhattan": True}
 
 
-class QdrantProvider:
+class QdrantProvider(SearchProvider):
     """Retrieve scored chunk candidates from a Qdrant collection.
 
     The caller embeds the query (``embed_query``); the provider searches the
@@ -193,26 +193,11 @@ class QdrantProvider:
             f"distance={self._distance!r}, dimension={self._dimension}, chunk_id_field={self._chunk_id_field!r})"
         )
 
-    def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
-        """The best ``min(limit, n)`` candidates for one query, best first.
-
-        Args:
-            query: a non-empty query string, passed to ``embed_query``.
-            limit: the most candidates to return, a positive int.
-
-        Returns:
-            :class:`~mapmatched_torch.models.ScoredCandidate` sorted by
-            (-score, Qdrant's rank); scores as in the class docstring.
-
-        Raises:
-            ValueError: a bad query, query vector or limit; a point without a valid
-                chunk ID; one chunk ID returned twice; a non-finite score.
-        """
-        query, limit = check_request(query, limit)
-        vector = self._embed(query, "query")
+    def _search_one(self, query: str, limit: int, name: str) -> Tuple[ScoredCandidate, ...]:
+        """One query in one ``query_points`` request."""
         response = self._client.query_points(
             self._collection_name,
-            query=vector.tolist(),
+            query=self._embed(query, name).tolist(),
             using=self._using,
             query_filter=self._query_filter,
             search_params=self._search_params,
@@ -220,25 +205,10 @@ class QdrantProvider:
             with_payload=self._with_payload(),
             with_vectors=False,
         )
-        return self._candidates(response.points, limit, "query")
+        return self._candidates(response.points, limit, name)
 
-    def retrieve_batch(self, queries: Sequence[str], limit: int) -> List[Tuple[ScoredCandidate, ...]]:
-        """:meth:`retrieve` for many queries with a single ``query_batch_points`` request.
-
-        Args:
-            queries: query strings (a list, not one string); may be empty.
-            limit: the most candidates per query, a positive int.
-
-        Returns:
-            One tuple per query, in query order, each equal to ``retrieve(query, limit)``.
-
-        Raises:
-            ValueError: as :meth:`retrieve`; messages name the query's position.
-        """
-        queries, limit = check_batch(queries, limit)
-        names = [f"query {i}" for i in range(len(queries))]
-        if not queries:
-            return []
+    def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """All the queries in one ``query_batch_points`` request."""
         requests = [
             self._models.QueryRequest(
                 query=self._embed(query, name).tolist(),
