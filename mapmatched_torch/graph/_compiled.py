@@ -244,7 +244,7 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
 
 def compiled_balls(
     adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int] = None
-) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+) -> List[Tuple[np.ndarray, np.ndarray]]:
     """The bounded ball of each centre: every node within ``limit``, by one search each.
 
     Args:
@@ -254,8 +254,8 @@ def compiled_balls(
         memory_budget: bytes of ball storage per round (``16 N`` per centre at most).
 
     Returns:
-        Per centre, ``(nodes, distances)``: int64 and float64 CPU tensors of every node
-        within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
+        Per centre, ``(nodes, distances)``: int64 and float64 numpy arrays of every
+        node within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
         Cost O(ball) per centre, not O(N).
     """
     import numba
@@ -264,7 +264,7 @@ def compiled_balls(
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
     sources = centres.cpu().numpy().astype(np.int64)
-    result: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    result: List[Tuple[np.ndarray, np.ndarray]] = []
     per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
     for first in range(0, sources.size, per_round):
         chunk = sources[first:first + per_round]
@@ -275,6 +275,5 @@ def compiled_balls(
         kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
                       ball_values, ball_count, ball_radius, _blocks(numba.get_num_threads(), chunk.size))
         for row, count in enumerate(ball_count.tolist()):
-            result.append((torch.from_numpy(ball_nodes[row, :count].copy()),
-                           torch.from_numpy(ball_values[row, :count].copy())))
+            result.append((ball_nodes[row, :count], ball_values[row, :count]))
     return result

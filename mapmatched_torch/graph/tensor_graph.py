@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from .._optional import import_optional
@@ -628,15 +629,15 @@ class TensorCorpusGraph:
         known = sorted({code for code in codes if code >= 0})
         found = {}
         if known and resolve_engine(engine, self.device) == "compiled":
-            # O(ball) per centre instead of O(N) (a table row is O(N) too): sorted balls
-            rank = self._vocabulary.rank()
+            # O(ball) per centre instead of O(N) (a table row is O(N) too)
+            rank = self._vocabulary.rank().numpy()
             sources = torch.tensor(known, dtype=torch.long)
             for source, (ball, distances) in zip(
                 known, compiled_balls(self._adjacency, sources, limit, self._memory_budget)
             ):
                 found[source] = self._ordered_ball(source, ball, distances, rank)
             return tuple(found[code] if code >= 0 else () for code in codes)
-        rank = self._vocabulary.rank(self.device)
+        rank = self._vocabulary.rank().numpy()
         step = rows_per_chunk(self.num_nodes, max(len(known), 1), self._memory_budget)
         for first in range(0, len(known), step):
             # shape: (C,) centres of this chunk, (C, N) their rows
@@ -648,26 +649,20 @@ class TensorCorpusGraph:
                     self._adjacency, sources, limit=limit, engine=engine, memory_budget=self._memory_budget
                 )
             for source, row in zip(sources.tolist(), rows):
-                found[source] = self._ranked_ball(source, row, limit, rank)
+                # shape: (K,) nodes in the ball
+                ball = (row <= limit).nonzero().squeeze(1)
+                found[source] = self._ordered_ball(source, ball.cpu().numpy(), row[ball].cpu().numpy(), rank)
         return tuple(found[code] if code >= 0 else () for code in codes)
 
-    def _ranked_ball(
-        self, source: int, row: torch.Tensor, limit: float, rank: torch.Tensor
-    ) -> Tuple[Tuple[str, float], ...]:
-        """The nodes of one row within ``limit`` (the source excluded), by (distance, ID)."""
-        # shape: (K,) nodes in the ball
-        ball = (row <= limit).nonzero().squeeze(1)
-        return self._ordered_ball(source, ball, row[ball], rank)
-
     def _ordered_ball(
-        self, source: int, ball: torch.Tensor, distances: torch.Tensor, rank: torch.Tensor
+        self, source: int, ball: np.ndarray, distances: np.ndarray, rank: np.ndarray
     ) -> Tuple[Tuple[str, float], ...]:
-        """``(chunk ID, distance)`` of the ball's nodes but the source, by (distance, ID)."""
+        """``(chunk ID, distance)`` of the ball's nodes but the source, by (distance, ID).
+
+        numpy, not torch: balls are small and a torch call costs microseconds each."""
         keep = ball != source
         ball, distances = ball[keep], distances[keep]
-        # ordered by ID rank, then stably by distance
-        order = torch.argsort(rank[ball], stable=True)
-        order = order[torch.argsort(distances[order], stable=True)]
+        order = np.lexsort((rank[ball], distances))  # by distance, then ID rank
         ids = self.nodes
         return tuple((ids[node], distance) for node, distance in zip(ball[order].tolist(), distances[order].tolist()))
 
