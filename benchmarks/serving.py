@@ -11,12 +11,14 @@ scaled per turn.
 
 Run:  python benchmarks/serving.py            (sessions 1, 64, 1024, 4096)
       python benchmarks/serving.py --dense    (distances gathered from a precomputed table)
+      python benchmarks/serving.py --gc-freeze  (gc.freeze() after the warm-up)
       python benchmarks/serving.py --quick    (a smoke run)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -73,7 +75,8 @@ class Walkers:
         return turns
 
 
-def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int):
+def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int,
+            gc_freeze: bool = False):
     generator = torch.Generator().manual_seed(seed)
     server = MapMatchedServer(graph, candidate_limit=width, fixed_lag=lag, transition_weight=1.0, device=device,
                               capacity=sessions)
@@ -83,6 +86,8 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
     walkers = Walkers(sessions, len(graph), width, generator)
     times = []
     for step in range(warmup + steps):
+        if gc_freeze and step == warmup:
+            gc.freeze()  # the sessions' long-lived objects leave the collector's generations
         turns = dict(zip(ids, walkers.turn()))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -128,6 +133,8 @@ def main() -> None:
     parser.add_argument("--lag", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dense", action="store_true", help="precompute the dense distance table first (distances by gather)")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after the warm-up steps (what latency-sensitive Python servers do)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -147,7 +154,9 @@ def main() -> None:
     print("| sessions | p50 step (ms) | p99 step (ms) | turns/s (p50) | standalone one by one (ms, scaled) | speed-up |")
     print("|---:|---:|---:|---:|---:|---:|")
     for sessions in args.sessions:
-        times = sorted(measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed))
+        times = sorted(measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed,
+                               args.gc_freeze))
+        gc.unfreeze()
         p50 = statistics.median(times)
         p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
         baseline = per_turn * sessions
