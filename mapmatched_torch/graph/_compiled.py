@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from .._optional import has_module
 from ._csr import CSRAdjacency
 from ._memory import rows_per_chunk
 
-__all__ = ["available", "compiled_pairs", "compiled_balls"]
+__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows"]
 
 
 def available() -> bool:
@@ -242,6 +242,30 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         found[chunk] = done
 
 
+def _ball_chunks(
+    adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int]
+) -> Iterator[Tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Complete bounded balls of the centres, a round at a time: ``(first, nodes,
+    values, counts)`` with row ``r`` holding centre ``first + r``'s ``counts[r]``
+    nodes in settle order (nondecreasing distance)."""
+    import numba
+
+    kernels = _kernels()
+    arrays = _csr_arrays(adjacency)
+    nodes = adjacency.num_nodes
+    sources = centres.cpu().numpy().astype(np.int64)
+    per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
+    for first in range(0, sources.size, per_round):
+        chunk = sources[first:first + per_round]
+        ball_nodes = np.empty((chunk.size, nodes), dtype=np.int64)
+        ball_values = np.empty((chunk.size, nodes), dtype=np.float64)
+        ball_count = np.empty(chunk.size, dtype=np.int64)
+        ball_radius = np.empty(chunk.size, dtype=np.float64)
+        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
+                      ball_values, ball_count, ball_radius, _blocks(numba.get_num_threads(), chunk.size))
+        yield first, ball_nodes, ball_values, ball_count
+
+
 def compiled_balls(
     adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int] = None
 ) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -258,22 +282,20 @@ def compiled_balls(
         node within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
         Cost O(ball) per centre, not O(N).
     """
-    import numba
-
-    kernels = _kernels()
-    arrays = _csr_arrays(adjacency)
-    nodes = adjacency.num_nodes
-    sources = centres.cpu().numpy().astype(np.int64)
     result: List[Tuple[np.ndarray, np.ndarray]] = []
-    per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
-    for first in range(0, sources.size, per_round):
-        chunk = sources[first:first + per_round]
-        ball_nodes = np.empty((chunk.size, nodes), dtype=np.int64)
-        ball_values = np.empty((chunk.size, nodes), dtype=np.float64)
-        ball_count = np.empty(chunk.size, dtype=np.int64)
-        ball_radius = np.empty(chunk.size, dtype=np.float64)
-        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
-                      ball_values, ball_count, ball_radius, _blocks(numba.get_num_threads(), chunk.size))
+    for _, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, centres, limit, memory_budget):
         for row, count in enumerate(ball_count.tolist()):
             result.append((ball_nodes[row, :count], ball_values[row, :count]))
     return result
+
+
+def compiled_rows(
+    adjacency: CSRAdjacency, sources: torch.Tensor, limit: float, memory_budget: Optional[int] = None
+) -> torch.Tensor:
+    """``(S, N)`` float64 bounded rows (``inf`` past ``limit``) on the graph's device,
+    from complete ball searches on every thread (e.g. a dense table's N rows)."""
+    rows = np.full((sources.numel(), adjacency.num_nodes), np.inf)
+    for first, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, sources, limit, memory_budget):
+        for row, count in enumerate(ball_count.tolist()):
+            rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
+    return torch.from_numpy(rows).to(adjacency.device)

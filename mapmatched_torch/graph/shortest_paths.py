@@ -154,8 +154,8 @@ def bounded_rows(
         adjacency: the graph.
         sources: ``(S,)`` int64 node indices in ``[0, N)``, on the graph's device.
         limit: the bound (``inf`` allowed): paths longer than it are not searched.
-        engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``
-            (the last two = scipy here).
+        engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` (= scipy here) or
+            ``"compiled"`` (complete ball searches on every thread).
         memory_budget: bytes of search state per chunk of sources (torch engine).
 
     Returns:
@@ -164,8 +164,11 @@ def bounded_rows(
 
     Cost: O(S * N) memory for the result; one bounded search per source.
     """
-    if _search_engine(engine, adjacency.device) == "torch":
+    engine = _search_engine(engine, adjacency.device)
+    if engine == "torch":
         return torch_rows(adjacency, sources, float(limit), memory_budget)
+    if engine == "compiled":
+        return _compiled.compiled_rows(adjacency, sources, float(limit), memory_budget)
     return torch.from_numpy(scipy_rows(adjacency, sources.cpu().numpy(), limit)).to(adjacency.device)
 
 

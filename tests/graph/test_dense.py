@@ -23,7 +23,7 @@ def test_sizes() -> None:
     assert max_dense_nodes() == 4096 and max_dense_nodes(8 * 20000**2) == 20000
 
 
-@pytest.mark.parametrize("engine", ["auto", "torch", "scipy"])
+@pytest.mark.parametrize("engine", ["auto", "torch", "scipy", "compiled"])
 def test_table_equals_the_standalone(device, engine) -> None:
     reference = random_reference(5, "dyadic", False)
     graph = TensorCorpusGraph.from_graph(reference, device=device)

@@ -197,7 +197,7 @@ def test_groups_are_validated() -> None:
         source_target_distances(graph.adjacency, pair, pair, bound=1.0, groups=pair[:2])
 
 
-@pytest.mark.parametrize("engine", ["torch", "scipy"])
+@pytest.mark.parametrize("engine", ["torch", "scipy", "compiled"])
 def test_bounded_rows_match_the_standalone_rows(device, engine) -> None:
     for seed in range(4):
         reference = random_reference(seed, "float", seed % 2 == 0)
