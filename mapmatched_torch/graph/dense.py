@@ -64,7 +64,7 @@ def build_dense_table(
         adjacency: the graph (N nodes).
         maximum_distance: the bound.
         memory_budget: the most bytes the table may take (default 128 MiB).
-        engine: ``"auto"``, ``"torch"``, ``"scipy"`` or ``"hybrid"`` for the N bounded
+        engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"`` for the N bounded
             searches (see :func:`~.shortest_paths.bounded_rows`).
         search_budget: bytes of search state per chunk of sources.
 
