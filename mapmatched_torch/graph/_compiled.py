@@ -202,6 +202,11 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
     targets; per source, one A* search guided by the balls of its pending groups."""
     nodes = adjacency.num_nodes
     reverse = _csr_arrays(adjacency, reverse=True)
+    # A ball sums from the targets' end, the answer from the source's: a path within the
+    # bound can sum to a little more backwards (by at most (bound / w_min) ulps of the
+    # bound, far below alpha * bound). A complete ball must still hold every node of
+    # such a path, or its missing nodes (h = inf) would be pruned: search it wider.
+    ball_bound = float(bound) * (1.0 + 2.0 * (1.0 - scale))
     # shape: (R,) the pending pairs; their groups renumbered 0..G-1
     pending = np.flatnonzero(~found)
     groups, group_of = np.unique(pair_group[pending], return_inverse=True)
@@ -217,7 +222,7 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         ball_values = np.empty((count, ball_limit), dtype=np.float64)
         ball_count = np.empty(count, dtype=np.int64)
         ball_radius = np.empty(count, dtype=np.float64)
-        kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, float(bound), ball_limit,
+        kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, ball_bound, ball_limit,
                       ball_nodes, ball_values, ball_count, ball_radius, _blocks(blocks, count))
         # flattened: group g's entries are ball_ptr[g]:ball_ptr[g + 1]
         valid = np.arange(ball_limit)[None, :] < ball_count[:, None]

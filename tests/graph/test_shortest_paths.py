@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,3 +324,31 @@ def test_compiled_engine_calls_from_many_threads_agree() -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         found = list(pool.map(lambda b: graph.trellis_distances(b, engine="compiled", use_cache=False), batches))
     assert all(torch.equal(a, b) for a, b in zip(found, expected))
+
+
+def test_compiled_guidance_survives_a_path_that_sums_larger_backwards() -> None:
+    # A chain s -> u0 -> ... -> u600 whose arcs' low bits make the sum from the target's
+    # end 73 ulp larger than the left fold from the source (found by hill-climbing; the
+    # first arc is just above the smallest arc that keeps guidance on). With the bound
+    # just above the path, a complete backward ball bounded at `bound` missed the path's
+    # first nodes and the A* pruned them: the pair came back beyond the bound.
+    path = Path(__file__).parent / "data" / "adversarial_chain.txt"
+    weights = [float.fromhex(line) for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    first = 128 * math.ulp(1.0) * 1.0001
+    total = 0.0
+    for weight in [first] + weights:
+        total += weight
+    edges = [("s", "u0", first)] + [(f"u{j}", f"u{j + 1}", w) for j, w in enumerate(weights)]
+    for bound in (total, total + 30 * math.ulp(total)):
+        reference = InMemoryCorpusGraph(edges, directed=True, maximum_distance=bound)
+        graph = TensorCorpusGraph.from_graph(reference)
+        assert _compiled._heuristic_scale(graph.adjacency, bound) is not None  # guidance is on
+        source, target = graph.index(["s"]), graph.index([f"u{len(weights)}"])
+        expected = reference.distance("s", f"u{len(weights)}")
+        assert expected == total
+        for options in ({}, {"settle_limit": 1}, {"settle_limit": 1, "ball_limit": 10**6}):
+            found = source_target_distances(
+                graph.adjacency, source, target, bound=bound, engine="compiled",
+                groups=torch.zeros(1, dtype=torch.long), **options,
+            )
+            assert found.item() == expected, options
