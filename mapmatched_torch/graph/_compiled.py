@@ -164,9 +164,9 @@ def compiled_pairs(
     blocks = int(threads) if threads else numba.get_num_threads()
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
-    sources = row_sources.cpu().numpy().astype(np.int64)
-    rows = pair_row.cpu().numpy().astype(np.int64)
-    targets = pair_target.cpu().numpy().astype(np.int64)
+    sources = row_sources.cpu().numpy().astype(np.int64, copy=False)
+    rows = pair_row.cpu().numpy().astype(np.int64, copy=False)
+    targets = pair_target.cpu().numpy().astype(np.int64, copy=False)
     out = np.empty(targets.size, dtype=np.float64)
     found = np.zeros(targets.size, dtype=np.bool_)
     if targets.size:
@@ -183,8 +183,9 @@ def compiled_pairs(
     return torch.from_numpy(out).to(adjacency.device)
 
 
-#: (ball_ptr, ball_nodes, ball_values, ball_radius) of no balls (unguided units).
-_NO_BALLS = (np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64))
+#: (ball_start, ball_end, ball_nodes, ball_values, ball_radius) of no balls (unguided units).
+_NO_BALLS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64),
+             np.empty(0, np.float64))
 
 
 def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, balls, scale, bound, limit,
@@ -224,10 +225,8 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         ball_radius = np.empty(count, dtype=np.float64)
         kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, ball_bound, ball_limit,
                       ball_nodes, ball_values, ball_count, ball_radius, _blocks(blocks, count))
-        # flattened: group g's entries are ball_ptr[g]:ball_ptr[g + 1]
-        valid = np.arange(ball_limit)[None, :] < ball_count[:, None]
-        flat_nodes, flat_values = ball_nodes[valid], ball_values[valid]
-        ball_ptr = np.r_[0, np.cumsum(ball_count)].astype(np.int64)
+        # flat views: group g's entries are [g * ball_limit, g * ball_limit + ball_count[g])
+        ball_start = np.arange(count, dtype=np.int64) * ball_limit
         # one unit per source: its pending pairs of this round, ordered by source
         order = np.argsort(pair_source[chunk], kind="stable")
         chunk, chunk_group = chunk[order], chunk_group[order]
@@ -242,7 +241,8 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         done = np.zeros(chunk.size, dtype=np.bool_)
         _run_units(kernels, arrays, sources_of[starts].astype(np.int64), unit_ptr, targets[chunk],
                    (unit_group_ptr, (unit_group_keys % count).astype(np.int64)),
-                   (ball_ptr, flat_nodes, flat_values, ball_radius), scale, bound, 0, values, done, blocks)
+                   (ball_start, ball_start + ball_count, ball_nodes.reshape(-1), ball_values.reshape(-1), ball_radius),
+                   scale, bound, 0, values, done, blocks)
         out[chunk] = values
         found[chunk] = done
 
@@ -258,7 +258,7 @@ def _ball_chunks(
     kernels = _kernels()
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
-    sources = centres.cpu().numpy().astype(np.int64)
+    sources = centres.cpu().numpy().astype(np.int64, copy=False)
     per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
     for first in range(0, sources.size, per_round):
         chunk = sources[first:first + per_round]

@@ -151,7 +151,7 @@ def _reset(dist, touched, count):
 
 @numba.njit(cache=True, nogil=True)
 def _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
+                 ball_start, ball_end, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
                  blocks):
     """The units ``block, block + blocks, ...`` of :func:`pairs` (round robin: costs vary by unit)."""
     units = unit_source.shape[0]
@@ -167,7 +167,7 @@ def _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, u
         for index in range(first_group, last_group):
             group = unit_groups[index]
             # a ball lists its nodes by distance: past the floor they add nothing
-            for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+            for entry in range(ball_start[group], ball_end[group]):
                 if ball_values[entry] >= floor:
                     break
                 node = ball_nodes[entry]
@@ -178,7 +178,7 @@ def _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, u
         _reset(work[0], work[3], count)
         for index in range(first_group, last_group):
             group = unit_groups[index]
-            for entry in range(ball_ptr[group], ball_ptr[group + 1]):
+            for entry in range(ball_start[group], ball_end[group]):
                 if ball_values[entry] >= floor:
                     break
                 heuristic[ball_nodes[entry]] = _INF
@@ -209,23 +209,24 @@ def _balls_block(indptr, indices, weights, group_ptr, group_nodes, bound, settle
 
 @numba.njit(cache=True, parallel=True)
 def pairs(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-          ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, blocks):
+          ball_start, ball_end, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, blocks):
     """Every unit's search, on ``blocks`` threads: unit ``u`` starts at ``unit_source[u]``
     and wants the targets ``pair_target[unit_ptr[u]:unit_ptr[u + 1]]``. A unit with
     groups (``unit_groups[unit_group_ptr[u]:unit_group_ptr[u + 1]]``) is guided by
-    ``h(v) = min(min radius, min over its groups' balls holding v of the ball's value)``."""
+    ``h(v) = min(min radius, min over its groups' balls holding v of the ball's value)``;
+    group ``g``'s ball is ``ball_nodes/ball_values[ball_start[g]:ball_end[g]]``."""
     for block in numba.prange(blocks):
         _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-                     ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
+                     ball_start, ball_end, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, block,
                      blocks)
 
 
 @numba.njit(cache=True, nogil=True)
 def pairs_serial(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found):
+                 ball_start, ball_end, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found):
     """:func:`pairs` on the calling thread (small batches: no parallel region to start)."""
     _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, unit_group_ptr, unit_groups,
-                 ball_ptr, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, 0, 1)
+                 ball_start, ball_end, ball_nodes, ball_values, ball_radius, scale, bound, settle_limit, out, found, 0, 1)
 
 
 @numba.njit(cache=True, parallel=True)
