@@ -72,9 +72,16 @@ class _Kernels:
                 self._module.balls_serial(*args[:-1])
 
 
-def _blocks(threads: int, searches: int) -> int:
-    """Threads for ``searches`` searches: 1 below :data:`SERIAL_BELOW`."""
-    return 1 if searches < SERIAL_BELOW else max(1, min(threads, searches))
+def _blocks(threads: Optional[int], searches: int) -> int:
+    """Threads for ``searches`` searches (``threads``: at most this many; None or 0:
+    numba's thread count): 1 below :data:`SERIAL_BELOW`."""
+    if searches < SERIAL_BELOW:
+        return 1
+    if not threads:
+        import numba
+
+        threads = numba.get_num_threads()
+    return max(1, min(int(threads), searches))
 
 
 def _kernels() -> _Kernels:
@@ -158,10 +165,7 @@ def compiled_pairs(
         ``(P,)`` float64 on the graph's device, ``inf`` beyond the bound; the same
         values with or without groups.
     """
-    import numba
-
     kernels = _kernels()
-    blocks = int(threads) if threads else numba.get_num_threads()
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
     sources = row_sources.cpu().numpy().astype(np.int64, copy=False)
@@ -175,11 +179,11 @@ def compiled_pairs(
         limit = (max(64, nodes // 64) if settle_limit is None else int(settle_limit)) if guided else 0
         no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
         _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
-                   1.0, bound, limit, out, found, blocks)
+                   1.0, bound, limit, out, found, threads)
         if guided and not found.all():
             ball_limit = max(256, nodes // 8) if ball_limit is None else int(ball_limit)
             _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy(), bound, scale,
-                         min(ball_limit, nodes), memory_budget, blocks, out, found)
+                         min(ball_limit, nodes), memory_budget, threads, out, found)
     return torch.from_numpy(out).to(adjacency.device)
 
 
@@ -189,16 +193,17 @@ _NO_BALLS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.empty(0, np.int64)
 
 
 def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, balls, scale, bound, limit,
-               out, found, blocks) -> None:
-    """Run :func:`._compiled_kernels.pairs` over the units; ``unit_groups`` is
-    ``(unit_group_ptr, groups)`` (all-zero offsets for unguided units)."""
+               out, found, threads) -> None:
+    """Run :func:`._compiled_kernels.pairs` over the units on at most ``threads``
+    threads; ``unit_groups`` is ``(unit_group_ptr, groups)`` (all-zero offsets for
+    unguided units)."""
     unit_group_ptr, unit_groups = unit_groups
     kernels.pairs(*arrays, unit_source, unit_ptr, targets, unit_group_ptr, unit_groups, *balls, scale, float(bound),
-                  limit, out, found, _blocks(blocks, unit_source.size))
+                  limit, out, found, _blocks(threads, unit_source.size))
 
 
 def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, bound, scale, ball_limit,
-                 memory_budget, blocks, out, found) -> None:
+                 memory_budget, threads, out, found) -> None:
     """Answer the pairs not ``found`` yet: per group, a backward ball from its pending
     targets; per source, one A* search guided by the balls of its pending groups."""
     nodes = adjacency.num_nodes
@@ -224,7 +229,7 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         ball_count = np.empty(count, dtype=np.int64)
         ball_radius = np.empty(count, dtype=np.float64)
         kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, ball_bound, ball_limit,
-                      ball_nodes, ball_values, ball_count, ball_radius, _blocks(blocks, count))
+                      ball_nodes, ball_values, ball_count, ball_radius, _blocks(threads, count))
         # flat views: group g's entries are [g * ball_limit, g * ball_limit + ball_count[g])
         ball_start = np.arange(count, dtype=np.int64) * ball_limit
         # one unit per source: its pending pairs of this round, ordered by source
@@ -242,7 +247,7 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         _run_units(kernels, arrays, sources_of[starts].astype(np.int64), unit_ptr, targets[chunk],
                    (unit_group_ptr, (unit_group_keys % count).astype(np.int64)),
                    (ball_start, ball_start + ball_count, ball_nodes.reshape(-1), ball_values.reshape(-1), ball_radius),
-                   scale, bound, 0, values, done, blocks)
+                   scale, bound, 0, values, done, threads)
         out[chunk] = values
         found[chunk] = done
 
@@ -253,8 +258,6 @@ def _ball_chunks(
     """Complete bounded balls of the centres, a round at a time: ``(first, nodes,
     values, counts)`` with row ``r`` holding centre ``first + r``'s ``counts[r]``
     nodes in settle order (nondecreasing distance)."""
-    import numba
-
     kernels = _kernels()
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
@@ -267,7 +270,7 @@ def _ball_chunks(
         ball_count = np.empty(chunk.size, dtype=np.int64)
         ball_radius = np.empty(chunk.size, dtype=np.float64)
         kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
-                      ball_values, ball_count, ball_radius, _blocks(numba.get_num_threads(), chunk.size))
+                      ball_values, ball_count, ball_radius, _blocks(None, chunk.size))
         yield first, ball_nodes, ball_values, ball_count
 
 

@@ -24,7 +24,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -621,23 +621,30 @@ class TensorCorpusGraph:
             One tuple per centre, in input order, as :meth:`neighborhood`.
 
         Cost: one search bounded by the limit per distinct known centre, in chunks of
-        ``memory_budget`` bytes of ``(N,)`` rows; O(N) per centre to collect.
+        ``memory_budget`` bytes; O(ball) per centre with ``"compiled"``, else O(N) per
+        centre to collect its ``(N,)`` row.
         """
         limit = min(check_radius(radius), self._maximum_distance)
         centres = list(_not_a_string(chunk_ids, "chunk_ids"))
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
-        found = {}
+        rank = self._vocabulary.rank().numpy()
+        found = {
+            source: self._ordered_ball(source, ball, distances, rank)
+            for source, ball, distances in self._balls(known, limit, engine)
+        }
+        return tuple(found[code] if code >= 0 else () for code in codes)
+
+    def _balls(self, known: List[int], limit: float, engine: str) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
+        """``(centre, nodes, distances)`` of each centre's ball within ``limit`` (numpy, any order)."""
         if known and resolve_engine(engine, self.device) == "compiled":
             # O(ball) per centre instead of O(N) (a table row is O(N) too)
-            rank = self._vocabulary.rank().numpy()
             sources = torch.tensor(known, dtype=torch.long)
             for source, (ball, distances) in zip(
                 known, compiled_balls(self._adjacency, sources, limit, self._memory_budget)
             ):
-                found[source] = self._ordered_ball(source, ball, distances, rank)
-            return tuple(found[code] if code >= 0 else () for code in codes)
-        rank = self._vocabulary.rank().numpy()
+                yield source, ball, distances
+            return
         step = rows_per_chunk(self.num_nodes, max(len(known), 1), self._memory_budget)
         for first in range(0, len(known), step):
             # shape: (C,) centres of this chunk, (C, N) their rows
@@ -651,8 +658,7 @@ class TensorCorpusGraph:
             for source, row in zip(sources.tolist(), rows):
                 # shape: (K,) nodes in the ball
                 ball = (row <= limit).nonzero().squeeze(1)
-                found[source] = self._ordered_ball(source, ball.cpu().numpy(), row[ball].cpu().numpy(), rank)
-        return tuple(found[code] if code >= 0 else () for code in codes)
+                yield source, ball.cpu().numpy(), row[ball].cpu().numpy()
 
     def _ordered_ball(
         self, source: int, ball: np.ndarray, distances: np.ndarray, rank: np.ndarray
