@@ -5,7 +5,9 @@ One call answers every pair of a batch. Sources are split into one block per thr
 target stamps and a binary heap), so a source costs only what its search touches:
 no O(N) initialisation per source (stamps and a touched list reset it), no Python per
 source, and the search stops as soon as every target of the source is settled, or the
-heap holds nothing within the bound.
+heap holds nothing within the bound. Pairs whose ends lie in different weakly
+connected components (labelled once per graph) are answered ``inf`` without a search:
+one would have to exhaust the source's whole bounded ball to prove them unreachable.
 
 Values: ``dist[v] = min(dist[v], dist[u] + w)`` in float64, popping the smallest
 tentative distance first (lazy deletion). Float addition is monotone and the arc
@@ -171,20 +173,38 @@ def compiled_pairs(
     sources = row_sources.cpu().numpy().astype(np.int64, copy=False)
     rows = pair_row.cpu().numpy().astype(np.int64, copy=False)
     targets = pair_target.cpu().numpy().astype(np.int64, copy=False)
-    out = np.empty(targets.size, dtype=np.float64)
-    found = np.zeros(targets.size, dtype=np.bool_)
-    if targets.size:
+    out = np.full(targets.size, np.inf)
+    # Pairs in different weakly connected components are unreachable: answered here,
+    # never searched (a search for one would exhaust its source's whole bounded ball).
+    labels = _component_labels(adjacency)
+    # shape: (P',) the pairs that need a search
+    searched = np.flatnonzero(labels[sources[rows]] == labels[targets])
+    if searched.size:
+        rows, targets = rows[searched], targets[searched]
+        values = np.empty(searched.size, dtype=np.float64)
+        found = np.zeros(searched.size, dtype=np.bool_)
         scale = _heuristic_scale(adjacency, bound)
         guided = pair_group is not None and scale is not None
         limit = (max(64, nodes // 64) if settle_limit is None else int(settle_limit)) if guided else 0
         no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
         _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
-                   1.0, bound, limit, out, found, threads)
+                   1.0, bound, limit, values, found, threads)
         if guided and not found.all():
             ball_limit = max(256, nodes // 8) if ball_limit is None else int(ball_limit)
-            _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy(), bound, scale,
-                         min(ball_limit, nodes), memory_budget, threads, out, found)
+            _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy()[searched], bound,
+                         scale, min(ball_limit, nodes), memory_budget, threads, values, found)
+        out[searched] = values
     return torch.from_numpy(out).to(adjacency.device)
+
+
+def _component_labels(adjacency: CSRAdjacency) -> np.ndarray:
+    """``(N,)`` int32 weakly connected component of every node, computed once per adjacency."""
+    if "components" not in adjacency.derived:
+        from scipy.sparse.csgraph import connected_components
+
+        _, labels = connected_components(adjacency.scipy_matrix(), directed=True, connection="weak")
+        adjacency.derived["components"] = labels
+    return adjacency.derived["components"]
 
 
 #: (ball_start, ball_end, ball_nodes, ball_values, ball_radius) of no balls (unguided units).

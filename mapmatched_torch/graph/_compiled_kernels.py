@@ -160,6 +160,8 @@ def _pairs_block(indptr, indices, weights, unit_source, unit_ptr, pair_target, u
     heuristic = work[4]
     for unit in range(block, units, blocks):
         lo, hi = unit_ptr[unit], unit_ptr[unit + 1]
+        if lo == hi:
+            continue  # no pairs left (e.g. every target in another component)
         first_group, last_group = unit_group_ptr[unit], unit_group_ptr[unit + 1]
         floor = _INF
         for index in range(first_group, last_group):

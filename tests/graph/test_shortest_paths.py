@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy.sparse.csgraph import connected_components
 
 import mapmatched_torch.graph._frontier as frontier
 from mapmatched_torch.errors import MapMatchedValueError
@@ -164,6 +165,47 @@ def test_compiled_threads_and_tiny_arcs_keep_the_values() -> None:
     found = _compiled.compiled_pairs(tiny.adjacency, rows, pair_row, pair_target, 2.5, pair_group=groups,
                                      settle_limit=4)
     assert torch.equal(found[inverse], expected)
+
+
+@pytest.mark.parametrize("directed", [False, True])
+def test_compiled_pairs_across_components_are_never_searched(directed, monkeypatch) -> None:
+    # three copies of a kNN-like graph: pairs between copies are unreachable, and a
+    # search for one would cover its source's whole bounded ball
+    copy = knn_like_graph(200, seed=7, directed=directed)
+    edge_index, weight = copy.to_edge_index()
+    shifted = torch.cat([edge_index + 200 * part for part in range(3)], 1)
+    graph = TensorCorpusGraph.from_edge_index(
+        shifted, weight.repeat(3), chunk_ids=[f"n{i:03d}" for i in range(600)], maximum_distance=2.5,
+        directed=directed,
+    )
+    generator = torch.Generator().manual_seed(8)
+    sources = torch.randint(0, 600, (3000,), generator=generator)
+    targets = torch.randint(0, 600, (3000,), generator=generator)
+    sources[:50] = 5  # a source whose every target is in another copy
+    targets[:50] = torch.randint(200, 600, (50,), generator=generator)
+    groups = torch.randint(0, 9, (3000,), generator=generator)
+    expected = source_target_distances(graph.adjacency, sources, targets, bound=2.5, engine="scipy", target_aware=False)
+    # distinct pairs joined by an undirected path (the copies may fall apart themselves)
+    labels = torch.from_numpy(connected_components(graph.adjacency.scipy_matrix(), connection="weak")[1])
+    connected = torch.unique((sources * 600 + targets)[labels[sources] == labels[targets]]).numel()
+    assert connected < torch.unique(sources * 600 + targets).numel()
+    searched = []
+    kernels = _compiled._Kernels
+
+    class Counting(kernels):
+        def pairs(self, *args):
+            searched.append(args[5].size)  # the targets handed to the kernel
+            super().pairs(*args)
+
+    monkeypatch.setattr(_compiled, "_kernels", lambda: Counting(__import__(
+        "mapmatched_torch.graph._compiled_kernels", fromlist=["pairs"])))
+    for options in GROUPED_VARIANTS:
+        searched.clear()
+        found = source_target_distances(graph.adjacency, sources, targets, bound=2.5, engine="compiled",
+                                        groups=groups, **options)
+        assert torch.equal(found, expected), options
+        assert searched[0] == connected, options  # the first pass gets only pairs with a path
+    assert bool(torch.isinf(expected[sources // 200 != targets // 200]).all())
 
 
 def _grouped(sources: torch.Tensor, targets: torch.Tensor, nodes: int):
