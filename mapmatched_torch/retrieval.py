@@ -25,6 +25,9 @@ __all__ = [
     "context_chunk_ids",
     "finish_turn",
     "revised_indices",
+    "revised_turns",
+    "turn_result",
+    "turn_trace",
 ]
 
 
@@ -227,10 +230,14 @@ def revised_indices(previous: Optional[DecodedPath], path: DecodedPath) -> Tuple
     """Earlier turns whose decoded chunk changed; RuntimeError if a committed one did."""
     if previous is None:
         return ()
-    revised = tuple(
-        index for index, (old, new) in enumerate(zip(previous.chunk_ids, path.chunk_ids)) if old != new
-    )
-    committed = previous.committed_through_index
+    return revised_turns(previous.chunk_ids, previous.committed_through_index, path.chunk_ids)
+
+
+def revised_turns(
+    previous_chunk_ids: Sequence[str], committed: Optional[int], chunk_ids: Sequence[str]
+) -> Tuple[int, ...]:
+    """:func:`revised_indices` from the previous path's chunk IDs and committed index."""
+    revised = tuple(index for index, (old, new) in enumerate(zip(previous_chunk_ids, chunk_ids)) if old != new)
     if committed is not None and any(index <= committed for index in revised):
         raise MapMatchedRuntimeError(
             f"fixed-lag decoder revised a committed turn (committed through {committed}, revised {list(revised)})"
@@ -250,20 +257,45 @@ def finish_turn(
 ) -> RetrievalResult:
     """Everything after decoding a turn: revision check, trace, context, the result.
 
-    Shared by the session and the batched server, so both report identically.
-    ``neighborhood`` is the decoded chunk's ``graph.neighborhood(chunk, context_radius)``
-    when the caller already has it (the server asks for all its sessions at once).
+    Shared by the session and the batched server (whose results are built lazily from
+    :func:`turn_trace` and :func:`turn_result`, the two halves of this), so both report
+    identically. ``neighborhood`` is the decoded chunk's
+    ``graph.neighborhood(chunk, context_radius)`` when the caller already has it.
     """
+    trace = turn_trace(retriever, trellis, path, revised_indices(previous_path, path), previous_trace)
+    return turn_result(retriever, trellis, path, ranking, trace, neighborhood)
+
+
+def turn_trace(
+    retriever: MapMatchedRetriever,
+    trellis: Sequence[Tuple[DecoderCandidate, ...]],
+    path: DecodedPath,
+    revised: Sequence[int],
+    previous_trace: Optional[RetrievalTrace] = None,
+) -> RetrievalTrace:
+    """The trace of a decoded turn (``revised``: earlier turns whose chunk changed;
+    ``previous_trace``: the last turn's, whose unchanged steps are reused)."""
     if len(path.steps) != len(trellis):
         raise MapMatchedRuntimeError(f"decoder returned {len(path.steps)} steps for {len(trellis)} turns")
-    trace = build_trace(
+    return build_trace(
         path,
         trellis,
         emission_weight=retriever.emission_weight,
         maximum_distance=retriever.graph.maximum_distance,
-        revised_prior_indices=revised_indices(previous_path, path),
+        revised_prior_indices=revised,
         reuse=previous_trace.steps if previous_trace is not None else (),
     )
+
+
+def turn_result(
+    retriever: MapMatchedRetriever,
+    trellis: Sequence[Tuple[DecoderCandidate, ...]],
+    path: DecodedPath,
+    ranking: Tuple[CandidateScore, ...],
+    trace: RetrievalTrace,
+    neighborhood: Optional[Sequence[Tuple[str, float]]] = None,
+) -> RetrievalResult:
+    """The :class:`RetrievalResult` of a decoded turn: its context and everything else."""
     chunk_id = path.steps[-1].chunk_id
     if neighborhood is None:
         neighborhood = retriever.graph.neighborhood(chunk_id, retriever.context_radius)

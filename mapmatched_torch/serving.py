@@ -15,18 +15,21 @@ reported in ``errors`` and leaves that session exactly as it was.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._validation import check_turn
+from ._validation import check_finite, check_positive_int, check_turn
 from .errors import MapMatchedValueError
-from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalResult, RetrievalTrace, TraceStep
+from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .reporting import NONFINITE_MESSAGE
-from .retrieval import MapMatchedRetriever, as_scored_candidates, finish_turn
-from .scoring import normalize_candidates
-from .streaming import SlotDecoder, report_step, step_distances, turn_tensors
+from .retrieval import MapMatchedRetriever, as_scored_candidates
+from .scoring import normalize_candidates, normalize_scores
+from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
+from .streaming import SlotDecoder, step_distances, turn_tensors
 
 __all__ = ["MapMatchedServer"]
 
@@ -36,9 +39,8 @@ SessionId = Hashable
 @dataclass
 class _Session:
     slot: int
-    trellis: List[Tuple[DecoderCandidate, ...]] = field(default_factory=list)
-    path: Optional[DecodedPath] = None
-    trace: Optional[RetrievalTrace] = None
+    turns: List[ServedTurn] = field(default_factory=list)
+    record: Optional[StepRecord] = None  # the latest step's
 
 
 class MapMatchedServer:
@@ -46,7 +48,7 @@ class MapMatchedServer:
 
     Args:
         graph: the corpus graph (any ``CorpusGraph``; a tensor graph fills a batch's
-            distances in one call).
+            distances in one call, and :meth:`step_indexed` needs one).
         provider: optional ``CandidateProvider``; with one, :meth:`step` also accepts
             query strings (``retrieve_batch`` is used when the provider has it).
         device: where the decoder state lives (default CPU).
@@ -55,6 +57,11 @@ class MapMatchedServer:
         candidate_limit, emission_weight, transition_weight, score_normalization,
         fixed_lag, context_radius, context_limit: as for
             :class:`~mapmatched_torch.MapMatchedRetriever` (validated the same way).
+        neighborhood_cache: context neighbourhoods kept (an LRU, for tensor graphs).
+
+    Results come back as :class:`~mapmatched_torch.step_results.StepResults`: a mapping
+    whose :class:`~mapmatched_torch.models.RetrievalResult` values are built when read
+    (see :mod:`~mapmatched_torch.step_results`).
 
     Example:
         >>> from mapmatched_torch import InMemoryCorpusGraph, ScoredCandidate
@@ -80,6 +87,7 @@ class MapMatchedServer:
         fixed_lag: Optional[int] = None,
         context_radius: float = 1.0,
         context_limit: Optional[int] = None,
+        neighborhood_cache: int = 65536,
     ) -> None:
         self.retriever = MapMatchedRetriever(
             graph,
@@ -101,6 +109,9 @@ class MapMatchedServer:
             capacity=capacity,
             dtype=dtype,
             device=self.device,
+        )
+        self._neighborhoods = NeighborhoodCache(
+            graph, self.retriever.context_radius, check_positive_int(neighborhood_cache, "neighborhood_cache")
         )
         self._sessions: Dict[SessionId, _Session] = {}
 
@@ -130,14 +141,16 @@ class MapMatchedServer:
 
     def path(self, session_id: SessionId) -> Optional[DecodedPath]:
         """The session's latest decoded path (None before its first turn)."""
-        return self._sessions[self._known(session_id)].path
+        record = self._sessions[self._known(session_id)].record
+        return record.decoded(self.retriever)[1] if record is not None else None
 
     def trace(self, session_id: SessionId) -> Optional[RetrievalTrace]:
         """The session's latest trace (None before its first turn)."""
-        return self._sessions[self._known(session_id)].trace
+        record = self._sessions[self._known(session_id)].record
+        return record.decoded(self.retriever)[3] if record is not None else None
 
     def turn_count(self, session_id: SessionId) -> int:
-        return len(self._sessions[self._known(session_id)].trellis)
+        return len(self._sessions[self._known(session_id)].turns)
 
     def _known(self, session_id: SessionId) -> SessionId:
         if session_id not in self._sessions:
@@ -146,9 +159,7 @@ class MapMatchedServer:
 
     # ----------------------------------------------------------------- a step
 
-    def step(
-        self, turns: Mapping[SessionId, Any]
-    ) -> Tuple[Dict[SessionId, RetrievalResult], Dict[SessionId, Exception]]:
+    def step(self, turns: Mapping[SessionId, Any]) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """Decode one new turn for every session in ``turns``, in one batched pass.
 
         Args:
@@ -158,75 +169,103 @@ class MapMatchedServer:
 
         Returns:
             ``(results, errors)``: each successful session's
-            :class:`~mapmatched_torch.models.RetrievalResult`, and each failed
-            session's exception (its state is unchanged).
+            :class:`~mapmatched_torch.models.RetrievalResult` (a
+            :class:`~mapmatched_torch.step_results.StepResults` mapping, built on
+            read), and each failed session's exception (its state is unchanged).
         """
         errors: Dict[SessionId, Exception] = {}
         prepared = self._prepare(turns, errors)
-        if not prepared:
-            return {}, errors
-        ids = list(prepared)
-        sessions = [self._sessions[session_id] for session_id in ids]
-        new_turns = [prepared[session_id] for session_id in ids]
-        decoder = self._decoder
-        scores, mask = turn_tensors(new_turns, decoder.width, self.device)
-        distances = None
-        if decoder.transition_weight != 0.0 and any(session.trellis for session in sessions):
-            distances = step_distances(
-                self.retriever.graph,
-                [[c.chunk_id for c in session.trellis[-1]] if session.trellis else None for session in sessions],
-                [[c.chunk_id for c in turn] for turn in new_turns],
-                decoder.width,
-                self.device,
-            )
-        slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
-        out = decoder.step(slots, scores, mask, distances)
-        ok_rows = out.ok.tolist()
-        paths, path_distances = out.paths.tolist(), out.path_distances.tolist()
-        finals = out.final_scores.double().tolist()
-        reported = []  # (session ID, session, trellis, path, ranking) of the rows that decoded
-        for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
-            if not ok_rows[row]:
-                errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {len(session.trellis)}")
-                continue
-            trellis = session.trellis + [turn]
-            path, ranking = report_step(
-                trellis,
-                paths[row],
-                path_distances[row],
-                finals[row],
-                emission_weight=decoder.emission_weight,
-                transition_weight=decoder.transition_weight,
-                fixed_lag=decoder.fixed_lag,
-                reuse=session.path.steps if session.path is not None else (),
-            )
-            reported.append((session_id, session, trellis, path, ranking))
-        neighborhoods = self._neighborhoods([path.steps[-1].chunk_id for _, _, _, path, _ in reported])
-        results: Dict[SessionId, RetrievalResult] = {}
-        for (session_id, session, trellis, path, ranking), neighborhood in zip(reported, neighborhoods):
-            result = finish_turn(
-                self.retriever, trellis, path, ranking, session.path, session.trace, neighborhood=neighborhood
-            )
-            session.trellis, session.path, session.trace = trellis, path, result.trace
-            results[session_id] = result
-        return results, errors
+        return self._decode(prepared, None, errors), errors
 
-    def _neighborhoods(self, chunk_ids: List[str]) -> List[Any]:
-        """Every decoded chunk's context neighbourhood: one batched call when the graph
-        has ``neighborhoods`` (a tensor graph), else None each (asked one at a time)."""
-        batched = getattr(self.retriever.graph, "neighborhoods", None)
-        if not chunk_ids or not callable(batched):
-            return [None] * len(chunk_ids)
-        return list(batched(chunk_ids, self.retriever.context_radius))
+    def step_indexed(
+        self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor
+    ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
+        """:meth:`step` for candidates given as tensors of graph node indices (no Python
+        object per candidate): what a dense provider on the device returns.
 
-    def _prepare(self, turns: Mapping[SessionId, Any], errors: Dict[SessionId, Exception]) -> Dict[SessionId, tuple]:
+        Args:
+            session_ids: S distinct open sessions, one per row.
+            candidates: ``(S, K)`` int64 node indices of the tensor graph (e.g.
+                ``graph.index(provider.chunk_ids)[provider_rows]``), in provider order,
+                ``-1`` padding after each row's candidates; columns past
+                ``candidate_limit`` are cut.
+            scores: ``(S, K)`` floating raw scores (padding entries are ignored).
+
+        Returns:
+            As :meth:`step`; the results equal :meth:`step` with the same candidates as
+            ``(graph.nodes[i], score)`` pairs. A row fails alone (in ``errors``) for an
+            unknown or repeated session, no candidates, an index outside ``[-1, N)``,
+            padding before a candidate, a repeated index, or a non-finite score.
+
+        Raises:
+            ValueError: the graph is not a tensor graph, or the arguments' types or
+                shapes do not match (nothing is changed).
+        """
+        errors: Dict[SessionId, Exception] = {}
+        prepared, codes = self._prepare_indexed(session_ids, candidates, scores, errors)
+        return self._decode(prepared, codes, errors), errors
+
+    def _decode(
+        self, prepared: Dict[SessionId, ServedTurn], codes: Optional[torch.Tensor], errors: Dict[SessionId, Exception]
+    ) -> StepResults:
+        """One batched decoding step of the prepared sessions; commits the rows that decode
+        (failures go to ``errors``). ``codes``: (S, M) node indices of the new turns, or None."""
+        records: Dict[SessionId, StepRecord] = {}
+        if prepared:
+            ids = list(prepared)
+            sessions = [self._sessions[session_id] for session_id in ids]
+            new_turns = [prepared[session_id] for session_id in ids]
+            decoder = self._decoder
+            scores, mask = turn_tensors([turn.normalized for turn in new_turns], decoder.width, self.device)
+            distances = None
+            if decoder.transition_weight != 0.0 and any(session.turns for session in sessions):
+                distances = self._distances(sessions, new_turns, codes)
+            slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
+            out = decoder.step(slots, scores, mask, distances)
+            ok_rows = out.ok.tolist()
+            paths, path_distances = out.paths.tolist(), out.path_distances.tolist()
+            finals = out.final_scores.double().tolist()
+            for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
+                length = len(session.turns) + 1
+                if not ok_rows[row]:
+                    errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {length - 1}")
+                    continue
+                session.turns.append(turn)
+                previous = session.record.row if session.record is not None else None
+                session.record = records[session_id] = StepRecord(
+                    session.turns, length, paths[row][:length], path_distances[row][:length],
+                    finals[row][: len(turn)], previous,
+                )
+        return StepResults(self.retriever, records, self._neighborhoods)
+
+    def _distances(
+        self, sessions: List[_Session], new_turns: List[ServedTurn], codes: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """(S, M, M) distances from each session's last turn to its new one: by node
+        index in one graph call when every turn has them, else by chunk ID."""
+        graph, width = self.retriever.graph, self._decoder.width
+        previous = [session.turns[-1] if session.turns else None for session in sessions]
+        if codes is not None and all(turn is None or turn.nodes is not None for turn in previous):
+            rows = [turn.nodes + [-1] * (width - len(turn)) if turn is not None else [-1] * width for turn in previous]
+            # shape: (S, 2, M) each session's last and new turn -> (S, M, M)
+            chunk_index = torch.stack([torch.tensor(rows, dtype=torch.long).to(codes.device), codes], 1)
+            return graph.trellis_distances(chunk_index)[:, 0].to(self.device)
+        return step_distances(
+            graph,
+            [turn.chunk_ids if turn is not None else None for turn in previous],
+            [turn.chunk_ids for turn in new_turns],
+            width,
+            self.device,
+        )
+
+    def _prepare(self, turns: Mapping[SessionId, Any], errors: Dict[SessionId, Exception]) -> Dict[SessionId, ServedTurn]:
         """Validate and normalize each session's request; failures go to ``errors``."""
         retriever = self.retriever
         requests = dict(turns)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
-        prepared: Dict[SessionId, tuple] = {}
+        prepared: Dict[SessionId, ServedTurn] = {}
         for session_id, request in requests.items():
             if session_id in errors:
                 continue
@@ -234,12 +273,85 @@ class MapMatchedServer:
                 session = self._sessions[self._known(session_id)]
                 kept = as_scored_candidates(request)[: retriever.candidate_limit]
                 if not kept:
-                    raise MapMatchedValueError(f"trellis turn {len(session.trellis)} must contain candidates")
+                    raise MapMatchedValueError(f"trellis turn {len(session.turns)} must contain candidates")
                 normalized = normalize_candidates(kept, retriever.score_normalization)
-                prepared[session_id] = check_turn(normalized, len(session.trellis))
+                prepared[session_id] = ServedTurn.from_candidates(check_turn(normalized, len(session.turns)))
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
         return prepared
+
+    def _prepare_indexed(
+        self,
+        session_ids: Sequence[SessionId],
+        candidates: torch.Tensor,
+        scores: torch.Tensor,
+        errors: Dict[SessionId, Exception],
+    ) -> Tuple[Dict[SessionId, ServedTurn], Optional[torch.Tensor]]:
+        """:meth:`_prepare` for :meth:`step_indexed`: the checks on tensors, then each
+        row's normalization on plain lists; returns the turns and their (S', M) codes."""
+        graph, retriever, width = self.retriever.graph, self.retriever, self._decoder.width
+        names, nodes = getattr(graph, "nodes", None), getattr(graph, "num_nodes", None)
+        if not callable(getattr(graph, "trellis_distances", None)) or names is None or nodes is None:
+            raise MapMatchedValueError(
+                f"step_indexed needs a tensor corpus graph (node indices); this server's graph is {type(graph).__name__}"
+            )
+        ids = list(session_ids) if not isinstance(session_ids, (str, bytes)) else None
+        if ids is None or not isinstance(candidates, torch.Tensor) or not isinstance(scores, torch.Tensor):
+            raise MapMatchedValueError("step_indexed takes a sequence of session IDs and two (S, K) tensors")
+        if candidates.dim() != 2 or candidates.dtype != torch.long or scores.shape != candidates.shape:
+            raise MapMatchedValueError(
+                f"candidates must be an (S, K) int64 tensor and scores a float tensor of its shape; got "
+                f"{candidates.dtype} {tuple(candidates.shape)} and {scores.dtype} {tuple(scores.shape)}"
+            )
+        if not scores.is_floating_point() or candidates.shape[0] != len(ids):
+            raise MapMatchedValueError(
+                f"scores must be floating ({scores.dtype}) and there must be one row per session "
+                f"({candidates.shape[0]} rows, {len(ids)} sessions)"
+            )
+        # shape: (S, K') the kept columns, on the CPU for the row checks
+        index = candidates[:, :width].cpu()
+        raw = scores[:, : index.shape[1]].cpu().double()
+        real = index >= 0
+        counts = real.sum(1)
+        columns = torch.arange(index.shape[1])
+        # per row: an index outside [-1, N), padding before a candidate, a repeated index, a non-finite score
+        out_of_range = ((index < -1) | (index >= nodes)).any(1)
+        gapped = (real != (columns.unsqueeze(0) < counts.unsqueeze(1))).any(1)
+        ordered = index.sort(1).values
+        repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(1)
+        nonfinite = (real & ~torch.isfinite(raw)).any(1)
+        flagged = (out_of_range | gapped | repeated | nonfinite).tolist()
+        index_rows, raw_rows, count_list = index.tolist(), raw.tolist(), counts.tolist()
+        listed = Counter(ids)
+        prepared: Dict[SessionId, ServedTurn] = {}
+        kept_rows: List[int] = []
+        for row, session_id in enumerate(ids):
+            try:
+                if listed[session_id] > 1:
+                    raise MapMatchedValueError(f"session {session_id!r} is listed more than once in one step")
+                turn_index = len(self._sessions[self._known(session_id)].turns)
+                count = count_list[row]
+                if flagged[row]:
+                    _raise_row_error(index_rows[row], raw_rows[row], count, nodes, names, turn_index)
+                if not count:
+                    raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+                turn_nodes, turn_raw = index_rows[row][:count], raw_rows[row][:count]
+                normalized = normalize_scores(turn_raw, retriever.score_normalization)
+                if not all(map(math.isfinite, normalized)):
+                    position = next(i for i, value in enumerate(normalized) if not math.isfinite(value))
+                    check_finite(
+                        normalized[position],
+                        f"trellis turn {turn_index} candidate {names[turn_nodes[position]]!r} normalized_score",
+                    )
+                prepared[session_id] = ServedTurn(tuple(turn_raw), tuple(normalized), nodes=turn_nodes, names=names)
+                kept_rows.append(row)
+            except Exception as error:  # isolate the bad row
+                errors[session_id] = error
+        if not kept_rows:
+            return prepared, None
+        codes = torch.full((len(kept_rows), width), -1, dtype=torch.long)
+        codes[:, : index.shape[1]] = index[kept_rows]
+        return prepared, codes.to(getattr(graph, "device", codes.device))
 
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
         provider, limit = self.retriever.provider, self.retriever.candidate_limit
@@ -290,9 +402,10 @@ class MapMatchedServer:
                 [
                     session_id,
                     session.slot,
-                    [[[c.chunk_id, c.raw_score, c.normalized_score] for c in turn] for turn in session.trellis],
-                    _path_state(session.path),
-                    _trace_state(session.trace),
+                    [[list(candidate) for candidate in zip(turn.chunk_ids, turn.raw, turn.normalized)]
+                     for turn in session.turns],
+                    _path_state(self.path(session_id)),
+                    _trace_state(self.trace(session_id)),
                 ]
                 for session_id, session in self._sessions.items()
             ],
@@ -309,13 +422,31 @@ class MapMatchedServer:
         sessions: Dict[SessionId, _Session] = {}
         for session_id, slot, trellis, path, trace in state["sessions"]:
             session_id = tuple(session_id) if isinstance(session_id, list) else session_id
-            sessions[session_id] = _Session(
-                slot=int(slot),
-                trellis=[tuple(DecoderCandidate(*candidate) for candidate in turn) for turn in trellis],
-                path=_path_from_state(path),
-                trace=_trace_from_state(trace),
-            )
+            turns = [
+                ServedTurn.from_candidates(tuple(DecoderCandidate(*candidate) for candidate in turn)) for turn in trellis
+            ]
+            path, trace = _path_from_state(path), _trace_from_state(trace)
+            record = StepRecord.restored(turns, path, trace) if path is not None else None
+            sessions[session_id] = _Session(slot=int(slot), turns=turns, record=record)
         self._sessions = sessions
+
+
+def _raise_row_error(
+    nodes: List[int], raw: List[float], count: int, limit: int, names: Sequence[str], turn_index: int
+) -> None:
+    """Raise the first problem of a flagged :meth:`MapMatchedServer.step_indexed` row."""
+    if any(node < -1 or node >= limit for node in nodes):
+        raise MapMatchedValueError(
+            f"trellis turn {turn_index}: candidate node indices must be -1 (padding) or in [0, {limit}), got {nodes}"
+        )
+    if any(node >= 0 for node in nodes[count:]) or any(node < 0 for node in nodes[:count]):
+        raise MapMatchedValueError(f"trellis turn {turn_index}: padding (-1) must come after every candidate, got {nodes}")
+    seen = set()
+    for node, score in zip(nodes[:count], raw):
+        if node in seen:
+            raise MapMatchedValueError(f"trellis turn {turn_index} contains duplicate chunk IDs ({names[node]!r})")
+        seen.add(node)
+        check_finite(score, f"trellis turn {turn_index} candidate {names[node]!r} raw_score")
 
 
 _STEP_FIELDS = tuple(DecodedStep.__dataclass_fields__)

@@ -360,21 +360,18 @@ class SlotDecoder:
 
 
 def turn_tensors(
-    turns: Sequence[Sequence[DecoderCandidate]], width: int, device: Optional[torch.device] = None
+    turns: Sequence[Sequence[float]], width: int, device: Optional[torch.device] = None
 ) -> Tuple[Tensor, Tensor]:
-    """S new turns -> (scores (S, M) float64 normalized scores, mask (S, M) bool)."""
-    scores = [[0.0] * width for _ in turns]
-    mask = [[False] * width for _ in turns]
-    for row, turn in enumerate(turns):
+    """S new turns' normalized scores -> (scores (S, M) float64 zero-padded, mask (S, M) bool)."""
+    rows = []
+    for turn in turns:
         if len(turn) > width:
             raise MapMatchedValueError(f"a turn has {len(turn)} candidates but the decoder's width is {width}")
-        for column, candidate in enumerate(turn):
-            scores[row][column] = candidate.normalized_score
-            mask[row][column] = True
-    return (
-        torch.tensor(scores, dtype=torch.float64, device=device),
-        torch.tensor(mask, dtype=torch.bool, device=device),
-    )
+        rows.append(list(turn) + [0.0] * (width - len(turn)))
+    lengths = torch.tensor([len(turn) for turn in turns], dtype=torch.long)
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    scores = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
+    return scores.to(device), mask.to(device)
 
 
 def step_distances(
@@ -460,7 +457,7 @@ class DecodingStream:
         forward score overflows.
         """
         decoder, turn = self._decoder, tuple(turn)
-        scores, mask = turn_tensors([turn], decoder.width, decoder.device)
+        scores, mask = turn_tensors([[c.normalized_score for c in turn]], decoder.width, decoder.device)
         distances = None
         if self._trellis and decoder.transition_weight != 0.0:
             previous = [candidate.chunk_id for candidate in self._trellis[-1]]

@@ -215,3 +215,189 @@ def test_server_on_a_tensor_graph_equals_sessions_on_the_standalone_graph(fixed_
         assert not errors
         for key, candidates in turns.items():
             assert results[key] == sessions[key].retrieve_candidates(candidates)
+
+
+# ------------------------------------------------------------------ step_indexed
+
+
+def indexed_turns(rng, graph, sessions, width=5):
+    """Random rows of node indices (-1 padding after a random count) and scores, and the
+    same turns as (chunk_id, score) pairs."""
+    rows, scores, pairs = [], [], {}
+    for key in sessions:
+        nodes = rng.sample(range(len(graph)), rng.randint(1, width))
+        values = [rng.choice([rng.gauss(0, 1), 1.0, 0.0, -2.5]) for _ in nodes]
+        rows.append(nodes + [-1] * (width - len(nodes)))
+        scores.append(values + [rng.choice([0.0, math.nan])] * (width - len(nodes)))  # padding scores are ignored
+        pairs[key] = [(graph.nodes[node], value) for node, value in zip(nodes, values)]
+    shape = (len(rows), width)
+    return torch.tensor(rows, dtype=torch.long).view(shape), torch.tensor(scores, dtype=torch.float64).view(shape), pairs
+
+
+@pytest.mark.parametrize("options", OPTIONS + [{"score_normalization": "center", "fixed_lag": 2}])
+@pytest.mark.parametrize("dense", [False, True])
+def test_step_indexed_equals_step_and_independent_sessions(options, dense):
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    rng = random.Random(7 + len(str(options)))
+    standalone = make_graph(2)
+    graph = TensorCorpusGraph.from_graph(standalone)
+    if dense:
+        graph.precompute_dense()
+    indexed = MapMatchedServer(graph, candidate_limit=5, capacity=2, **options)
+    plain = MapMatchedServer(graph, candidate_limit=5, **options)
+    reference = {}
+    for _ in range(10):
+        if rng.random() < 0.3 or not reference:
+            key = f"s{len(reference)}"
+            indexed.open(key)
+            plain.open(key)
+            reference[key] = MapMatchedRetriever(standalone, candidate_limit=5, **options).session()
+        stepping = [key for key in reference if rng.random() < 0.8]
+        candidates, scores, pairs = indexed_turns(rng, graph, stepping)
+        results, errors = indexed.step_indexed(stepping, candidates, scores)
+        expected_plain, plain_errors = plain.step(pairs)
+        assert errors == {} == plain_errors and list(results) == stepping
+        for key in stepping:
+            assert results.chunk_id(key) == expected_plain.chunk_id(key)
+            expected = reference[key].retrieve_candidates(pairs[key])
+            assert results[key] == expected == expected_plain[key]
+            assert indexed.path(key) == expected.path and indexed.trace(key) == expected.trace
+
+
+def test_step_indexed_isolates_bad_rows_and_leaves_them_unchanged():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    options = {"candidate_limit": 3, "score_normalization": "none", "emission_weight": 4.0}
+    server = MapMatchedServer(graph, **options)
+    keys = list("abcdefghij")
+    reference = {key: MapMatchedRetriever(graph, **options).session() for key in keys}
+    for key in keys:
+        server.open(key)
+    first = torch.tensor([[0, 1, -1]] * len(keys))
+    server.step_indexed(keys, first, torch.ones(len(keys), 3))
+    for session in reference.values():
+        session.retrieve_candidates([(graph.nodes[0], 1.0), (graph.nodes[1], 1.0)])
+    n = len(graph)
+    rows = {
+        "a": ([-1, -1, -1], [0.0, 0.0, 0.0], "must contain candidates"),
+        "b": ([2, n, -1], [1.0, 1.0, 0.0], "must be -1 \\(padding\\) or in"),
+        "c": ([2, -2, -1], [1.0, 1.0, 0.0], "must be -1 \\(padding\\) or in"),
+        "d": ([-1, 2, 3], [0.0, 1.0, 1.0], "padding \\(-1\\) must come after"),
+        "e": ([4, 4, -1], [1.0, 2.0, 0.0], "duplicate chunk IDs"),
+        "f": ([4, 5, -1], [math.nan, 2.0, 0.0], "raw_score must be finite"),
+        "g": ([4, 5, -1], [1.0, math.inf, 0.0], "raw_score must be finite"),
+        "h": ([4, 5, -1], [1e308, 1.0, 0.0], "nonfinite score"),  # 4 * 1e308 overflows in the decoder
+        "i": ([6, 7, 8], [1.0, 0.5, 0.25], None),
+        "j": ([3, 6, -1], [0.1, 0.2, 0.0], None),
+    }
+    ids = list(rows) + ["zzz", "j"]
+    candidates = torch.tensor([rows[key][0] for key in rows] + [[1, -1, -1], [1, -1, -1]])
+    scores = torch.tensor([rows[key][1] for key in rows] + [[1.0, 0, 0], [1.0, 0, 0]], dtype=torch.float64)
+    results, errors = server.step_indexed(ids, candidates, scores)
+    assert list(results) == ["i"]
+    assert set(errors) == set("abcdefghj") | {"zzz"}
+    assert "unknown session" in str(errors["zzz"]) and "more than once" in str(errors["j"])
+    for key, (_, _, message) in rows.items():
+        if message is not None:
+            with pytest.raises(ValueError, match=message):
+                raise errors[key]
+        expected_turns = 2 if key == "i" else 1
+        assert server.turn_count(key) == expected_turns, key
+    assert results["i"] == reference["i"].retrieve_candidates([(graph.nodes[v], s) for v, s in zip([6, 7, 8], [1.0, 0.5, 0.25])])
+    # the failed rows' sessions continue exactly as their sessions do
+    follow = torch.tensor([[3, 5, -1]] * 9)
+    results, errors = server.step_indexed(list("abcdefghj"), follow, torch.tensor([[0.5, 0.25, 0.0]] * 9))
+    assert not errors
+    for key in "abcdefghj":
+        assert results[key] == reference[key].retrieve_candidates([(graph.nodes[3], 0.5), (graph.nodes[5], 0.25)])
+
+
+def test_step_indexed_refuses_malformed_calls_without_changing_anything():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    server = MapMatchedServer(graph, candidate_limit=3)
+    server.open("a")
+    good = torch.tensor([[0, 1, -1]])
+    scores = torch.ones(1, 3)
+    for args, message in [
+        (("a", good, scores), "sequence of session IDs"),
+        ((["a"], good.tolist(), scores), "two \\(S, K\\) tensors"),
+        ((["a"], good.int(), scores), "int64"),
+        ((["a"], good, torch.ones(1, 2)), "of its shape"),
+        ((["a"], good, torch.ones(1, 3, dtype=torch.long)), "must be floating"),
+        ((["a", "a"], good, scores), "one row per session"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            server.step_indexed(*args)
+    assert server.turn_count("a") == 0
+    with pytest.raises(ValueError, match="needs a tensor corpus graph"):
+        MapMatchedServer(make_graph()).step_indexed(["a"], good, scores)
+    # float32 scores are widened exactly; columns past candidate_limit are cut
+    results, errors = server.step_indexed(["a"], torch.tensor([[2, 3, 4, 5]]), torch.tensor([[0.5, 0.25, 1.0, 9.0]]))
+    assert not errors and [c.chunk_id for c in results["a"].candidates] == [graph.nodes[i] for i in (2, 3, 4)]
+
+
+def test_mixed_object_and_indexed_turns_and_unknown_ids():
+    # a session fed objects (with IDs the graph lacks) then tensors takes the chunk-ID path
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    standalone = make_graph(5)
+    graph = TensorCorpusGraph.from_graph(standalone)
+    server = MapMatchedServer(graph, candidate_limit=4, fixed_lag=1)
+    session = MapMatchedRetriever(standalone, candidate_limit=4, fixed_lag=1).session()
+    server.open("x")
+    rng = random.Random(3)
+    for turn in range(6):
+        if turn % 2:
+            candidates, scores, pairs = indexed_turns(rng, graph, ["x"], width=4)
+            results, errors = server.step_indexed(["x"], candidates, scores)
+            pairs = pairs["x"]
+        else:
+            pairs = [(c.chunk_id, c.score) for c in random_turn(rng, width=4)]  # may hold "ghost"
+            results, errors = server.step({"x": pairs})
+        assert not errors
+        assert results["x"] == session.retrieve_candidates(pairs)
+
+
+def test_results_are_built_when_read():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    server = MapMatchedServer(graph, candidate_limit=3)
+    for key in "ab":
+        server.open(key)
+    results, _ = server.step_indexed(["a", "b"], torch.tensor([[0, 1, -1], [2, 3, 4]]), torch.rand(2, 3))
+    assert repr(results) == "StepResults(2 sessions, 0 built)"
+    chunk_ids = results.chunk_ids()
+    assert repr(results) == "StepResults(2 sessions, 0 built)" and len(results) == 2 and "a" in results
+    assert results["a"].chunk_id == chunk_ids["a"] and repr(results) == "StepResults(2 sessions, 1 built)"
+    assert results["a"] is results["a"]
+    built = results.materialize()
+    assert built == dict(results.items()) and results == built and built["b"].chunk_id == chunk_ids["b"]
+    # a later step does not change what an earlier step's results read
+    server.step_indexed(["a"], torch.tensor([[5, 6, -1]]), torch.rand(1, 3))
+    assert results["b"].path.chunk_ids == (chunk_ids["b"],) and len(server.path("a").steps) == 2
+
+
+def test_state_dict_round_trip_after_indexed_turns():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = TensorCorpusGraph.from_graph(make_graph(6))
+    rng = random.Random(4)
+    turns = [indexed_turns(rng, graph, ["a", "b"], width=4) for _ in range(6)]
+    build = lambda: MapMatchedServer(graph, candidate_limit=4, fixed_lag=2)  # noqa: E731
+    uninterrupted, interrupted = build(), build()
+    for server in (uninterrupted, interrupted):
+        server.open("a"), server.open("b")
+    expected = [uninterrupted.step_indexed(["a", "b"], c, s)[0].materialize() for c, s, _ in turns]
+    for c, s, _ in turns[:3]:
+        interrupted.step_indexed(["a", "b"], c, s)
+    restored = build()
+    restored.load_state_dict(interrupted.state_dict())
+    assert restored.path("a") == interrupted.path("a") and restored.trace("b") == interrupted.trace("b")
+    for (c, s, _), want in zip(turns[3:], expected[3:]):
+        results, errors = restored.step_indexed(["a", "b"], c, s)
+        assert not errors and results.materialize() == want

@@ -279,22 +279,49 @@ def pair_distances(
     _check_codes(sources, targets, adjacency)
     _check_groups(groups, sources.shape)
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
+    if engine == "dense":
+        return table_distances(table, sources, targets, maximum_distance)
     # shape: (Q,)
     flat_sources, flat_targets = sources.reshape(-1), targets.reshape(-1)
-    result = torch.full(flat_sources.shape, maximum_distance, dtype=torch.float64, device=adjacency.device)
     equal = (flat_sources == flat_targets) & (flat_sources != -1)
-    result[equal] = 0.0
+    zero = torch.zeros((), dtype=torch.float64, device=adjacency.device)
+    result = torch.where(equal, zero, torch.full_like(zero, maximum_distance))
     need = (flat_sources >= 0) & (flat_targets >= 0) & ~equal
     if bool(need.any()):
         node_sources, node_targets = flat_sources[need], flat_targets[need]
-        if engine == "dense":
-            values = table[node_sources, node_targets]
-        else:
-            if groups is not None:
-                search = dict(search, groups=groups.reshape(-1)[need])
-            values = _cached_distances(adjacency, node_sources, node_targets, maximum_distance, engine, cache, search)
+        if groups is not None:
+            search = dict(search, groups=groups.reshape(-1)[need])
+        values = _cached_distances(adjacency, node_sources, node_targets, maximum_distance, engine, cache, search)
         result[need] = torch.where(torch.isinf(values), maximum_distance, values)
     return result.view(sources.shape)
+
+
+def table_distances(
+    table: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, maximum_distance: float
+) -> torch.Tensor:
+    """:func:`pair_distances` from a dense ``(N, N)`` table, for broadcastable code tensors.
+
+    Args:
+        table: ``(N, N)`` float64 (``inf``: no path within the bound).
+        sources, targets: int64 index codes whose shapes broadcast, e.g. ``(B, M, 1)``
+            and ``(B, 1, M)`` (validated by the caller).
+        maximum_distance: the distance of padding, unknown IDs and unreachable pairs.
+
+    Returns:
+        float64 of the broadcast shape: 0.0 for equal non-padding codes, else the
+        table's entry for two nodes, else ``maximum_distance``.
+
+    Cost: one gather from the flat table and a few elementwise passes over the
+    result (a masked 2-D advanced index is several times slower on CPU).
+    """
+    shape = torch.broadcast_shapes(sources.shape, targets.shape)
+    # shape: (Q,) flat table position of every slot (padding and unknown read entry 0, masked below)
+    keys = (sources.clamp_min(0) * table.shape[1] + targets.clamp_min(0)).expand(shape).reshape(-1)
+    values = table.reshape(-1).index_select(0, keys).view(shape)
+    maximum = torch.full((), maximum_distance, dtype=torch.float64, device=table.device)
+    values = torch.where(((sources < 0) | (targets < 0)) | torch.isinf(values), maximum, values)
+    same = (sources == targets) & (sources != -1)
+    return torch.where(same, torch.zeros_like(maximum), values)
 
 
 # ---------------------------------------------------------------------- shared helpers

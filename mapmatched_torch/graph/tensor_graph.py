@@ -38,7 +38,7 @@ from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
 from ._compiled import compiled_balls
-from .shortest_paths import bounded_rows, pair_distances, resolve_engine
+from .shortest_paths import _check_codes, bounded_rows, pair_distances, resolve_engine, table_distances
 from .vocabulary import ChunkVocabulary
 
 __all__ = ["TensorCorpusGraph"]
@@ -512,6 +512,12 @@ class TensorCorpusGraph:
             raise MapMatchedValueError(f"chunk_index must be a (B, T, M) int64 tensor, got {what}")
         batch, turns, width = chunk_index.shape
         steps = max(turns - 1, 0)
+        if self._table is not None and resolve_engine(engine, self.device, has_table=True) == "dense":
+            _check_codes(chunk_index, chunk_index, self._adjacency)
+            # one gather, broadcasting (B, T-1, M, 1) against (B, T-1, 1, M): no expanded copies
+            return table_distances(
+                self._table, chunk_index[:, :-1, :, None], chunk_index[:, 1:, None, :], self._maximum_distance
+            )
         # shape: (B, T-1, M, M) [b, t, j, i]: candidate j of turn t -> candidate i of turn t+1
         sources = chunk_index[:, :-1, :, None].expand(batch, steps, width, width)
         targets = chunk_index[:, 1:, None, :].expand(batch, steps, width, width)

@@ -52,3 +52,39 @@ def test_a_table_over_budget_is_refused() -> None:
     with pytest.raises(ValueError, match=r"3 nodes takes 72 bytes, more than memory_budget=64 \(at most 2 nodes fit\)"):
         graph.precompute_dense(64)
     assert graph.precompute_dense(72).dense_table is not None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trellis_gather_equals_the_searches_with_padding_and_unknown_ids(device, seed) -> None:
+    # the table's trellis path broadcasts instead of flattening: padding, unknown IDs
+    # (equal unknown IDs are 0.0 apart), repeated nodes and unreachable pairs
+    reference = random_reference(seed, "float", bool(seed % 2))
+    graph = TensorCorpusGraph.from_graph(reference, device=device)
+    rng = __import__("random").Random(seed)
+    ids = list(reference.nodes) + ["ghost", "spirit"]
+    conversations = [
+        [rng.sample(ids, rng.randint(1, min(5, len(ids)))) for _ in range(rng.randint(1, 4))] for _ in range(6)
+    ]
+    index = graph.index_trellis(conversations)
+    searched = graph.trellis_distances(index, engine="scipy", use_cache=False)
+    graph.precompute_dense()
+    gathered = graph.trellis_distances(index)
+    assert torch.equal(gathered, searched)
+    expected = [
+        [reference.distance(a, b) if a and b else reference.maximum_distance for a, b in pair]
+        for pair in _slots(conversations, index.shape)
+    ]
+    assert gathered.reshape(len(expected), -1).cpu().tolist() == expected
+    with pytest.raises(ValueError, match="out of range"):
+        graph.trellis_distances(torch.full((1, 2, 2), len(reference), dtype=torch.long, device=device))
+
+
+def _slots(conversations, shape):
+    """Per conversation, the (source ID, target ID) of every (T-1, M, M) slot (None: padding)."""
+    _, turns, width = shape
+    out = []
+    for conversation in conversations:
+        padded = [list(turn) + [None] * (width - len(turn)) for turn in conversation]
+        padded += [[None] * width] * (turns - len(padded))
+        out.append([(padded[t][j], padded[t + 1][i]) for t in range(turns - 1) for j in range(width) for i in range(width)])
+    return out
