@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from mapmatched_torch import InMemoryCorpusGraph
+from mapmatched_torch.graph import TensorCorpusGraph
 from mapmatched_torch.providers import DenseProvider
 from mapmatched_torch.serving import MapMatchedServer
 
@@ -32,7 +32,7 @@ def corpus(generator):
     )
     edges = [(f"t{t}:{i}", f"t{t}:{i + 1}") for t in range(TOPICS) for i in range(CHAIN - 1)]
     edges += [(f"t{t}:0", f"t{(t + 1) % TOPICS}:0") for t in range(TOPICS)]
-    return ids, embeddings, InMemoryCorpusGraph.from_edges(edges, maximum_distance=6.0)
+    return ids, embeddings, TensorCorpusGraph.from_edges(edges, maximum_distance=6.0)
 
 
 def main() -> int:
@@ -40,6 +40,7 @@ def main() -> int:
     ids, embeddings, graph = corpus(generator)
     provider = DenseProvider(embeddings, ids, metric="cosine")
     server = MapMatchedServer(graph, candidate_limit=8, fixed_lag=2, transition_weight=0.5)
+    node_of = graph.index(ids)  # the provider's rows -> the graph's node indices
     reading = {}  # user -> index of the passage the user is reading
     served = failed = 0
     started = time.perf_counter()
@@ -57,10 +58,10 @@ def main() -> int:
         # One batched search for every active user (queries as the embedder would give them).
         positions = torch.tensor([reading[name] for name in names])
         queries = embeddings[positions] + 0.9 * torch.randn(len(names), DIM, generator=generator)
-        turns = dict(zip(names, provider.search(queries, limit=8)))
+        scores, rows = provider.search_tensors(queries, limit=8)
         if tick == 3:
-            turns[sorted(reading)[0]] = [("t0:0", float("nan"))]
-        results, errors = server.step(turns)
+            scores[0, 0] = float("nan")
+        results, errors = server.step_indexed(names, node_of[rows], scores)
         served += len(results)
         failed += len(errors)
         for name, error in errors.items():

@@ -69,6 +69,7 @@ _LAZY = {
     "SlotDecoder": ".streaming",
     "DecodingStream": ".streaming",
     "MapMatchedServer": ".serving",
+    "StepResults": ".step_results",
     # fitting and sampling
     "fit_weights": ".fit",
     "FitResult": ".fit",

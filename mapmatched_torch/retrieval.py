@@ -54,13 +54,14 @@ def as_scored_candidates(candidates: Iterable[Any]) -> Tuple[ScoredCandidate, ..
 def context_chunk_ids(
     chunk_id: str,
     neighborhood: Iterable[Tuple[str, float]],
-    candidates: Sequence[DecoderCandidate],
+    candidates: Sequence[Any],
     context_limit: Optional[int],
 ) -> Tuple[str, ...]:
     """The context of one turn: the decoded chunk, its neighbourhood, then the turn's
-    candidates in provider order; duplicates dropped keeping the first; cut at
-    ``context_limit`` (None: no cut)."""
-    ordered = [chunk_id, *(neighbor for neighbor, _ in neighborhood), *(c.chunk_id for c in candidates)]
+    candidates (objects with ``chunk_id``, or chunk IDs) in provider order; duplicates
+    dropped keeping the first; cut at ``context_limit`` (None: no cut)."""
+    candidate_ids = (c if isinstance(c, str) else c.chunk_id for c in candidates)
+    ordered = [chunk_id, *(neighbor for neighbor, _ in neighborhood), *candidate_ids]
     unique = tuple(dict.fromkeys(ordered))
     return unique if context_limit is None else unique[:context_limit]
 

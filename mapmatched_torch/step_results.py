@@ -20,7 +20,7 @@ from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Seque
 
 from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace
 from .reporting import committed_through
-from .retrieval import MapMatchedRetriever, revised_turns, turn_result, turn_trace
+from .retrieval import MapMatchedRetriever, context_chunk_ids, revised_turns, turn_result, turn_trace
 from .streaming import report_step
 
 __all__ = ["ServedTurn", "StepRecord", "StepResults", "NeighborhoodCache"]
@@ -171,10 +171,10 @@ class NeighborhoodCache:
         self._batched = batched if callable(batched) else None
         self._cache: "OrderedDict[str, tuple]" = OrderedDict()
 
-    def get(self, chunk_ids: Sequence[str]) -> List[Optional[tuple]]:
-        """Each chunk's neighbourhood (None: let the caller ask the graph itself)."""
+    def get(self, chunk_ids: Sequence[str]) -> List[tuple]:
+        """Each chunk's neighbourhood (from the cache, else one batched call)."""
         if self._batched is None:
-            return [None] * len(chunk_ids)
+            return [tuple(self.graph.neighborhood(chunk_id, self.radius)) for chunk_id in chunk_ids]
         cache = self._cache
         missing = list(dict.fromkeys(chunk_id for chunk_id in chunk_ids if chunk_id not in cache))
         if missing:
@@ -195,8 +195,9 @@ class StepResults(Mapping):
     A read result equals what an independent :class:`~mapmatched_torch.MapMatchedSession`
     returns for the same turns. Reading every result of a large step costs about
     0.2 ms per session; :meth:`chunk_id` / :meth:`chunk_ids` give the decoded chunks
-    without building anything, and :meth:`materialize` builds every result with one
-    batched neighbourhood search.
+    and :meth:`context_chunk_ids` / :meth:`contexts` the contexts without building
+    anything else, and :meth:`materialize` builds every result with one batched
+    neighbourhood search.
     """
 
     def __init__(
@@ -230,6 +231,22 @@ class StepResults(Mapping):
     def chunk_ids(self) -> Dict[SessionId, str]:
         """Every session's decoded chunk for this turn (nothing built)."""
         return {session_id: record.chunk_id for session_id, record in self._records.items()}
+
+    def context_chunk_ids(self, session_id: SessionId) -> Tuple[str, ...]:
+        """The session's context (``result.context_chunk_ids``) without building the result."""
+        return self.contexts([session_id])[session_id]
+
+    def contexts(self, session_ids: Optional[Sequence[SessionId]] = None) -> Dict[SessionId, Tuple[str, ...]]:
+        """The contexts of these sessions (default: all), the neighbourhoods in one
+        batched call, and nothing else built: what a RAG server hands to its LLM."""
+        records = self._records
+        keys = list(records) if session_ids is None else list(session_ids)
+        chunk_ids = [records[key].chunk_id for key in keys]
+        limit = self._retriever.context_limit
+        return {
+            key: context_chunk_ids(chunk_id, neighborhood, records[key].turns[records[key].length - 1].chunk_ids, limit)
+            for key, chunk_id, neighborhood in zip(keys, chunk_ids, self._neighborhoods.get(chunk_ids))
+        }
 
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""

@@ -59,8 +59,10 @@ def test_server_equals_independent_sessions(options):
         stepping = {key: random_turn(rng) for key in reference if rng.random() < 0.8}
         results, errors = server.step(stepping)
         assert errors == {}
+        contexts = results.contexts()
         for key, candidates in stepping.items():
             expected = reference[key].retrieve_candidates(candidates)
+            assert contexts[key] == expected.context_chunk_ids and results.chunk_id(key) == expected.chunk_id
             assert results[key] == expected
             assert server.path(key) == expected.path
 
@@ -372,14 +374,21 @@ def test_results_are_built_when_read():
     results, _ = server.step_indexed(["a", "b"], torch.tensor([[0, 1, -1], [2, 3, 4]]), torch.rand(2, 3))
     assert repr(results) == "StepResults(2 sessions, 0 built)"
     chunk_ids = results.chunk_ids()
+    contexts = results.contexts()
+    assert results.context_chunk_ids("b") == contexts["b"] and list(contexts) == ["a", "b"]
     assert repr(results) == "StepResults(2 sessions, 0 built)" and len(results) == 2 and "a" in results
+    assert {key: results[key].context_chunk_ids for key in "ab"} == contexts
+    results = server.step_indexed(["a", "b"], torch.tensor([[0, 1, -1], [2, 3, 4]]), torch.rand(2, 3))[0]
+    chunk_ids = results.chunk_ids()
+    assert repr(results) == "StepResults(2 sessions, 0 built)"
     assert results["a"].chunk_id == chunk_ids["a"] and repr(results) == "StepResults(2 sessions, 1 built)"
     assert results["a"] is results["a"]
     built = results.materialize()
     assert built == dict(results.items()) and results == built and built["b"].chunk_id == chunk_ids["b"]
     # a later step does not change what an earlier step's results read
     server.step_indexed(["a"], torch.tensor([[5, 6, -1]]), torch.rand(1, 3))
-    assert results["b"].path.chunk_ids == (chunk_ids["b"],) and len(server.path("a").steps) == 2
+    assert results["b"].path.chunk_ids[-1] == chunk_ids["b"] and len(results["b"].path.steps) == 2
+    assert len(server.path("a").steps) == 3 and len(server.path("b").steps) == 2
 
 
 def test_state_dict_round_trip_after_indexed_turns():

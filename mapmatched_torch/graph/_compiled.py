@@ -22,6 +22,7 @@ the first call compiles the kernel (a few seconds, cached on disk afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from typing import Any, Iterator, List, Optional, Tuple
@@ -54,24 +55,41 @@ SERIAL_BELOW = 32
 
 class _Kernels:
     """The numba kernels, each call holding :data:`_KERNEL_LOCK`; the last argument,
-    ``blocks``, is the thread count (1: the serial variant)."""
+    ``blocks``, is the thread count (1: the serial variant).
+
+    numba's OpenMP layer sets the process's OpenMP thread count, which torch shares:
+    a parallel call restores torch's count afterwards, so that searching a graph never
+    changes the threads of the caller's tensor code."""
 
     def __init__(self, module: Any) -> None:
         self._module = module
 
     def pairs(self, *args: Any) -> None:
-        with _KERNEL_LOCK:
-            if args[-1] > 1:
-                self._module.pairs(*args)
-            else:
-                self._module.pairs_serial(*args[:-1])
+        self._call(self._module.pairs, self._module.pairs_serial, args)
 
     def balls(self, *args: Any) -> None:
+        self._call(self._module.balls, self._module.balls_serial, args)
+
+    @staticmethod
+    def _call(parallel: Any, serial: Any, args: tuple) -> None:
         with _KERNEL_LOCK:
-            if args[-1] > 1:
-                self._module.balls(*args)
-            else:
-                self._module.balls_serial(*args[:-1])
+            if args[-1] <= 1:
+                serial(*args[:-1])
+                return
+            with _torch_threads_kept():
+                parallel(*args)
+
+
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Restore torch's intra-op thread count on exit (numba's OpenMP layer resets the
+    shared OpenMP count when it starts and on each parallel call)."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _blocks(threads: Optional[int], searches: int) -> int:
@@ -82,7 +100,8 @@ def _blocks(threads: Optional[int], searches: int) -> int:
     if not threads:
         import numba
 
-        threads = numba.get_num_threads()
+        with _torch_threads_kept():  # the first call starts numba's thread pool
+            threads = numba.get_num_threads()
     return max(1, min(int(threads), searches))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -394,3 +395,20 @@ def test_compiled_guidance_survives_a_path_that_sums_larger_backwards() -> None:
                 groups=torch.zeros(1, dtype=torch.long), **options,
             )
             assert found.item() == expected, options
+
+
+def test_compiled_engine_leaves_torch_threads_alone() -> None:
+    # numba's OpenMP layer sets the process's OpenMP thread count, which torch shares
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two CPUs for a parallel kernel call")
+    graph = knn_like_graph(300, seed=9)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        graph.neighborhoods(list(graph.nodes[:64]), 0.5)  # 64 balls: the parallel kernel
+        sources = torch.arange(300).repeat_interleave(4)
+        source_target_distances(graph.adjacency, sources, (sources + 7) % 300, bound=2.5, engine="compiled",
+                                groups=sources // 10)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
