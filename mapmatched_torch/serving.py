@@ -26,8 +26,9 @@ from ._validation import check_finite, check_positive_int, check_turn
 from .errors import MapMatchedValueError
 from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .reporting import NONFINITE_MESSAGE
+from .batch_scoring import normalize_score_rows
 from .retrieval import MapMatchedRetriever, as_scored_candidates
-from .scoring import normalize_candidates, normalize_scores
+from .scoring import normalize_candidates
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
 from .streaming import SlotDecoder, step_distances, turn_tensors
 
@@ -202,21 +203,29 @@ class MapMatchedServer:
                 shapes do not match (nothing is changed).
         """
         errors: Dict[SessionId, Exception] = {}
-        prepared, codes = self._prepare_indexed(session_ids, candidates, scores, errors)
-        return self._decode(prepared, codes, errors), errors
+        prepared, codes, normalized = self._prepare_indexed(session_ids, candidates, scores, errors)
+        return self._decode(prepared, codes, errors, normalized), errors
 
     def _decode(
-        self, prepared: Dict[SessionId, ServedTurn], codes: Optional[torch.Tensor], errors: Dict[SessionId, Exception]
+        self,
+        prepared: Dict[SessionId, ServedTurn],
+        codes: Optional[torch.Tensor],
+        errors: Dict[SessionId, Exception],
+        scores: Optional[torch.Tensor] = None,
     ) -> StepResults:
         """One batched decoding step of the prepared sessions; commits the rows that decode
-        (failures go to ``errors``). ``codes``: (S, M) node indices of the new turns, or None."""
+        (failures go to ``errors``). ``codes``, ``scores``: (S, M) node indices and
+        normalized scores of the new turns (padding -1 / 0.0), or None."""
         records: Dict[SessionId, StepRecord] = {}
         if prepared:
             ids = list(prepared)
             sessions = [self._sessions[session_id] for session_id in ids]
             new_turns = [prepared[session_id] for session_id in ids]
             decoder = self._decoder
-            scores, mask = turn_tensors([turn.normalized for turn in new_turns], decoder.width, self.device)
+            if scores is None or codes is None:
+                scores, mask = turn_tensors([turn.normalized for turn in new_turns], decoder.width, self.device)
+            else:
+                scores, mask = scores.to(self.device), (codes >= 0).to(self.device)
             distances = None
             if decoder.transition_weight != 0.0 and any(session.turns for session in sessions):
                 distances = self._distances(sessions, new_turns, codes)
@@ -286,9 +295,9 @@ class MapMatchedServer:
         candidates: torch.Tensor,
         scores: torch.Tensor,
         errors: Dict[SessionId, Exception],
-    ) -> Tuple[Dict[SessionId, ServedTurn], Optional[torch.Tensor]]:
-        """:meth:`_prepare` for :meth:`step_indexed`: the checks on tensors, then each
-        row's normalization on plain lists; returns the turns and their (S', M) codes."""
+    ) -> Tuple[Dict[SessionId, ServedTurn], Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """:meth:`_prepare` for :meth:`step_indexed`: the checks and the normalization on
+        tensors; returns the turns, their (S', M) codes and normalized scores."""
         graph, retriever, width = self.retriever.graph, self.retriever, self._decoder.width
         names, nodes = getattr(graph, "nodes", None), getattr(graph, "num_nodes", None)
         if not callable(getattr(graph, "trellis_distances", None)) or names is None or nodes is None:
@@ -321,7 +330,13 @@ class MapMatchedServer:
         repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(1)
         nonfinite = (real & ~torch.isfinite(raw)).any(1)
         flagged = (out_of_range | gapped | repeated | nonfinite).tolist()
-        index_rows, raw_rows, count_list = index.tolist(), raw.tolist(), counts.tolist()
+        count_list = counts.tolist()
+        # shape: (S, K') every clean row normalized at once (a flagged row as empty)
+        normalized = normalize_score_rows(
+            raw, [0 if bad else count for bad, count in zip(flagged, count_list)], retriever.score_normalization
+        )
+        overflowed = (real & ~torch.isfinite(normalized)).any(1).tolist()
+        index_rows, raw_rows, normalized_rows = index.tolist(), raw.tolist(), normalized.tolist()
         listed = Counter(ids)
         prepared: Dict[SessionId, ServedTurn] = {}
         kept_rows: List[int] = []
@@ -335,23 +350,27 @@ class MapMatchedServer:
                     _raise_row_error(index_rows[row], raw_rows[row], count, nodes, names, turn_index)
                 if not count:
                     raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
-                turn_nodes, turn_raw = index_rows[row][:count], raw_rows[row][:count]
-                normalized = normalize_scores(turn_raw, retriever.score_normalization)
-                if not all(map(math.isfinite, normalized)):
-                    position = next(i for i, value in enumerate(normalized) if not math.isfinite(value))
+                turn_nodes, turn_normalized = index_rows[row][:count], normalized_rows[row][:count]
+                if overflowed[row]:
+                    position = next(i for i, value in enumerate(turn_normalized) if not math.isfinite(value))
                     check_finite(
-                        normalized[position],
+                        turn_normalized[position],
                         f"trellis turn {turn_index} candidate {names[turn_nodes[position]]!r} normalized_score",
                     )
-                prepared[session_id] = ServedTurn(tuple(turn_raw), tuple(normalized), nodes=turn_nodes, names=names)
+                prepared[session_id] = ServedTurn(
+                    tuple(raw_rows[row][:count]), tuple(turn_normalized), nodes=turn_nodes, names=names
+                )
                 kept_rows.append(row)
             except Exception as error:  # isolate the bad row
                 errors[session_id] = error
         if not kept_rows:
-            return prepared, None
+            return prepared, None, None
+        # shape: (S', M) the kept rows' codes (-1 padding) and normalized scores (0.0 padding)
         codes = torch.full((len(kept_rows), width), -1, dtype=torch.long)
         codes[:, : index.shape[1]] = index[kept_rows]
-        return prepared, codes.to(getattr(graph, "device", codes.device))
+        scores = torch.zeros((len(kept_rows), width), dtype=torch.float64)
+        scores[:, : index.shape[1]] = normalized[kept_rows]
+        return prepared, codes.to(getattr(graph, "device", codes.device)), scores
 
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
         provider, limit = self.retriever.provider, self.retriever.candidate_limit

@@ -410,3 +410,16 @@ def test_state_dict_round_trip_after_indexed_turns():
     for (c, s, _), want in zip(turns[3:], expected[3:]):
         results, errors = restored.step_indexed(["a", "b"], c, s)
         assert not errors and results.materialize() == want
+
+
+def test_step_indexed_reports_an_overflowing_normalization_alone():
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    server = MapMatchedServer(graph, candidate_limit=2)  # z-scores: the exact sum of 1e308 + 1e308 overflows
+    server.open("a"), server.open("b")
+    results, errors = server.step_indexed(
+        ["a", "b"], torch.tensor([[0, 1], [2, 3]]), torch.tensor([[1e308, 1e308], [1.0, 2.0]], dtype=torch.float64)
+    )
+    assert list(results) == ["b"] and "normalized_score must be finite" in str(errors["a"])
+    assert server.turn_count("a") == 0 and server.turn_count("b") == 1

@@ -302,7 +302,8 @@ def table_distances(
     """:func:`pair_distances` from a dense ``(N, N)`` table, for broadcastable code tensors.
 
     Args:
-        table: ``(N, N)`` float64 (``inf``: no path within the bound).
+        table: ``(N, N)`` float64 (``inf``: no path within the bound; an entry above
+            ``maximum_distance`` counts as beyond it).
         sources, targets: int64 index codes whose shapes broadcast, e.g. ``(B, M, 1)``
             and ``(B, 1, M)`` (validated by the caller).
         maximum_distance: the distance of padding, unknown IDs and unreachable pairs.
@@ -318,10 +319,14 @@ def table_distances(
     # shape: (Q,) flat table position of every slot (padding and unknown read entry 0, masked below)
     keys = (sources.clamp_min(0) * table.shape[1] + targets.clamp_min(0)).expand(shape).reshape(-1)
     values = table.reshape(-1).index_select(0, keys).view(shape)
-    maximum = torch.full((), maximum_distance, dtype=torch.float64, device=table.device)
-    values = torch.where(((sources < 0) | (targets < 0)) | torch.isinf(values), maximum, values)
-    same = (sources == targets) & (sources != -1)
-    return torch.where(same, torch.zeros_like(maximum), values)
+    # entries are within the bound (= maximum_distance) or inf: inf -> maximum_distance
+    values.clamp_max_(maximum_distance)
+    # the masks broadcast from the small inputs: no full-size temporaries but one
+    values.masked_fill_(sources < 0, maximum_distance).masked_fill_(targets < 0, maximum_distance)
+    # equal codes are 0.0 apart, unknown IDs included, padding (-1) not: a target's -1
+    # is replaced by a code no source has
+    unequal = torch.where(targets == -1, torch.iinfo(torch.long).min, targets)
+    return values.masked_fill_(sources == unequal, 0.0)
 
 
 # ---------------------------------------------------------------------- shared helpers

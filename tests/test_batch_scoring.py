@@ -1,0 +1,55 @@
+"""The batched normalization equals normalize_scores bit for bit (sign of zero included)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from mapmatched_torch.batch_scoring import normalize_score_rows
+from mapmatched_torch.scoring import normalize_scores
+
+
+def random_row(rng: random.Random, width: int):
+    kind = rng.randrange(8)
+    count = rng.randint(1, width)
+    if kind == 0:
+        return [rng.choice([1.0, -0.0, 0.0])] * count  # constant: std exactly 0
+    if kind == 1:
+        return [rng.choice([1e300, -1e300, 3.0]) for _ in range(count)]  # squares overflow to inf
+    if kind == 2:
+        return [rng.choice([5e-324, -5e-324, 1e-310, 0.0]) for _ in range(count)]  # subnormals
+    if kind == 3:
+        return [float(rng.randint(-3, 3)) for _ in range(count)]  # exact ties
+    if kind == 4:
+        return [rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8) for _ in range(count)]  # mixed magnitudes
+    return [rng.gauss(0, 1) for _ in range(count)]
+
+
+def bits(values):
+    return torch.tensor(values, dtype=torch.float64).view(torch.int64).tolist()
+
+
+@pytest.mark.parametrize("method", ["zscore", "center", "none"])
+def test_rows_equal_normalize_scores_bit_for_bit(method):
+    rng = random.Random(method)
+    width = 9
+    rows = [random_row(rng, width) for _ in range(400)] + [[2.5], [-0.0]]
+    padded = torch.tensor([row + [rng.choice([0.0, 7.0])] * (width - len(row)) for row in rows], dtype=torch.float64)
+    out = normalize_score_rows(padded, [len(row) for row in rows], method)
+    for row, got in zip(rows, out.tolist()):
+        assert bits(got[: len(row)]) == bits(normalize_scores(row, method)), row
+        assert got[len(row):] == [0.0] * (width - len(row))
+
+
+def test_empty_rows_and_overflowing_sums():
+    raw = torch.tensor([[1e308, 1e308, 0.0], [1.0, 2.0, 3.0], [4.0, 4.0, 4.0]], dtype=torch.float64)
+    with pytest.raises(OverflowError):
+        normalize_scores([1e308, 1e308], "zscore")  # the reference raises; the batch marks the row NaN
+    out = normalize_score_rows(raw, [2, 0, 3])
+    assert all(math.isnan(value) for value in out[0, :2].tolist()) and out[0, 2] == 0.0
+    assert out[1].tolist() == [0.0, 0.0, 0.0] and out[2].tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="unsupported score normalization"):
+        normalize_score_rows(raw, [1, 1, 1], "minmax")
