@@ -4,9 +4,12 @@
 :class:`~mapmatched_torch.streaming.SlotDecoder` on one device. ``step(turns)`` takes
 the new turn of any subset of sessions (sessions of different lengths share the batch),
 fills the distances from each session's previous turn in one call to the graph, runs
-one batched M x M step (plus the uncommitted tail with a fixed lag), backtracks every
-session on the device, and returns one :class:`~mapmatched_torch.models.RetrievalResult`
-per session -- the same result an independent :class:`MapMatchedSession` gives.
+one batched M x M step (plus the uncommitted tail with a fixed lag) and backtracks
+every session on the device. ``step_indexed`` does the same for candidates given as
+tensors of graph node indices (no Python object per candidate). Both return a
+:class:`~mapmatched_torch.step_results.StepResults` mapping whose
+:class:`~mapmatched_torch.models.RetrievalResult` values, built when read, equal what
+an independent :class:`MapMatchedSession` gives.
 
 A bad request (unknown session, empty candidates, NaN scores, duplicate IDs, an
 overflowing score, a failing provider query) fails for that session alone: it is
