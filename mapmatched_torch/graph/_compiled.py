@@ -34,7 +34,7 @@ from .._optional import has_module
 from ._csr import CSRAdjacency
 from ._memory import rows_per_chunk
 
-__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows"]
+__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows", "compiled_lookup"]
 
 
 def available() -> bool:
@@ -69,6 +69,9 @@ class _Kernels:
 
     def balls(self, *args: Any) -> None:
         self._call(self._module.balls, self._module.balls_serial, args)
+
+    def lookup(self, *args: Any) -> None:
+        self._call(self._module.lookup, self._module.lookup_serial, args)
 
     @staticmethod
     def _call(parallel: Any, serial: Any, args: tuple) -> None:
@@ -346,3 +349,30 @@ def compiled_rows(
         for row, count in enumerate(ball_count.tolist()):
             rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
     return torch.from_numpy(rows).to(adjacency.device)
+
+
+#: Below this many queries a cache lookup runs on the calling thread.
+LOOKUP_SERIAL_BELOW = 1 << 16
+
+
+def compiled_lookup(
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
+    nodes: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`~.cache.DistanceCache` lookup on the CPU: per query, a binary search
+    within its source's run of the sorted keys.
+
+    Args:
+        keys: ``(K,)`` sorted int64 ``source * nodes + target``; ``values``: ``(K,)``.
+        row_start: ``(nodes + 1,)`` int64 start of each source's run in ``keys``.
+        sources, targets: ``(Q,)`` int64 node indices.
+
+    Returns:
+        ``(values, found)``: ``(Q,)`` float64 (``inf`` where not found) and bool.
+    """
+    out = np.empty(sources.numel(), dtype=np.float64)
+    found = np.empty(sources.numel(), dtype=np.bool_)
+    blocks = 1 if sources.numel() < LOOKUP_SERIAL_BELOW else _blocks(None, sources.numel())
+    _kernels().lookup(keys.numpy(), values.numpy(), row_start.numpy(), sources.numpy(), targets.numpy(), int(nodes),
+                      out, found, blocks)
+    return torch.from_numpy(out), torch.from_numpy(found)

@@ -251,3 +251,45 @@ def balls_serial(indptr, indices, weights, group_ptr, group_nodes, bound, settle
     """:func:`balls` on the calling thread."""
     _balls_block(indptr, indices, weights, group_ptr, group_nodes, bound, settle_limit, ball_nodes, ball_values,
                  ball_count, ball_radius, 0, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, block, blocks):
+    """The queries ``block, block + blocks, ...`` of :func:`lookup` (contiguous chunks:
+    consecutive queries often share a source row)."""
+    count = sources.shape[0]
+    size = (count + blocks - 1) // blocks
+    for query in range(block * size, min(count, (block + 1) * size)):
+        source = sources[query]
+        key = source * nodes + targets[query]
+        low, high = row_start[source], row_start[source + 1]
+        # lower bound of key in keys[low:high], branch-free halving
+        length = high - low
+        while length > 0:
+            half = length >> 1
+            probe = low + half
+            less = keys[probe] < key
+            low = probe + 1 if less else low
+            length = length - half - 1 if less else half
+        if low < high and keys[low] == key:
+            out[query] = values[low]
+            found[query] = True
+        else:
+            out[query] = _INF
+            found[query] = False
+
+
+@numba.njit(cache=True, parallel=True)
+def lookup(keys, values, row_start, sources, targets, nodes, out, found, blocks):
+    """Cached distance of every query ``(sources[q], targets[q])``: a binary search for
+    ``source * nodes + target`` within the source's run ``keys[row_start[source]:
+    row_start[source + 1]]`` of the sorted keys (a few cache lines, not the whole
+    array), on ``blocks`` threads; ``found[q]`` says whether the key is cached."""
+    for block in numba.prange(blocks):
+        _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup_serial(keys, values, row_start, sources, targets, nodes, out, found):
+    """:func:`lookup` on the calling thread."""
+    _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, 0, 1)

@@ -15,12 +15,13 @@ handful of kernels on GPU. Not thread-safe.
 
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 from .._validation import check_positive_int
 from ..standalone.graph import CacheInfo
+from . import _compiled
 
 __all__ = ["DistanceCache", "CacheInfo"]
 
@@ -59,6 +60,7 @@ class DistanceCache:
         # shape: (K,) sorted unique keys source * N + target, and their distances
         self._keys = torch.empty(0, dtype=torch.long, device=self.device)
         self._values = torch.empty(0, dtype=torch.float64, device=self.device)
+        self._starts: Optional[torch.Tensor] = None  # (N + 1,) runs of the keys by source, or stale
         # shape: (N,) last use of each source row (0: not cached) and completeness
         self._stamp = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
         self._complete = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
@@ -88,18 +90,32 @@ class DistanceCache:
             bound; meaningless where not answered) and a ``(Q,)`` bool mask of the
             pairs the cache could answer. Looked-up rows become most recently used.
         """
-        # shape: (Q,)
-        keys = sources * self.num_nodes + targets
-        if self._keys.numel():
+        if self._keys.numel() and self.device.type == "cpu" and _compiled.available():
+            # per query a search within its source's run: a few cache lines, not log K misses
+            values, found = _compiled.compiled_lookup(
+                self._keys, self._values, self._row_start(), sources.contiguous(), targets.contiguous(), self.num_nodes
+            )
+        elif self._keys.numel():
+            # shape: (Q,)
+            keys = sources * self.num_nodes + targets
             position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
             found = self._keys[position] == keys
             values = torch.where(found, self._values[position], torch.inf)
         else:
+            keys = sources * self.num_nodes + targets
             found = torch.zeros_like(keys, dtype=torch.bool)
             values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
         answered = found | ((self._stamp[sources] > 0) & self._complete[sources])
         self._count(sources, answered)
         return values, answered
+
+    def _row_start(self) -> torch.Tensor:
+        """``(N + 1,)`` int64 start of each source's run in the sorted keys (cached until
+        the keys change)."""
+        if self._starts is None:
+            bounds = torch.arange(self.num_nodes + 1, dtype=torch.long, device=self.device) * self.num_nodes
+            self._starts = torch.searchsorted(self._keys, bounds)
+        return self._starts
 
     def _count(self, sources: torch.Tensor, answered: torch.Tensor) -> None:
         """Count hits/misses per distinct source and refresh the cached rows' recency."""
@@ -164,7 +180,7 @@ class DistanceCache:
         merged_values = torch.empty(merged_keys.shape, dtype=torch.float64, device=keys.device)
         merged_keys[old_position], merged_values[old_position] = old, self._values
         merged_keys[new_position], merged_values[new_position] = keys, values
-        self._keys, self._values = merged_keys, merged_values
+        self._keys, self._values, self._starts = merged_keys, merged_values, None
 
     def _evict(self) -> None:
         """Drop least recently used rows until both capacities hold."""
@@ -181,7 +197,7 @@ class DistanceCache:
         self._stamp[dropped] = 0
         self._complete[dropped] = False
         alive = self._stamp[self._keys // self.num_nodes] > 0
-        self._keys, self._values = self._keys[alive], self._values[alive]
+        self._keys, self._values, self._starts = self._keys[alive], self._values[alive], None
 
     def to(self, device: Union[torch.device, str]) -> "DistanceCache":
         """An empty cache with the same capacities on ``device``."""

@@ -85,3 +85,38 @@ def test_capacities_must_be_positive_ints(bad) -> None:
         DistanceCache(3, max_rows=bad)
     with pytest.raises(ValueError, match="distance_cache_entries"):
         DistanceCache(3, max_entries=bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_lookup_equals_the_torch_lookup(seed, monkeypatch) -> None:
+    # the CPU lookup searches within each source's run of the keys (numba); the torch
+    # lookup searches all keys: same values and answers through inserts and evictions
+    from mapmatched_torch.graph import _compiled
+
+    if not _compiled.available():
+        pytest.skip("numba is not installed")
+    generator = torch.Generator().manual_seed(seed)
+    nodes = 50
+    caches = [DistanceCache(nodes, max_rows=12, max_entries=300) for _ in range(2)]
+    for round_ in range(12):
+        sources = torch.randint(0, nodes, (40,), generator=generator)
+        targets = torch.randint(0, nodes, (40,), generator=generator)
+        values = torch.rand(40, generator=generator, dtype=torch.float64)
+        values[torch.rand(40, generator=generator) < 0.2] = math.inf
+        for cache in caches:
+            cache.insert(sources, targets, values, complete=round_ % 4 == 0)
+        # many queries (the parallel kernel) on cached and uncached rows, sources 0 and N-1 included
+        query_sources = torch.cat([torch.randint(0, nodes, (70000,), generator=generator), torch.tensor([0, nodes - 1])])
+        query_targets = torch.cat([torch.randint(0, nodes, (70000,), generator=generator), torch.tensor([nodes - 1, 0])])
+        found = caches[0].lookup(query_sources, query_targets)
+        with monkeypatch.context() as patch:
+            patch.setattr(_compiled, "available", lambda: False)
+            expected = caches[1].lookup(query_sources, query_targets)
+        assert torch.equal(found[1], expected[1]), round_
+        assert torch.equal(found[0][found[1]], expected[0][expected[1]]), round_
+        small = caches[0].lookup(query_sources[:9], query_targets[:9])  # the serial kernel
+        with monkeypatch.context() as patch:
+            patch.setattr(_compiled, "available", lambda: False)
+            caches[1].lookup(query_sources[:9], query_targets[:9])  # the same recency and counters
+        assert torch.equal(small[1], found[1][:9]) and torch.equal(small[0][small[1]], found[0][:9][found[1][:9]])
+        assert caches[0].cache_info() == caches[1].cache_info()
