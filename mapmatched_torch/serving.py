@@ -26,7 +26,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ._validation import check_finite, check_positive_int, check_turn
-from .errors import MapMatchedValueError
+from .errors import MapMatchedRuntimeError, MapMatchedValueError
 from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .reporting import NONFINITE_MESSAGE
 from .batch_scoring import normalize_score_rows
@@ -40,11 +40,17 @@ __all__ = ["MapMatchedServer"]
 SessionId = Hashable
 
 
+#: Above this |normalized score| (times lambda when lambda > 1) a trace's margin or
+#: entropy could overflow, so the session's results are built during the step.
+_LARGE_SCORE = 2.0**990
+
+
 @dataclass
 class _Session:
     slot: int
     turns: List[ServedTurn] = field(default_factory=list)
     record: Optional[StepRecord] = None  # the latest step's
+    extreme: bool = False  # some turn's scores exceed _LARGE_SCORE
 
 
 class MapMatchedServer:
@@ -232,6 +238,13 @@ class MapMatchedServer:
             distances = None
             if decoder.transition_weight != 0.0 and any(session.turns for session in sessions):
                 distances = self._distances(sessions, new_turns, codes)
+            # A session with scores so large that a trace margin or entropy may overflow
+            # (never with z-scores) has its path and trace built now, as a session
+            # would: a turn that fails there is rolled back.
+            large = (scores.abs().amax(1) * max(1.0, decoder.emission_weight) > _LARGE_SCORE).tolist()
+            for session, extreme in zip(sessions, large):
+                session.extreme = session.extreme or extreme
+            snapshots = {session.slot: decoder.snapshot(session.slot) for session in sessions if session.extreme}
             slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
             out = decoder.step(slots, scores, mask, distances)
             ok_rows = out.ok.tolist()
@@ -239,15 +252,27 @@ class MapMatchedServer:
             finals = out.final_scores.double().tolist()
             for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
                 length = len(session.turns) + 1
-                if not ok_rows[row]:
+                if ok_rows[row]:
+                    previous = session.record
+                    session.turns.append(turn)
+                    session.record = StepRecord(
+                        session.turns, length, paths[row][:length], path_distances[row][:length],
+                        finals[row][: len(turn)], previous.row if previous is not None else None,
+                    )
+                    try:
+                        if session.extreme:
+                            session.record.decoded(self.retriever)
+                    except Exception as error:  # the turn a session would refuse
+                        session.turns.pop()
+                        session.record = previous
+                        errors[session_id] = error
+                    else:
+                        records[session_id] = session.record
+                        continue
+                else:
                     errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {length - 1}")
-                    continue
-                session.turns.append(turn)
-                previous = session.record.row if session.record is not None else None
-                session.record = records[session_id] = StepRecord(
-                    session.turns, length, paths[row][:length], path_distances[row][:length],
-                    finals[row][: len(turn)], previous,
-                )
+                if session.slot in snapshots:
+                    decoder.restore(session.slot, snapshots[session.slot])
         return StepResults(self.retriever, records, self._neighborhoods)
 
     def _distances(
@@ -320,18 +345,20 @@ class MapMatchedServer:
                 f"scores must be floating ({scores.dtype}) and there must be one row per session "
                 f"({candidates.shape[0]} rows, {len(ids)} sessions)"
             )
-        # shape: (S, K') the kept columns, on the CPU for the row checks
-        index = candidates[:, :width].cpu()
-        raw = scores[:, : index.shape[1]].cpu().double()
+        # shape: (S, K) on the CPU for the row checks; as in a session, every candidate is
+        # checked (range, padding, finite score) before the cut at candidate_limit
+        every, every_raw = candidates.cpu(), scores.cpu().double()
+        listed_real = every >= 0
+        listed_count = listed_real.sum(1)
+        out_of_range = ((every < -1) | (every >= nodes)).any(1)
+        gapped = (listed_real != (torch.arange(every.shape[1]).unsqueeze(0) < listed_count.unsqueeze(1))).any(1)
+        nonfinite = (listed_real & ~torch.isfinite(every_raw)).any(1)
+        # shape: (S, K') the kept columns; a repeated index among them is an error
+        index, raw = every[:, :width], every_raw[:, :width]
         real = index >= 0
         counts = real.sum(1)
-        columns = torch.arange(index.shape[1])
-        # per row: an index outside [-1, N), padding before a candidate, a repeated index, a non-finite score
-        out_of_range = ((index < -1) | (index >= nodes)).any(1)
-        gapped = (real != (columns.unsqueeze(0) < counts.unsqueeze(1))).any(1)
         ordered = index.sort(1).values
         repeated = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any(1)
-        nonfinite = (real & ~torch.isfinite(raw)).any(1)
         flagged = (out_of_range | gapped | repeated | nonfinite).tolist()
         count_list = counts.tolist()
         # shape: (S, K') every clean row normalized at once (a flagged row as empty)
@@ -350,7 +377,7 @@ class MapMatchedServer:
                 turn_index = len(self._sessions[self._known(session_id)].turns)
                 count = count_list[row]
                 if flagged[row]:
-                    _raise_row_error(index_rows[row], raw_rows[row], count, nodes, names, turn_index)
+                    _raise_row_error(every[row].tolist(), every_raw[row].tolist(), count, nodes, names, turn_index)
                 if not count:
                     raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
                 turn_nodes, turn_normalized = index_rows[row][:count], normalized_rows[row][:count]
@@ -379,8 +406,8 @@ class MapMatchedServer:
         provider, limit = self.retriever.provider, self.retriever.candidate_limit
         answers: Dict[SessionId, Any] = {}
         for session_id, query in queries.items():
-            if provider is None:
-                errors[session_id] = MapMatchedValueError(
+            if provider is None:  # SPEC section 6: a RuntimeError, as in a session
+                errors[session_id] = MapMatchedRuntimeError(
                     "a query needs a CandidateProvider: pass provider= to MapMatchedServer, or send candidates"
                 )
             elif not query.strip():
@@ -389,8 +416,10 @@ class MapMatchedServer:
         batch = getattr(provider, "retrieve_batch", None)
         if pending and callable(batch):
             try:
-                for key, candidates in zip(pending, batch([queries[key] for key in pending], limit)):
-                    answers[key] = candidates
+                found = list(batch([queries[key] for key in pending], limit))
+                if len(found) != len(pending):
+                    raise MapMatchedRuntimeError(f"retrieve_batch answered {len(found)} of {len(pending)} queries")
+                answers.update(zip(pending, found))
                 return answers
             except Exception:  # fall back to one query at a time to isolate the failure
                 answers.clear()
@@ -440,7 +469,6 @@ class MapMatchedServer:
             raise MapMatchedValueError(
                 f"server state does not match this server: saved options {state.get('options')}, these {options}"
             )
-        self._decoder.load_state_dict(state["decoder"])
         sessions: Dict[SessionId, _Session] = {}
         for session_id, slot, trellis, path, trace in state["sessions"]:
             session_id = tuple(session_id) if isinstance(session_id, list) else session_id
@@ -449,26 +477,33 @@ class MapMatchedServer:
             ]
             path, trace = _path_from_state(path), _trace_from_state(trace)
             record = StepRecord.restored(turns, path, trace) if path is not None else None
-            sessions[session_id] = _Session(slot=int(slot), turns=turns, record=record)
+            extreme = any(abs(value) * max(1.0, self.retriever.emission_weight) > _LARGE_SCORE
+                          for turn in turns for value in turn.normalized)
+            sessions[session_id] = _Session(slot=int(slot), turns=turns, record=record, extreme=extreme)
+        # the sessions parsed first: a malformed state changes nothing
+        self._decoder.load_state_dict(state["decoder"])
         self._sessions = sessions
 
 
 def _raise_row_error(
-    nodes: List[int], raw: List[float], count: int, limit: int, names: Sequence[str], turn_index: int
+    nodes: List[int], raw: List[float], kept: int, limit: int, names: Sequence[str], turn_index: int
 ) -> None:
-    """Raise the first problem of a flagged :meth:`MapMatchedServer.step_indexed` row."""
+    """Raise the first problem of a flagged :meth:`MapMatchedServer.step_indexed` row
+    (``nodes``, ``raw``: the whole row; ``kept``: its candidates within candidate_limit)."""
     if any(node < -1 or node >= limit for node in nodes):
         raise MapMatchedValueError(
             f"trellis turn {turn_index}: candidate node indices must be -1 (padding) or in [0, {limit}), got {nodes}"
         )
-    if any(node >= 0 for node in nodes[count:]) or any(node < 0 for node in nodes[:count]):
+    count = sum(node >= 0 for node in nodes)
+    if any(node < 0 for node in nodes[:count]):
         raise MapMatchedValueError(f"trellis turn {turn_index}: padding (-1) must come after every candidate, got {nodes}")
-    seen = set()
     for node, score in zip(nodes[:count], raw):
+        check_finite(score, f"trellis turn {turn_index} candidate {names[node]!r} raw_score")
+    seen = set()
+    for node in nodes[:kept]:
         if node in seen:
             raise MapMatchedValueError(f"trellis turn {turn_index} contains duplicate chunk IDs ({names[node]!r})")
         seen.add(node)
-        check_finite(score, f"trellis turn {turn_index} candidate {names[node]!r} raw_score")
 
 
 _STEP_FIELDS = tuple(DecodedStep.__dataclass_fields__)

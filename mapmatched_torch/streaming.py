@@ -331,9 +331,10 @@ class SlotDecoder:
     # ------------------------------------------------------------- persistence
 
     def state_dict(self) -> Dict[str, object]:
-        """Every tensor of the table (on the CPU) plus the slot bookkeeping."""
+        """Every tensor of the table (copies on the CPU: later steps do not change them)
+        plus the slot bookkeeping."""
         return {
-            "tensors": {name: tensor.cpu() for name, tensor in self._tensors.items()},
+            "tensors": {name: tensor.detach().to("cpu", copy=True) for name, tensor in self._tensors.items()},
             "free": list(self._free),
             "allocated": self._allocated,
             "config": {
@@ -351,7 +352,8 @@ class SlotDecoder:
         mine = self.state_dict()["config"]
         if config != mine:
             raise MapMatchedValueError(f"slot decoder configuration differs: saved {config}, this decoder {mine}")
-        self._tensors = {name: tensor.to(self.device) for name, tensor in state["tensors"].items()}
+        # copies: two decoders loaded from one state must not write into each other
+        self._tensors = {name: tensor.to(self.device, copy=True) for name, tensor in state["tensors"].items()}
         self._free = list(state["free"])
         self._allocated = int(state["allocated"])
 

@@ -105,7 +105,8 @@ def test_bad_requests_fail_alone_and_leave_state_unchanged():
     results, errors = server.step(bad)
     assert set(results) == {"f"}
     assert set(errors) == {"a", "b", "c", "d", "e", "zzz"}
-    assert all(isinstance(error, ValueError) for error in errors.values())
+    assert all(isinstance(error, ValueError) for key, error in errors.items() if key != "e")
+    assert isinstance(errors["e"], RuntimeError)  # SPEC section 6: no provider is a RuntimeError
     assert "must contain candidates" in str(errors["a"])
     assert "finite" in str(errors["b"])
     assert "duplicate chunk IDs" in str(errors["c"])
@@ -337,6 +338,16 @@ def test_step_indexed_refuses_malformed_calls_without_changing_anything():
     assert server.turn_count("a") == 0
     with pytest.raises(ValueError, match="needs a tensor corpus graph"):
         MapMatchedServer(make_graph()).step_indexed(["a"], good, scores)
+    # as in a session, candidates past candidate_limit are checked before the cut
+    results, errors = server.step_indexed(["a"], torch.tensor([[2, 3, 4, 5]]), torch.tensor([[0.5, 0.25, 1.0, math.nan]]))
+    assert "raw_score must be finite" in str(errors["a"]) and server.turn_count("a") == 0
+    with pytest.raises(ValueError, match="raw score|finite"):
+        MapMatchedRetriever(graph, candidate_limit=3).session().retrieve_candidates(
+            [(graph.nodes[i], s) for i, s in zip((2, 3, 4, 5), (0.5, 0.25, 1.0, math.nan))])
+    # a repeated index past the limit is cut first, as in a session
+    results, errors = server.step_indexed(["a"], torch.tensor([[2, 3, 4, 2]]), torch.ones(1, 4))
+    assert not errors and server.turn_count("a") == 1
+    server.close("a"), server.open("a")
     # float32 scores are widened exactly; columns past candidate_limit are cut
     results, errors = server.step_indexed(["a"], torch.tensor([[2, 3, 4, 5]]), torch.tensor([[0.5, 0.25, 1.0, 9.0]]))
     assert not errors and [c.chunk_id for c in results["a"].candidates] == [graph.nodes[i] for i in (2, 3, 4)]
@@ -423,3 +434,65 @@ def test_step_indexed_reports_an_overflowing_normalization_alone():
     )
     assert list(results) == ["b"] and "normalized_score must be finite" in str(errors["a"])
     assert server.turn_count("a") == 0 and server.turn_count("b") == 1
+
+
+@pytest.mark.parametrize("normalization", ["none", "center"])
+def test_a_turn_whose_trace_overflows_fails_alone_as_in_a_session(normalization):
+    # 1e308 and -1e308 decode, but their trace margin (or entropy) overflows: a session
+    # refuses the turn, so the server must too, and leave the session as it was
+    graph = make_graph()
+    options = dict(candidate_limit=5, score_normalization=normalization, fixed_lag=1)
+    server = MapMatchedServer(graph, **options)
+    sessions = {key: MapMatchedRetriever(graph, **options).session() for key in "ab"}
+    for key in sessions:
+        server.open(key)
+    turns = [
+        {"a": [("n1", 1.0), ("n2", 0.5)], "b": [("n3", 1.0)]},
+        {"a": [("n1", 1e308), ("n2", -1e308)], "b": [("n4", 2.0), ("n5", 1.0)]},
+        {"a": [("n2", 1.0), ("n3", 0.25)], "b": [("n1", 1e300), ("n2", -1e300)]},
+        {"a": [("n4", 1.0)], "b": [("n6", 0.5), ("n7", 1.5)]},
+    ]
+    for turn in turns:
+        results, errors = server.step(turn)
+        for key, candidates in turn.items():
+            try:
+                expected = sessions[key].retrieve_candidates(candidates)
+            except ValueError as error:
+                assert str(errors[key]) == str(error) and key not in results
+            else:
+                assert key not in errors and results[key] == expected
+            assert server.turn_count(key) == sessions[key].turn_count
+    assert server.path("a") == sessions["a"].path and server.trace("b") == sessions["b"].trace
+    torch.save(server.state_dict(), __import__("io").BytesIO())  # the state stays savable
+
+
+def test_state_dict_is_a_copy_and_loaded_servers_are_independent():
+    graph = make_graph()
+    turns = [[("n1", 1.0), ("n4", 0.0)], [("n4", 2.0), ("n2", 0.0)], [("n3", 1.0), ("n1", 0.5)]]
+    server = MapMatchedServer(graph, candidate_limit=2)
+    server.open("x")
+    server.step({"x": turns[0]})
+    snapshot = server.state_dict()
+    server.step({"x": turns[1]})  # must not change the snapshot
+    first, second = MapMatchedServer(graph, candidate_limit=2), MapMatchedServer(graph, candidate_limit=2)
+    first.load_state_dict(snapshot)
+    second.load_state_dict(snapshot)
+    session = MapMatchedRetriever(graph, candidate_limit=2).session()
+    session.retrieve_candidates(turns[0])
+    expected = session.retrieve_candidates(turns[1])
+    assert first.step({"x": turns[1]})[0]["x"] == expected
+    assert second.step({"x": turns[1]})[0]["x"] == expected  # not disturbed by the first
+
+
+def test_a_batched_provider_that_answers_too_few_queries_falls_back_to_single_queries():
+    class Short:
+        def retrieve(self, query, limit):
+            return [("n1", 1.0), (query, 0.5)]
+
+        def retrieve_batch(self, queries, limit):
+            return [self.retrieve(query, limit) for query in queries[:-1]]  # one answer short
+
+    server = MapMatchedServer(make_graph(), provider=Short(), candidate_limit=3)
+    server.open("a"), server.open("b")
+    results, errors = server.step({"a": "n2", "b": "n3"})
+    assert not errors and [c.chunk_id for c in results["b"].candidates] == ["n1", "n3"]
