@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import ctypes
+import sys
+from typing import Optional, Tuple
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk"]
+import torch
+
+__all__ = ["DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk", "empty_in_huge_pages"]
 
 #: Default bytes of search state per chunk of sources (torch workspace, scipy output).
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -18,3 +22,40 @@ def budget(memory_budget: Optional[int]) -> int:
 def rows_per_chunk(nodes: int, count: int, memory_budget: Optional[int], bytes_per_entry: int = 8) -> int:
     """How many of ``count`` sources' (N,) rows of ``bytes_per_entry`` fit in the budget (in ``[1, count]``)."""
     return max(1, min(count, budget(memory_budget) // (bytes_per_entry * max(nodes, 1))))
+
+
+#: Tables at least this large are placed in transparent huge pages where possible.
+HUGE_PAGE_MIN_BYTES = 64 << 20
+_HUGE_PAGE = 1 << 21
+_MADV_HUGEPAGE = 14
+
+
+def empty_in_huge_pages(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized CPU tensor whose memory is advised for transparent huge pages.
+
+    A gather of a million random entries from a multi-GB table is bound by TLB misses
+    with 4 KiB pages: measured here, 8-32 ms per million from a 3 GB table, 6 ms with
+    2 MiB pages. On Linux the memory is aligned to 2 MiB and ``madvise(MADV_HUGEPAGE)``
+    is called before the first touch, so the kernel backs it with huge pages when it
+    can (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``madvise`` or
+    ``always``). Elsewhere, below :data:`HUGE_PAGE_MIN_BYTES`, or when the call fails,
+    this is ``torch.empty``. Values are unaffected either way.
+    """
+    count = 1
+    for size in shape:
+        count *= int(size)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    if not sys.platform.startswith("linux") or nbytes < HUGE_PAGE_MIN_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    try:
+        base = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
+        start = (base.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+        advised = ctypes.CDLL(None, use_errno=True).madvise(
+            ctypes.c_void_p(start), ctypes.c_size_t(nbytes & ~(_HUGE_PAGE - 1)), _MADV_HUGEPAGE
+        )
+        if advised != 0:
+            return torch.empty(shape, dtype=dtype)
+        offset = start - base.data_ptr()
+        return base[offset:offset + nbytes].view(dtype).view(shape)
+    except (OSError, AttributeError, RuntimeError):
+        return torch.empty(shape, dtype=dtype)

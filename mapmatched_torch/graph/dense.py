@@ -32,12 +32,16 @@ import torch
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
 from ._csr import CSRAdjacency
+from ._memory import empty_in_huge_pages, rows_per_chunk
 from .shortest_paths import bounded_rows
 
 __all__ = ["DEFAULT_DENSE_BUDGET", "dense_table_bytes", "max_dense_nodes", "build_dense_table"]
 
 #: Default memory budget of a dense table: 128 MiB, i.e. N <= 4096.
 DEFAULT_DENSE_BUDGET = 128 * 2**20
+
+#: Rows of a CPU table are computed this many bytes at a time, then copied in.
+_FILL_BLOCK_BYTES = 256 << 20
 
 
 def dense_table_bytes(num_nodes: int) -> int:
@@ -84,5 +88,17 @@ def build_dense_table(
             f"a dense table of {adjacency.num_nodes} nodes takes {size} bytes, more than memory_budget={budget} "
             f"(at most {max_dense_nodes(budget)} nodes fit); raise memory_budget to opt in"
         )
-    sources = torch.arange(adjacency.num_nodes, device=adjacency.device)
-    return bounded_rows(adjacency, sources, limit=maximum_distance, engine=engine, memory_budget=search_budget)
+    nodes = adjacency.num_nodes
+    sources = torch.arange(nodes, device=adjacency.device)
+    if adjacency.device.type != "cpu":
+        return bounded_rows(adjacency, sources, limit=maximum_distance, engine=engine, memory_budget=search_budget)
+    # on the CPU, filled a block of rows at a time into memory advised for huge pages
+    # (gathers from the table are TLB-bound otherwise; see empty_in_huge_pages)
+    table = empty_in_huge_pages((nodes, nodes), torch.float64)
+    block = rows_per_chunk(nodes, max(nodes, 1), _FILL_BLOCK_BYTES)
+    for first in range(0, nodes, block):
+        table[first:first + block] = bounded_rows(
+            adjacency, sources[first:first + block], limit=maximum_distance, engine=engine,
+            memory_budget=search_budget,
+        )
+    return table

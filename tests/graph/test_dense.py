@@ -88,3 +88,21 @@ def _slots(conversations, shape):
         padded += [[None] * width] * (turns - len(padded))
         out.append([(padded[t][j], padded[t + 1][i]) for t in range(turns - 1) for j in range(width) for i in range(width)])
     return out
+
+
+def test_huge_page_tensors_behave_like_plain_ones(monkeypatch) -> None:
+    # the aligned view over a larger buffer (Linux: advised for huge pages) must be an
+    # ordinary contiguous tensor; tables built in it equal the searched rows
+    from mapmatched_torch.graph import _memory
+
+    monkeypatch.setattr(_memory, "HUGE_PAGE_MIN_BYTES", 0)
+    tensor = _memory.empty_in_huge_pages((37, 11), torch.float64)
+    assert tensor.shape == (37, 11) and tensor.dtype == torch.float64 and tensor.is_contiguous()
+    tensor.copy_(torch.arange(37 * 11, dtype=torch.float64).view(37, 11))
+    assert torch.equal(tensor.reshape(-1), torch.arange(37 * 11, dtype=torch.float64))
+    reference = random_reference(3, "float", True)
+    graph = TensorCorpusGraph.from_graph(reference)
+    monkeypatch.setattr("mapmatched_torch.graph.dense._FILL_BLOCK_BYTES", 8 * 3)  # blocks of a few rows
+    table = build_dense_table(graph.adjacency, reference.maximum_distance)
+    for a, row in zip(reference.nodes, table.tolist()):
+        assert {b: d for b, d in zip(reference.nodes, row) if d != math.inf} == reference.distances_from(a)
