@@ -254,16 +254,21 @@ class MapMatchedServer:
             slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
             out = decoder.step(slots, scores, mask, distances)
             ok_rows = out.ok.tolist()
-            paths, path_distances = out.paths.tolist(), out.path_distances.tolist()
-            finals = out.final_scores.double().tolist()
+            # flat lists, sliced per row: a nested tolist() would leave S lists alive
+            # through the step, promoting them into the collector's oldest generation
+            turns_wide, width = out.paths.shape[1], out.final_scores.shape[1]
+            paths, path_distances = out.paths.reshape(-1).tolist(), out.path_distances.reshape(-1).tolist()
+            finals = out.final_scores.double().reshape(-1).tolist()
             for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
                 length = len(session.turns) + 1
                 if ok_rows[row]:
                     previous = session.record
                     session.turns.append(turn)
                     session.record = StepRecord(
-                        session.turns, length, paths[row][:length], path_distances[row][:length],
-                        finals[row][: len(turn)], previous.row if previous is not None else None,
+                        session.turns, length, tuple(paths[row * turns_wide:row * turns_wide + length]),
+                        tuple(path_distances[row * turns_wide:row * turns_wide + length]),
+                        tuple(finals[row * width:row * width + len(turn)]),
+                        previous.row if previous is not None else None,
                     )
                     try:
                         if session.extreme:
@@ -289,7 +294,7 @@ class MapMatchedServer:
         graph, width = self.retriever.graph, self._decoder.width
         previous = [session.turns[-1] if session.turns else None for session in sessions]
         if codes is not None and all(turn is None or turn.nodes is not None for turn in previous):
-            rows = [turn.nodes + [-1] * (width - len(turn)) if turn is not None else [-1] * width for turn in previous]
+            rows = [turn.nodes + (-1,) * (width - len(turn)) if turn is not None else (-1,) * width for turn in previous]
             # shape: (S, 2, M) each session's last and new turn -> (S, M, M)
             chunk_index = torch.stack([torch.tensor(rows, dtype=torch.long).to(codes.device), codes], 1)
             return graph.trellis_distances(chunk_index)[:, 0].to(self.device)
@@ -372,7 +377,10 @@ class MapMatchedServer:
             raw, [0 if bad else count for bad, count in zip(flagged, count_list)], retriever.score_normalization
         )
         overflowed = (real & ~torch.isfinite(normalized)).any(1).tolist()
-        index_rows, raw_rows, normalized_rows = index.tolist(), raw.tolist(), normalized.tolist()
+        # flat lists sliced per row (see _decode)
+        columns = index.shape[1]
+        index_flat, raw_flat = index.reshape(-1).tolist(), raw.reshape(-1).tolist()
+        normalized_flat = normalized.reshape(-1).tolist()
         listed = Counter(ids)
         prepared: Dict[SessionId, ServedTurn] = {}
         kept_rows: List[int] = []
@@ -386,7 +394,8 @@ class MapMatchedServer:
                     _raise_row_error(every[row].tolist(), every_raw[row].tolist(), count, nodes, names, turn_index)
                 if not count:
                     raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
-                turn_nodes, turn_normalized = index_rows[row][:count], normalized_rows[row][:count]
+                first = row * columns
+                turn_nodes, turn_normalized = index_flat[first:first + count], normalized_flat[first:first + count]
                 if overflowed[row]:
                     position = next(i for i, value in enumerate(turn_normalized) if not math.isfinite(value))
                     check_finite(
@@ -394,7 +403,7 @@ class MapMatchedServer:
                         f"trellis turn {turn_index} candidate {names[turn_nodes[position]]!r} normalized_score",
                     )
                 prepared[session_id] = ServedTurn(
-                    tuple(raw_rows[row][:count]), tuple(turn_normalized), nodes=turn_nodes, names=names
+                    tuple(raw_flat[first:first + count]), tuple(turn_normalized), nodes=tuple(turn_nodes), names=names
                 )
                 kept_rows.append(row)
             except Exception as error:  # isolate the bad row

@@ -41,6 +41,8 @@ class ServedTurn:
     """
 
     __slots__ = ("raw", "normalized", "nodes", "_ids", "_names", "_candidates")
+    # Tuples of numbers, not lists: the collector stops tracking them, so a server's
+    # long-lived state adds few objects to each full garbage collection.
 
     def __init__(
         self,
@@ -48,7 +50,7 @@ class ServedTurn:
         normalized: Tuple[float, ...],
         *,
         ids: Optional[Tuple[str, ...]] = None,
-        nodes: Optional[List[int]] = None,
+        nodes: Optional[Tuple[int, ...]] = None,
         names: Optional[Sequence[str]] = None,
     ) -> None:
         self.raw, self.normalized, self.nodes = raw, normalized, nodes
@@ -107,10 +109,10 @@ class StepRecord:
         self,
         turns: List[ServedTurn],
         length: int,
-        row: List[int],
-        distances: List[float],
-        finals: List[float],
-        previous_row: Optional[List[int]],
+        row: Tuple[int, ...],
+        distances: Tuple[float, ...],
+        finals: Tuple[float, ...],
+        previous_row: Optional[Tuple[int, ...]],
     ) -> None:
         self.turns, self.length, self.row, self.distances, self.finals = turns, length, row, distances, finals
         self.previous_row = previous_row
@@ -120,8 +122,8 @@ class StepRecord:
     @classmethod
     def restored(cls, turns: List[ServedTurn], path: DecodedPath, trace: RetrievalTrace) -> "StepRecord":
         """The record of a saved session (its path and trace as saved; no result)."""
-        row = [turn.chunk_ids.index(step.chunk_id) for turn, step in zip(turns, path.steps)]
-        record = cls(turns, len(turns), row, [step.graph_distance for step in path.steps], [], None)
+        row = tuple(turn.chunk_ids.index(step.chunk_id) for turn, step in zip(turns, path.steps))
+        record = cls(turns, len(turns), row, tuple(step.graph_distance for step in path.steps), (), None)
         record._decoded = ([turn.candidates for turn in turns], path, None, trace)
         return record
 
