@@ -53,3 +53,26 @@ def test_empty_rows_and_overflowing_sums():
     assert out[1].tolist() == [0.0, 0.0, 0.0] and out[2].tolist() == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="unsupported score normalization"):
         normalize_score_rows(raw, [1, 1, 1], "minmax")
+
+
+@pytest.mark.parametrize("method", ["zscore", "center", "none"])
+def test_exact_candidate_normalization_keeps_every_candidate_in_its_slot(method):
+    # the evaluation's (B, T, M) normalization packs each turn's real candidates (holes
+    # allowed), normalizes them exactly and puts them back: == normalize_scores per turn
+    from mapmatched_torch.eval.candidates import normalize_candidate_scores
+
+    rng = random.Random(method + "slots")
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, 3, 7, generator=generator, dtype=torch.float64) * 10 ** rng.randint(-3, 3)
+    mask = torch.rand(4, 3, 7, generator=generator) < 0.6
+    mask[0, 0] = False  # a turn without candidates
+    scores[~mask] = math.nan  # padding values are never read
+    out = normalize_candidate_scores(scores, mask, method)
+    for b in range(4):
+        for t in range(3):
+            slots = mask[b, t].nonzero().flatten().tolist()
+            expected = normalize_scores([scores[b, t, m].item() for m in slots], method)
+            assert bits([out[b, t, m].item() for m in slots]) == bits(expected)
+            assert all(out[b, t, m].item() == 0.0 for m in range(7) if m not in slots)
+    with pytest.raises(ValueError, match="overflow"):
+        normalize_candidate_scores(torch.tensor([[[1e308, 1e308]]], dtype=torch.float64), torch.ones(1, 1, 2, dtype=torch.bool))

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..errors import MapMatchedValueError
-from ..scoring import check_score_normalization, normalize_scores
+from ..batch_scoring import normalize_score_rows
+from ..scoring import check_score_normalization
 from .data import Dataset
 
 __all__ = [
@@ -215,10 +216,12 @@ def normalize_candidate_scores(
         scores: (B, T, M) float raw scores.
         mask: (B, T, M) bool real candidates.
         method: ``"zscore"`` (default), ``"center"`` or ``"none"``.
-        exact: True (default) runs :func:`mapmatched_torch.scoring.normalize_scores` on
-            every turn (``math.fsum`` sums: bit-for-bit the session's normalized scores,
-            O(B T M) Python work); False uses tensor sums (the same up to the last bits
-            of rounding; what the large-scale benchmark uses).
+        exact: True (default) normalizes as
+            :func:`mapmatched_torch.scoring.normalize_scores` does, bit for bit (the
+            session's normalized scores), through
+            :func:`~mapmatched_torch.batch_scoring.normalize_score_rows`: two
+            ``math.fsum`` per turn, the rest in tensors; False uses tensor sums (the
+            same up to the last bits of rounding, no Python per turn).
 
     Returns:
         (B, T, M) float64 on the scores' device, 0.0 at padding.
@@ -230,24 +233,16 @@ def normalize_candidate_scores(
     if method == "none":
         return torch.where(mask, values, 0.0)
     if exact:
-        out = torch.zeros_like(values)
-        rows = mask.reshape(-1, mask.shape[-1])
-        real = rows.any(dim=1).nonzero().flatten().tolist()
-        if real:
-            flat = values.reshape(-1, mask.shape[-1])
-            row_values, row_mask = flat[real].tolist(), rows[real].tolist()
-            normalized = [
-                normalize_scores([v for v, keep in zip(vals, keeps) if keep], method)
-                for vals, keeps in zip(row_values, row_mask)
-            ]
-            # real candidates fill each turn from slot 0 (Candidates layout); holes are handled too
-            filled = [[0.0] * mask.shape[-1] for _ in real]
-            for target, keeps, turn in zip(filled, row_mask, normalized):
-                slots = [slot for slot, keep in enumerate(keeps) if keep]
-                for slot, value in zip(slots, turn):
-                    target[slot] = value
-            out.reshape(-1, mask.shape[-1])[real] = torch.tensor(filled, dtype=torch.float64, device=values.device)
-        return out
+        width = mask.shape[-1]
+        rows, keep = values.reshape(-1, width).cpu(), mask.reshape(-1, width).cpu()
+        # each turn's real candidates first, in slot order (a stable sort of the mask),
+        # normalized by the batched exact normalization, then put back in their slots
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+        normalized = normalize_score_rows(rows.gather(1, order), keep.sum(1).tolist(), method)
+        if bool(torch.isnan(normalized).any()):
+            raise MapMatchedValueError("a turn's normalized scores overflow (the exact sum of its raw scores does)")
+        out = torch.zeros_like(rows).scatter(1, order, normalized)
+        return out.view(values.shape).to(values.device)
     count = mask.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
     mean = torch.where(mask, values, 0.0).sum(dim=-1, keepdim=True) / count
     centered = torch.where(mask, values - mean, 0.0)
