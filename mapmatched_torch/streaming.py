@@ -212,7 +212,8 @@ class SlotDecoder:
         distances = distances.to(self.device, torch.float64)
         previous_allowed = state["allowed"][slots, (lengths - 1).clamp_min(0)]
         pairs = previous_allowed.unsqueeze(2) & mask.unsqueeze(1)
-        transitions = torch.where(pairs, -(self.transition_weight * distances), 0.0).to(self.dtype)
+        # (-beta) * d == -(beta * d) bit for bit (IEEE multiplication is sign-symmetric): one pass
+        transitions = torch.where(pairs, distances * -self.transition_weight, 0.0).to(self.dtype)
         # shape: (S, M): -inf at the previous turn's disallowed candidates, 0 before a first turn
         previous_alpha = torch.where(
             started.unsqueeze(1),
@@ -241,7 +242,8 @@ class SlotDecoder:
         elif self.fixed_lag is not None:
             nonfinite = nonfinite | self._commit(slots, lengths, weighted, distances, new, updates)
         ok = ~nonfinite
-        self._write(slots[ok], turn[ok], new, updates, ok, distances[ok], argmax)
+        window = distances[ok] if self.fixed_lag is not None and self.fixed_lag > 0 else None
+        self._write(slots[ok], turn[ok], new, updates, ok, window, argmax)
         return self._result(slots, ok, lengths + 1, new["alpha"])
 
     def _commit(self, slots, lengths, weighted, distances, new, updates) -> Tensor:
