@@ -248,9 +248,8 @@ class MapMatchedServer:
             # (never with z-scores) has its path and trace built now, as a session
             # would: a turn that fails there is rolled back.
             large = (scores.abs().amax(1) * max(1.0, decoder.emission_weight) > _LARGE_SCORE).tolist()
-            for session, extreme in zip(sessions, large):
-                session.extreme = session.extreme or extreme
-            snapshots = {session.slot: decoder.snapshot(session.slot) for session in sessions if session.extreme}
+            eager = [session.extreme or extreme for session, extreme in zip(sessions, large)]
+            snapshots = {session.slot: decoder.snapshot(session.slot) for session, now in zip(sessions, eager) if now}
             slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
             out = decoder.step(slots, scores, mask, distances)
             ok_rows = out.ok.tolist()
@@ -271,13 +270,14 @@ class MapMatchedServer:
                         previous.row if previous is not None else None,
                     )
                     try:
-                        if session.extreme:
+                        if eager[row]:
                             session.record.decoded(self.retriever)
                     except Exception as error:  # the turn a session would refuse
                         session.turns.pop()
                         session.record = previous
                         errors[session_id] = error
                     else:
+                        session.extreme = eager[row]
                         records[session_id] = session.record
                         continue
                 else:
