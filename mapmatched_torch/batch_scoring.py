@@ -35,7 +35,7 @@ def normalize_score_rows(raw: Tensor, counts: Sequence[int], method: str = "zsco
     Returns:
         ``(R, K)`` float64: ``normalize_scores(raw[r, :counts[r]], method)`` in each
         row's first ``counts[r]`` entries, 0.0 after them. A row whose exact sum
-        overflows (where ``normalize_scores`` raises OverflowError) is NaN: callers
+        overflows (where ``normalize_scores`` raises ValueError) is NaN: callers
         report it as a non-finite normalized score.
     """
     method = check_score_normalization(method)

@@ -46,20 +46,32 @@ def normalize_scores(scores: Sequence[float], method: str = "zscore") -> List[fl
 
     Returns:
         A list of floats, one per score, in input order. ``mean = fsum(r) / n`` and
-        ``std = sqrt(fsum((r - mean)**2) / n)``.
+        ``std = sqrt(fsum((r - mean)**2) / n)``. ValueError when an exact sum
+        overflows (finite scores near the float range).
     """
     method = check_score_normalization(method)
     values = [float(value) for value in scores]
     if method == "none" or not values:
         return values
-    mean = math.fsum(values) / len(values)
+    mean = _exact_sum(values) / len(values)
     centered = [value - mean for value in values]
     if method == "center":
         return centered
-    std = math.sqrt(math.fsum(value * value for value in centered) / len(values))
+    std = math.sqrt(_exact_sum([value * value for value in centered]) / len(values))
     if std == 0.0:
         return [0.0] * len(values)
     return [value / std for value in centered]
+
+
+def _exact_sum(values: List[float]) -> float:
+    """``math.fsum``, whose overflow (finite scores summing past the float range) is
+    SPEC section 8's ValueError rather than a bare OverflowError."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        raise MapMatchedValueError(
+            "scores too large to normalize: their exact sum overflows the float range"
+        ) from None
 
 
 def normalize_candidates(

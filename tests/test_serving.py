@@ -496,3 +496,16 @@ def test_a_batched_provider_that_answers_too_few_queries_falls_back_to_single_qu
     server.open("a"), server.open("b")
     results, errors = server.step({"a": "n2", "b": "n3"})
     assert not errors and [c.chunk_id for c in results["b"].candidates] == ["n1", "n3"]
+
+
+def test_scores_whose_exact_sum_overflows_are_a_value_error_everywhere():
+    # SPEC section 8: a ValueError (it used to escape as a bare OverflowError)
+    graph = make_graph()
+    session = MapMatchedRetriever(graph, candidate_limit=3).session()
+    with pytest.raises(ValueError, match="exact sum overflows"):
+        session.retrieve_candidates([("n1", 1e308), ("n2", 1e308)])
+    assert session.turn_count == 0
+    server = MapMatchedServer(graph, candidate_limit=3)
+    server.open("a")
+    _, errors = server.step({"a": [("n1", 1e308), ("n2", 1e308)]})
+    assert isinstance(errors["a"], ValueError) and server.turn_count("a") == 0
