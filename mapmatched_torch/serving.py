@@ -451,18 +451,9 @@ class MapMatchedServer:
         """Every session's trellis, decoded path, trace and decoder state, and the
         options: plain tensors and Python values, loadable with
         ``torch.load(..., weights_only=True)``."""
-        retriever = self.retriever
         return {
             "version": 1,
-            "options": {
-                "candidate_limit": retriever.candidate_limit,
-                "emission_weight": retriever.emission_weight,
-                "transition_weight": retriever.transition_weight,
-                "score_normalization": retriever.score_normalization,
-                "fixed_lag": retriever.fixed_lag,
-                "context_radius": retriever.context_radius,
-                "context_limit": retriever.context_limit,
-            },
+            "options": self._options(),
             "decoder": self._decoder.state_dict(),
             "sessions": [
                 [
@@ -477,9 +468,22 @@ class MapMatchedServer:
             ],
         }
 
+    def _options(self) -> Dict[str, Any]:
+        """The options a saved state must match (what :meth:`state_dict` records)."""
+        retriever = self.retriever
+        return {
+            "candidate_limit": retriever.candidate_limit,
+            "emission_weight": retriever.emission_weight,
+            "transition_weight": retriever.transition_weight,
+            "score_normalization": retriever.score_normalization,
+            "fixed_lag": retriever.fixed_lag,
+            "context_radius": retriever.context_radius,
+            "context_limit": retriever.context_limit,
+        }
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` into a server built with the same options."""
-        options = self.state_dict()["options"]
+        options = self._options()
         if state.get("version") != 1 or state.get("options") != options:
             raise MapMatchedValueError(
                 f"server state does not match this server: saved options {state.get('options')}, these {options}"

@@ -339,19 +339,23 @@ class SlotDecoder:
             "tensors": {name: tensor.detach().to("cpu", copy=True) for name, tensor in self._tensors.items()},
             "free": list(self._free),
             "allocated": self._allocated,
-            "config": {
-                "width": self.width,
-                "emission_weight": self.emission_weight,
-                "transition_weight": self.transition_weight,
-                "fixed_lag": self.fixed_lag,
-                "dtype": str(self.dtype).replace("torch.", ""),
-            },
+            "config": self._config(),
+        }
+
+    def _config(self) -> Dict[str, object]:
+        """The configuration a saved state must match."""
+        return {
+            "width": self.width,
+            "emission_weight": self.emission_weight,
+            "transition_weight": self.transition_weight,
+            "fixed_lag": self.fixed_lag,
+            "dtype": str(self.dtype).replace("torch.", ""),
         }
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Restore :meth:`state_dict` (the configuration must match)."""
         config = state["config"]
-        mine = self.state_dict()["config"]
+        mine = self._config()
         if config != mine:
             raise MapMatchedValueError(f"slot decoder configuration differs: saved {config}, this decoder {mine}")
         # copies: two decoders loaded from one state must not write into each other
