@@ -45,6 +45,11 @@ SessionId = Hashable
 _LARGE_SCORE = 2.0**990
 
 
+def _large_scores(scores: torch.Tensor, emission_weight: float) -> torch.Tensor:
+    """``(R,)`` bool: rows of ``(R, M)`` normalized scores beyond :data:`_LARGE_SCORE`."""
+    return scores.abs().amax(1) * max(1.0, emission_weight) > _LARGE_SCORE
+
+
 @dataclass
 class _Session:
     slot: int
@@ -247,7 +252,7 @@ class MapMatchedServer:
             # A session with scores so large that a trace margin or entropy may overflow
             # (never with z-scores) has its path and trace built now, as a session
             # would: a turn that fails there is rolled back.
-            large = (scores.abs().amax(1) * max(1.0, decoder.emission_weight) > _LARGE_SCORE).tolist()
+            large = _large_scores(scores, decoder.emission_weight).tolist()
             eager = [session.extreme or extreme for session, extreme in zip(sessions, large)]
             snapshots = {session.slot: decoder.snapshot(session.slot) for session, now in zip(sessions, eager) if now}
             slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
@@ -496,8 +501,8 @@ class MapMatchedServer:
             ]
             path, trace = _path_from_state(path), _trace_from_state(trace)
             record = StepRecord.restored(turns, path, trace) if path is not None else None
-            extreme = any(abs(value) * max(1.0, self.retriever.emission_weight) > _LARGE_SCORE
-                          for turn in turns for value in turn.normalized)
+            magnitudes = torch.tensor([[max(map(abs, turn.normalized))] for turn in turns], dtype=torch.float64)
+            extreme = bool(_large_scores(magnitudes.view(-1, 1), self.retriever.emission_weight).any())
             sessions[session_id] = _Session(slot=int(slot), turns=turns, record=record, extreme=extreme)
         # the sessions parsed first: a malformed state changes nothing
         self._decoder.load_state_dict(state["decoder"])
