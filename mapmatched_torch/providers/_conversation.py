@@ -41,6 +41,7 @@ __all__ = [
     "MISSING_TEXT",
     "ROLES",
     "TextMemory",
+    "adapter_arguments",
     "check_lookup",
     "check_metadata_key",
     "check_missing_text",
@@ -639,7 +640,44 @@ def context_contents(
     ]
 
 
-def warn_without_text(provider: Any, lookup: Any, *, lookup_name: str, method: str, missing_text: str, feature: str) -> None:
+def adapter_arguments(
+    engine: Any,
+    session_id: Any,
+    text: Any,
+    *,
+    text_name: str,
+    method: str,
+    missing_text: Any,
+    metadata_key: Any,
+    feature: str,
+) -> Tuple["Conversation", Optional[Callable[[str], Any]], str, str]:
+    """What both adapter builders (``as_langchain_retriever``, ``as_llamaindex_retriever``)
+    check and open, in the order that keeps a refused build free of side effects: the
+    arguments first, then the :class:`Conversation` (which may open a server session),
+    then the warning when no chunk's text can be known.
+
+    Args:
+        engine, session_id: as for :class:`Conversation`.
+        text: the user's text source (``documents=`` / ``nodes=``), named ``text_name``.
+        method: the provider method that gives text (``get_documents`` / ``get_nodes``).
+        missing_text, metadata_key: the adapter's options, checked here.
+        feature: the builder's name, for messages.
+
+    Returns:
+        ``(conversation, lookup, missing_text, metadata_key)``, checked.
+    """
+    lookup = check_lookup(text, text_name)
+    missing_text = check_missing_text(missing_text)
+    metadata_key = check_metadata_key(metadata_key)
+    conversation = Conversation(engine, session_id, feature=feature)
+    warn_without_text(conversation.provider, lookup, lookup_name=text_name, method=method, missing_text=missing_text,
+                      feature=feature, stacklevel=4)
+    return conversation, lookup, missing_text, metadata_key
+
+
+def warn_without_text(
+    provider: Any, lookup: Any, *, lookup_name: str, method: str, missing_text: str, feature: str, stacklevel: int = 3
+) -> None:
     """A ``UserWarning`` (once, when the adapter is built) when nothing can give the text
     of a chunk: no ``lookup_name=`` and a provider without ``method`` (e.g. a
     :class:`~mapmatched_torch.providers.QdrantProvider`, which returns IDs and scores)."""
@@ -651,5 +689,5 @@ def warn_without_text(provider: Any, lookup: Any, *, lookup_name: str, method: s
         f"text is known: each turn returns {returned}with empty text and text_known=False. Pass {lookup_name}= "
         "(a mapping or callable chunk ID -> text)",
         UserWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )

@@ -93,17 +93,13 @@ from ..errors import MapMatchedValueError
 from ..models import RetrievalResult, ScoredCandidate
 from ._common import check_batch, check_name, check_request, chunk_id_from_field, distance_to_score, ranked_candidates
 from ._conversation import (
-    Conversation,
     ConversationViews,
     FrameworkProvider,
     TextMemory,
-    check_lookup,
-    check_metadata_key,
-    check_missing_text,
+    adapter_arguments,
     check_remember,
     context_contents,
     entry_metadata,
-    warn_without_text,
 )
 
 __all__ = [
@@ -564,12 +560,10 @@ def as_langchain_retriever(
     """
     _langchain("as_langchain_retriever")  # probed on every call: fail before any side effect
     cls = _retriever_class()
-    lookup = check_lookup(documents, "documents")
-    missing_text = check_missing_text(missing_text)
-    metadata_key = check_metadata_key(metadata_key)
-    conversation = Conversation(engine, session_id, feature="as_langchain_retriever")
-    warn_without_text(conversation.provider, lookup, lookup_name="documents", method="get_documents",
-                      missing_text=missing_text, feature="as_langchain_retriever")
+    conversation, lookup, missing_text, metadata_key = adapter_arguments(
+        engine, session_id, documents, text_name="documents", method="get_documents", missing_text=missing_text,
+        metadata_key=metadata_key, feature="as_langchain_retriever",
+    )
     return cls(conversation=conversation, lookup=lookup, missing_text=missing_text, metadata_key=metadata_key)
 
 

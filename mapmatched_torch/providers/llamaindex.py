@@ -79,13 +79,10 @@ from ._conversation import (
     ConversationViews,
     FrameworkProvider,
     TextMemory,
-    check_lookup,
-    check_metadata_key,
-    check_missing_text,
+    adapter_arguments,
     check_remember,
     context_contents,
     entry_metadata,
-    warn_without_text,
 )
 
 __all__ = ["LlamaIndexProvider", "as_llamaindex_retriever", "SCORE_MODES"]
@@ -378,12 +375,10 @@ def as_llamaindex_retriever(
     """
     _llamaindex("as_llamaindex_retriever")  # probed on every call: fail before any side effect
     cls = _retriever_class()
-    lookup = check_lookup(nodes, "nodes")
-    missing_text = check_missing_text(missing_text)
-    metadata_key = check_metadata_key(metadata_key)
-    conversation = Conversation(engine, session_id, feature="as_llamaindex_retriever")
-    warn_without_text(conversation.provider, lookup, lookup_name="nodes", method="get_nodes",
-                      missing_text=missing_text, feature="as_llamaindex_retriever")
+    conversation, lookup, missing_text, metadata_key = adapter_arguments(
+        engine, session_id, nodes, text_name="nodes", method="get_nodes", missing_text=missing_text,
+        metadata_key=metadata_key, feature="as_llamaindex_retriever",
+    )
     return cls(conversation, lookup, missing_text, metadata_key, callback_manager=callback_manager)
 
 
