@@ -29,11 +29,13 @@ from ._validation import check_finite, check_positive_int, check_turn
 from .errors import MapMatchedRuntimeError, MapMatchedValueError
 from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .reporting import NONFINITE_MESSAGE
+from ._packing import packed_rows
 from .batch_scoring import normalize_score_rows
 from .retrieval import MapMatchedRetriever, as_scored_candidates
+from .models import ScoredCandidate
 from .scoring import normalize_candidates
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
-from .streaming import SlotDecoder, step_distances, turn_tensors
+from .streaming import SlotDecoder, step_distances
 
 __all__ = ["MapMatchedServer"]
 
@@ -189,8 +191,8 @@ class MapMatchedServer:
             read), and each failed session's exception (its state is unchanged).
         """
         errors: Dict[SessionId, Exception] = {}
-        prepared = self._prepare(turns, errors)
-        return self._decode(prepared, None, errors), errors
+        prepared, codes, normalized = self._prepare(turns, errors)
+        return self._decode(prepared, codes, errors, normalized), errors
 
     def step_indexed(
         self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor
@@ -231,21 +233,21 @@ class MapMatchedServer:
         prepared: Dict[SessionId, ServedTurn],
         codes: Optional[torch.Tensor],
         errors: Dict[SessionId, Exception],
-        scores: Optional[torch.Tensor] = None,
+        scores: Optional[torch.Tensor],
     ) -> StepResults:
         """One batched decoding step of the prepared sessions; commits the rows that decode
-        (failures go to ``errors``). ``codes``, ``scores``: (S, M) node indices and
-        normalized scores of the new turns (padding -1 / 0.0), or None."""
+        (failures go to ``errors``). ``codes``: (S, M) node indices of the new turns
+        (padding -1) or None (distances by chunk ID); ``scores``: (S, M) their
+        normalized scores (padding 0.0), or None when no session is prepared."""
         records: Dict[SessionId, StepRecord] = {}
         if prepared:
             ids = list(prepared)
             sessions = [self._sessions[session_id] for session_id in ids]
             new_turns = [prepared[session_id] for session_id in ids]
             decoder = self._decoder
-            if scores is None or codes is None:
-                scores, mask = turn_tensors([turn.normalized for turn in new_turns], decoder.width, self.device)
-            else:
-                scores, mask = scores.to(self.device), (codes >= 0).to(self.device)
+            lengths = torch.tensor([len(turn) for turn in new_turns], dtype=torch.long)
+            mask = (torch.arange(decoder.width).unsqueeze(0) < lengths.unsqueeze(1)).to(self.device)
+            scores = scores.to(self.device)
             distances = None
             if decoder.transition_weight != 0.0 and any(session.turns for session in sessions):
                 distances = self._distances(sessions, new_turns, codes)
@@ -299,9 +301,9 @@ class MapMatchedServer:
         graph, width = self.retriever.graph, self._decoder.width
         previous = [session.turns[-1] if session.turns else None for session in sessions]
         if codes is not None and all(turn is None or turn.nodes is not None for turn in previous):
-            rows = [turn.nodes + (-1,) * (width - len(turn)) if turn is not None else (-1,) * width for turn in previous]
+            rows = packed_rows([turn.nodes if turn is not None else () for turn in previous], width, -1, torch.long)
             # shape: (S, 2, M) each session's last and new turn -> (S, M, M)
-            chunk_index = torch.stack([torch.tensor(rows, dtype=torch.long).to(codes.device), codes], 1)
+            chunk_index = torch.stack([rows.to(codes.device), codes], 1)
             return graph.trellis_distances(chunk_index)[:, 0].to(self.device)
         return step_distances(
             graph,
@@ -311,14 +313,23 @@ class MapMatchedServer:
             self.device,
         )
 
-    def _prepare(self, turns: Mapping[SessionId, Any], errors: Dict[SessionId, Exception]) -> Dict[SessionId, ServedTurn]:
-        """Validate and normalize each session's request; failures go to ``errors``."""
-        retriever = self.retriever
+    def _prepare(
+        self, turns: Mapping[SessionId, Any], errors: Dict[SessionId, Exception]
+    ) -> Tuple[Dict[SessionId, ServedTurn], Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Validate and normalize each session's request (failures go to ``errors``);
+        returns the turns, their (S', M) node indices when every candidate is a node of
+        a tensor graph (else None; padding -1) and their (S', M) normalized scores.
+
+        Clean turns are normalized together (:func:`normalize_score_rows`, bit for bit
+        :func:`normalize_scores`); a turn with a repeated chunk ID or a non-finite
+        normalized score is re-run through the session's own functions, which raise
+        the error a session would."""
+        retriever, width = self.retriever, self._decoder.width
         requests = dict(turns)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
-        prepared: Dict[SessionId, ServedTurn] = {}
+        listed: List[Tuple[SessionId, int, Tuple[ScoredCandidate, ...]]] = []
         for session_id, request in requests.items():
             if session_id in errors:
                 continue
@@ -327,11 +338,51 @@ class MapMatchedServer:
                 kept = as_scored_candidates(request)[: retriever.candidate_limit]
                 if not kept:
                     raise MapMatchedValueError(f"trellis turn {len(session.turns)} must contain candidates")
-                normalized = normalize_candidates(kept, retriever.score_normalization)
-                prepared[session_id] = ServedTurn.from_candidates(check_turn(normalized, len(session.turns)))
+                listed.append((session_id, len(session.turns), kept))
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
-        return prepared
+        if not listed:
+            return {}, None, None
+        # shape: (S, M) raw scores, zero-padded, normalized at once
+        ids = [[candidate.chunk_id for candidate in kept] for _, _, kept in listed]
+        raw_rows = [[candidate.score for candidate in kept] for _, _, kept in listed]
+        counts = [len(row) for row in raw_rows]
+        raw = packed_rows(raw_rows, width, 0.0, torch.float64)
+        normalized = normalize_score_rows(raw, counts, retriever.score_normalization)
+        real = torch.arange(width).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
+        clean = (torch.isfinite(normalized) | ~real).all(1).tolist()
+        normalized_rows = normalized.tolist()
+        vocabulary = getattr(retriever.graph, "vocabulary", None)
+        indices = vocabulary.indices_of if callable(getattr(retriever.graph, "trellis_distances", None)) else None
+        names = getattr(retriever.graph, "nodes", None)
+        prepared: Dict[SessionId, ServedTurn] = {}
+        kept_rows: List[int] = []
+        all_nodes = indices is not None
+        for row, (session_id, turn_index, kept) in enumerate(listed):
+            count = counts[row]
+            try:
+                row_raw, row_normalized = raw_rows[row], normalized_rows[row][:count]
+                if not clean[row] or len(set(ids[row])) != count:
+                    # the session's own functions: they raise its error for this turn
+                    checked = ServedTurn.from_candidates(
+                        check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)
+                    )
+                    row_raw, row_normalized = checked.raw, checked.normalized
+                    normalized[row, :count] = torch.tensor(row_normalized, dtype=torch.float64)
+                nodes = tuple(indices(ids[row])) if indices is not None else None
+                if nodes is None or min(nodes) < 0:
+                    nodes, all_nodes = None, False
+                prepared[session_id] = ServedTurn(
+                    tuple(row_raw), tuple(row_normalized), ids=tuple(ids[row]), nodes=nodes, names=names
+                )
+                kept_rows.append(row)
+            except Exception as error:  # isolate the bad request
+                errors[session_id] = error
+        codes = None
+        if all_nodes and kept_rows:
+            codes = packed_rows([prepared[listed[row][0]].nodes for row in kept_rows], width, -1, torch.long)
+            codes = codes.to(retriever.graph.device)
+        return prepared, codes, normalized[kept_rows]
 
     def _prepare_indexed(
         self,

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from . import chain
+from ._packing import packed_rows
 from ._validation import check_decode_options, check_positive_int
 from .errors import MapMatchedValueError
 from .models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate
@@ -371,14 +372,12 @@ def turn_tensors(
     turns: Sequence[Sequence[float]], width: int, device: Optional[torch.device] = None
 ) -> Tuple[Tensor, Tensor]:
     """S new turns' normalized scores -> (scores (S, M) float64 zero-padded, mask (S, M) bool)."""
-    rows = []
     for turn in turns:
         if len(turn) > width:
             raise MapMatchedValueError(f"a turn has {len(turn)} candidates but the decoder's width is {width}")
-        rows.append(list(turn) + [0.0] * (width - len(turn)))
     lengths = torch.tensor([len(turn) for turn in turns], dtype=torch.long)
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    scores = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), width)
+    scores = packed_rows(turns, width, 0.0, torch.float64)
     return scores.to(device), mask.to(device)
 
 

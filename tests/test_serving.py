@@ -509,3 +509,67 @@ def test_scores_whose_exact_sum_overflows_are_a_value_error_everywhere():
     server.open("a")
     _, errors = server.step({"a": [("n1", 1e308), ("n2", 1e308)]})
     assert isinstance(errors["a"], ValueError) and server.turn_count("a") == 0
+
+
+def adversarial_request(rng, width=5):
+    """A request a session may accept or refuse: clean turns, unknown IDs, duplicates,
+    NaN or huge scores, empty lists, bad entries, repeated IDs past the cut."""
+    kind = rng.random()
+    turn = [(c.chunk_id, c.score) for c in random_turn(rng, width)]
+    if kind < 0.5:
+        return turn
+    if kind < 0.58:
+        return turn + [turn[0]]  # a repeat: past the cut when the turn is full
+    if kind < 0.64:
+        return [turn[0], turn[0]]
+    if kind < 0.7:
+        return turn[:-1] + [(turn[-1][0], math.nan)]
+    if kind < 0.76:
+        return [(turn[0][0], 1e308), ("n11", -1e308)] + turn[1:]  # exact sum fine, z-score overflows
+    if kind < 0.78:
+        return [(turn[0][0], 1e308), ("n11", 1e308)]  # exact sum overflows
+    if kind < 0.8:
+        return [("n9", 1.7e308), ("n10", -1.7e308), ("n11", -1.7e308)]  # r - mean overflows
+    if kind < 0.84:
+        return []
+    if kind < 0.88:
+        return turn + [("", 1.0)]  # an invalid chunk ID, checked before the cut
+    if kind < 0.92:
+        return [("n1", 1.0), 7]
+    return [(c, rng.choice([1.0, 2.0, 0.0])) for c in rng.sample(NODES, min(width, 3))]
+
+
+@pytest.mark.parametrize("tensor_graph", [False, True])
+@pytest.mark.parametrize("options", [{}, {"fixed_lag": 1, "score_normalization": "center"},
+                                     {"score_normalization": "none", "emission_weight": 3.0}])
+def test_step_answers_and_refuses_exactly_as_independent_sessions(tensor_graph, options):
+    # every request, good or bad, gets what an independent session gives: the same result,
+    # or an error of the same type and message (the batched normalization re-runs a bad
+    # turn through the session's functions); batches mix node-only rows (node-index path)
+    # with rows holding unknown IDs (chunk-ID path)
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    rng = random.Random(11 + len(str(options)) + tensor_graph)
+    standalone = make_graph(3)
+    graph = TensorCorpusGraph.from_graph(standalone) if tensor_graph else standalone
+    server = MapMatchedServer(graph, candidate_limit=4, capacity=2, **options)
+    sessions = {}
+    for _ in range(25):
+        if rng.random() < 0.3 or len(sessions) < 3:
+            key = f"s{len(sessions)}"
+            server.open(key)
+            sessions[key] = MapMatchedRetriever(standalone, candidate_limit=4, **options).session()
+        requests = {key: adversarial_request(rng) for key in sessions if rng.random() < 0.85}
+        if rng.random() < 0.5:  # node-only batches take the node-index path on a tensor graph
+            requests = {key: [pair for pair in request if not isinstance(pair, tuple) or pair[0] != "ghost"]
+                        for key, request in requests.items()}
+        results, errors = server.step(requests)
+        assert set(results) | set(errors) == set(requests) and not set(results) & set(errors)
+        for key, request in requests.items():
+            try:
+                expected = sessions[key].retrieve_candidates(request)
+            except Exception as error:  # noqa: BLE001 - the session's refusal is the expectation
+                assert type(errors[key]) is type(error) and str(errors[key]) == str(error), key
+            else:
+                assert results[key] == expected, key
+            assert server.turn_count(key) == sessions[key].turn_count

@@ -34,7 +34,7 @@ from .._optional import has_module
 from ._csr import CSRAdjacency
 from ._memory import rows_per_chunk
 
-__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows", "compiled_lookup"]
+__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows", "compiled_lookup", "compiled_lookup_grid"]
 
 
 def available() -> bool:
@@ -72,6 +72,9 @@ class _Kernels:
 
     def lookup(self, *args: Any) -> None:
         self._call(self._module.lookup, self._module.lookup_serial, args)
+
+    def lookup_grid(self, *args: Any) -> None:
+        self._call(self._module.lookup_grid, self._module.lookup_grid_serial, args)
 
     @staticmethod
     def _call(parallel: Any, serial: Any, args: tuple) -> None:
@@ -376,3 +379,33 @@ def compiled_lookup(
     _kernels().lookup(keys.numpy(), values.numpy(), row_start.numpy(), sources.numpy(), targets.numpy(), int(nodes),
                       out, found, blocks)
     return torch.from_numpy(out), torch.from_numpy(found)
+
+
+def compiled_lookup_grid(
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, complete: torch.Tensor, sources: torch.Tensor,
+    targets: torch.Tensor, nodes: int, bound: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A :class:`~.cache.DistanceCache` lookup of every pair of index codes
+    ``(sources[g, j], targets[g, i])``, with SPEC's distances of codes filled in.
+
+    Args:
+        keys, values, row_start: as for :func:`compiled_lookup`.
+        complete: ``(nodes,)`` bool, rows cached whole (a target absent is beyond the bound).
+        sources: ``(G, M)`` int64 index codes; ``targets``: ``(G, M')``.
+        bound: the maximum distance.
+
+    Returns:
+        ``(values, answered, row_needed, row_hit)``: ``(G, M, M')`` float64 distances
+        (``inf`` where not answered) and bool; ``(G, M)`` bool, whether row ``j`` of
+        group ``g`` has a node pair (one that needs the cache), and whether all of
+        them were answered.
+    """
+    groups, width, columns = sources.shape[0], sources.shape[1], targets.shape[1]
+    out = np.empty((groups, width, columns), dtype=np.float64)
+    answered = np.empty((groups, width, columns), dtype=np.bool_)
+    row_needed = np.empty((groups, width), dtype=np.bool_)
+    row_hit = np.empty((groups, width), dtype=np.bool_)
+    blocks = 1 if out.size < LOOKUP_SERIAL_BELOW else _blocks(None, groups)
+    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), sources.numpy(),
+                           targets.numpy(), int(nodes), float(bound), out, answered, row_needed, row_hit, blocks)
+    return torch.from_numpy(out), torch.from_numpy(answered), torch.from_numpy(row_needed), torch.from_numpy(row_hit)

@@ -293,3 +293,97 @@ def lookup(keys, values, row_start, sources, targets, nodes, out, found, blocks)
 def lookup_serial(keys, values, row_start, sources, targets, nodes, out, found):
     """:func:`lookup` on the calling thread."""
     _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, 0, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
+                       row_hit, block, blocks):
+    """The groups ``block * size ...`` of :func:`lookup_grid` (contiguous chunks). Per
+    group the node targets are sorted once; each source row is then read forward
+    from the first target's lower bound (one binary search per row, then a merge),
+    touching only the part of the row between the group's smallest and largest target."""
+    groups, width = sources.shape
+    columns = targets.shape[1]
+    size = (groups + blocks - 1) // blocks
+    order = np.empty(columns, dtype=np.int64)  # the group's node targets' columns, by target
+    for group in range(block * size, min(groups, (block + 1) * size)):
+        count = 0
+        for column in range(columns):  # insertion sort of the node targets
+            target = targets[group, column]
+            if target < 0:
+                continue
+            position = count
+            while position > 0 and targets[group, order[position - 1]] > target:
+                order[position] = order[position - 1]
+                position -= 1
+            order[position] = column
+            count += 1
+        for row in range(width):
+            source = sources[group, row]
+            for column in range(columns):  # codes that need no graph, and node pairs (for now) missed
+                target = targets[group, column]
+                answered[group, row, column] = True
+                if source == target and source != -1:  # d(a, a) = 0, unknown IDs included
+                    out[group, row, column] = 0.0
+                elif source < 0 or target < 0:  # padding or an unknown ID
+                    out[group, row, column] = bound
+                else:
+                    out[group, row, column] = _INF
+                    answered[group, row, column] = False
+            needed = False
+            hit = True
+            if source >= 0 and count > 0:
+                base = source * nodes
+                end = row_start[source + 1]
+                whole = complete[source]
+                low = row_start[source]
+                length = end - low
+                first = base + targets[group, order[0]]
+                while length > 0:  # lower bound of the smallest target's key, branch-free halving
+                    half = length >> 1
+                    probe = low + half
+                    less = keys[probe] < first
+                    low = probe + 1 if less else low
+                    length = length - half - 1 if less else half
+                for rank in range(count):  # a merge with the row from there on
+                    column = order[rank]
+                    target = targets[group, column]
+                    if target == source:
+                        continue
+                    needed = True
+                    key = base + target
+                    while low < end and keys[low] < key:
+                        low += 1
+                    if low < end and keys[low] == key:
+                        value = values[low]
+                        out[group, row, column] = bound if value == _INF else value
+                        answered[group, row, column] = True
+                    elif whole:  # a complete row without the target: beyond the bound
+                        out[group, row, column] = bound
+                        answered[group, row, column] = True
+                    else:
+                        hit = False
+            row_needed[group, row] = needed
+            row_hit[group, row] = hit
+
+
+@numba.njit(cache=True, parallel=True)
+def lookup_grid(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed, row_hit,
+                blocks):
+    """SPEC distances of the pairs ``(sources[g, j], targets[g, i])`` of index codes that
+    need no search, written to ``out[g, j, i]`` (``answered[g, j, i]`` True): equal
+    codes 0.0 (padding excepted), padding or unknown IDs ``bound``, node pairs the
+    cache holds (``inf`` -> ``bound``) or whose source row is ``complete`` (``bound``).
+    ``row_needed[g, j]``: row ``j`` of group ``g`` has a node pair; ``row_hit[g, j]``:
+    each of them was answered. On ``blocks`` threads, split by group."""
+    for block in numba.prange(blocks):
+        _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered,
+                           row_needed, row_hit, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup_grid_serial(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
+                       row_hit):
+    """:func:`lookup_grid` on the calling thread."""
+    _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
+                       row_hit, 0, 1)

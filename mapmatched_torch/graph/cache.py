@@ -20,6 +20,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .._validation import check_positive_int
+from ..errors import MapMatchedRuntimeError
 from ..standalone.graph import CacheInfo
 from . import _compiled
 
@@ -107,6 +108,43 @@ class DistanceCache:
             values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
         answered = found | ((self._stamp[sources] > 0) & self._complete[sources])
         self._count(sources, answered)
+        return values, answered
+
+    @property
+    def grid_lookup(self) -> bool:
+        """Whether :meth:`lookup_grid` runs here (a CPU cache with numba installed)."""
+        return self.device.type == "cpu" and _compiled.available()
+
+    def lookup_grid(
+        self, sources: torch.Tensor, targets: torch.Tensor, maximum_distance: float
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """SPEC distances of every pair ``(sources[g, j], targets[g, i])`` of index codes
+        that needs no search, in one compiled pass (only where :attr:`grid_lookup`).
+
+        Args:
+            sources: ``(G, M)`` int64 index codes (``-1`` padding, ``<= -2`` unknown).
+            targets: ``(G, M')`` int64 index codes.
+            maximum_distance: the bound.
+
+        Returns:
+            ``(values, answered)``, ``(G, M, M')`` float64 and bool: equal codes 0.0
+            (padding excepted), pairs with padding or an unknown ID
+            ``maximum_distance``, node pairs from the cache (beyond the bound:
+            ``maximum_distance``); unanswered node pairs ``inf``. Hits and misses are
+            counted, and rows refreshed, as :meth:`lookup` does for the node pairs.
+
+        Cost: one binary search per node pair within its source's run of the keys; no
+        ``(G, M, M')`` intermediate but the outputs.
+        """
+        if not self.grid_lookup:
+            raise MapMatchedRuntimeError("DistanceCache.lookup_grid needs a CPU cache and numba")
+        values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
+            self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete,
+            sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
+        )
+        # shape: (G * M,) rows with a node pair: hits and misses per distinct source
+        needed = row_needed.view(-1)
+        self._count(sources.reshape(-1)[needed], row_hit.view(-1)[needed])
         return values, answered
 
     def _row_start(self) -> torch.Tensor:

@@ -86,6 +86,7 @@ __all__ = [
     "bounded_rows",
     "source_target_distances",
     "pair_distances",
+    "grid_distances",
 ]
 
 #: The accepted ``engine`` values.
@@ -296,6 +297,57 @@ def pair_distances(
     return result.view(sources.shape)
 
 
+def grid_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    maximum_distance: float,
+    engine: str = "auto",
+    cache: Optional[DistanceCache] = None,
+    table: Optional[torch.Tensor] = None,
+    **search: Any,
+) -> torch.Tensor:
+    """:func:`pair_distances` of every source of a group to every target of it: one
+    trellis turn pair per group.
+
+    Args:
+        adjacency, maximum_distance, engine, cache, table, **search: as for
+            :func:`pair_distances` (the pairs of one group form one search group).
+        sources: ``(G, M)`` int64 index codes (validated by the caller).
+        targets: ``(G, M')`` int64 index codes.
+
+    Returns:
+        ``(G, M, M')`` float64, ``[g, j, i]`` = d(``sources[g, j]``, ``targets[g, i]``).
+
+    Cost: with a dense table one broadcast gather; with a CPU cache and numba one
+    compiled pass answers the cached pairs and the codes that need no graph (no
+    ``(G, M, M')`` index tensors), and only the pairs it misses are searched;
+    otherwise :func:`pair_distances` of the expanded pairs.
+    """
+    engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
+    if engine == "dense":
+        # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
+        return table_distances(table, sources[:, :, None], targets[:, None, :], maximum_distance)
+    shape = (sources.shape[0], sources.shape[1], targets.shape[1])
+    # shape: (G, M, M') [g, j, i]: code j of group g -> code i of group g
+    pair_sources, pair_targets = sources[:, :, None].expand(shape), targets[:, None, :].expand(shape)
+    groups = torch.arange(shape[0], device=sources.device).view(-1, 1, 1).expand(shape)
+    if cache is None or not cache.grid_lookup:
+        return pair_distances(
+            adjacency, pair_sources, pair_targets, maximum_distance=maximum_distance, engine=engine, cache=cache,
+            groups=groups, **search,
+        )
+    values, answered = cache.lookup_grid(sources, targets, maximum_distance)
+    missing = ~answered
+    if bool(missing.any()):
+        computed = _searched_distances(
+            adjacency, pair_sources, pair_targets, missing, maximum_distance, engine, cache, dict(search, groups=groups)
+        )
+        values[missing] = torch.where(torch.isinf(computed), maximum_distance, computed)
+    return values
+
+
 def table_distances(
     table: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, maximum_distance: float
 ) -> torch.Tensor:
@@ -381,15 +433,28 @@ def _cached_distances(
     values, answered = cache.lookup(sources, targets)
     missing = ~answered
     if bool(missing.any()):
-        missing_sources, missing_targets = sources[missing], targets[missing]
-        if search.get("groups") is not None:
-            search = dict(search, groups=search["groups"][missing])
-        computed = source_target_distances(
-            adjacency, missing_sources, missing_targets, bound=bound, engine=engine, **search
-        )
-        values[missing] = computed
-        cache.insert(missing_sources, missing_targets, computed)
+        values[missing] = _searched_distances(adjacency, sources, targets, missing, bound, engine, cache, search)
     return values
+
+
+def _searched_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    missing: torch.Tensor,
+    bound: float,
+    engine: str,
+    cache: DistanceCache,
+    search: Dict[str, Any],
+) -> torch.Tensor:
+    """``(P,)`` distances (``inf`` beyond the bound) of the node pairs the cache missed
+    (``missing``: bool, the pairs' shape; ``search["groups"]`` too), now stored in it."""
+    missing_sources, missing_targets = sources[missing], targets[missing]
+    if search.get("groups") is not None:
+        search = dict(search, groups=search["groups"][missing])
+    computed = source_target_distances(adjacency, missing_sources, missing_targets, bound=bound, engine=engine, **search)
+    cache.insert(missing_sources, missing_targets, computed)
+    return computed
 
 
 def _group_by_source(

@@ -38,7 +38,7 @@ from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
 from ._compiled import compiled_balls
-from .shortest_paths import _check_codes, bounded_rows, pair_distances, resolve_engine, table_distances
+from .shortest_paths import _check_codes, bounded_rows, grid_distances, pair_distances, resolve_engine
 from .vocabulary import ChunkVocabulary
 
 __all__ = ["TensorCorpusGraph"]
@@ -512,21 +512,16 @@ class TensorCorpusGraph:
             raise MapMatchedValueError(f"chunk_index must be a (B, T, M) int64 tensor, got {what}")
         batch, turns, width = chunk_index.shape
         steps = max(turns - 1, 0)
-        if self._table is not None and resolve_engine(engine, self.device, has_table=True) == "dense":
-            _check_codes(chunk_index, chunk_index, self._adjacency)
-            # one gather, broadcasting (B, T-1, M, 1) against (B, T-1, 1, M): no expanded copies
-            return table_distances(
-                self._table, chunk_index[:, :-1, :, None], chunk_index[:, 1:, None, :], self._maximum_distance
-            )
-        # shape: (B, T-1, M, M) [b, t, j, i]: candidate j of turn t -> candidate i of turn t+1
-        sources = chunk_index[:, :-1, :, None].expand(batch, steps, width, width)
-        targets = chunk_index[:, 1:, None, :].expand(batch, steps, width, width)
-        # one group per turn pair: a turn's candidates lie close together (compiled engine)
-        groups = torch.arange(batch * steps, device=chunk_index.device).view(batch, steps, 1, 1)
-        return self.pair_distances(
-            sources, targets, engine=engine, target_aware=target_aware, use_cache=use_cache,
-            groups=groups.expand(batch, steps, width, width),
+        _check_codes(chunk_index, chunk_index, self._adjacency)
+        # shape: (B * (T-1), M) the codes of each turn pair, one group each
+        sources = chunk_index[:, :-1].reshape(batch * steps, width)
+        targets = chunk_index[:, 1:].reshape(batch * steps, width)
+        distances = grid_distances(
+            self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
+            cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
+            memory_budget=self._memory_budget,
         )
+        return distances.view(batch, steps, width, width)
 
     def precompute_dense(
         self, memory_budget: int = DEFAULT_DENSE_BUDGET, *, engine: str = "auto"

@@ -101,6 +101,12 @@ class ChunkVocabulary:
         """The index of one ID, or ``-1`` when it is unknown."""
         return self._positions.get(chunk_id, PADDING_INDEX)
 
+    def indices_of(self, chunk_ids: Iterable[str]) -> List[int]:
+        """The index of each ID (``-1`` where unknown), as a plain list: no tensor, for
+        callers that keep per-ID Python state anyway."""
+        get = self._positions.get
+        return [get(chunk_id, PADDING_INDEX) for chunk_id in chunk_ids]
+
     def index(
         self,
         chunk_ids: Iterable[str],

@@ -120,3 +120,80 @@ def test_compiled_lookup_equals_the_torch_lookup(seed, monkeypatch) -> None:
             caches[1].lookup(query_sources[:9], query_targets[:9])  # the same recency and counters
         assert torch.equal(small[1], found[1][:9]) and torch.equal(small[0][small[1]], found[0][:9][found[1][:9]])
         assert caches[0].cache_info() == caches[1].cache_info()
+
+
+def _expanded_lookup(cache: DistanceCache, sources: torch.Tensor, targets: torch.Tensor, bound: float):
+    """What lookup_grid must give, from the per-pair lookup and SPEC's rules for codes."""
+    shape = (sources.shape[0], sources.shape[1], targets.shape[1])
+    pair_sources, pair_targets = sources[:, :, None].expand(shape), targets[:, None, :].expand(shape)
+    equal = (pair_sources == pair_targets) & (pair_sources != -1)
+    need = (pair_sources >= 0) & (pair_targets >= 0) & ~equal
+    values = torch.where(equal, 0.0, bound).double()
+    answered = torch.ones(shape, dtype=torch.bool)
+    if bool(need.any()):
+        found, known = cache.lookup(pair_sources[need], pair_targets[need])
+        values[need] = torch.where(known, found.clamp_max(bound), math.inf)
+        answered[need] = known
+    return values, answered
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grid_lookup_equals_the_pair_lookup(seed) -> None:
+    # lookup_grid (one compiled pass over (G, M) x (G, M') codes, sorted targets merged
+    # with each source's row) against lookup of the expanded node pairs: values, answers,
+    # counters and recency, with padding, unknown IDs, equal codes, repeated targets,
+    # complete and partial rows, evictions, and both kernels (serial and parallel)
+    from mapmatched_torch.graph import _compiled
+
+    if not _compiled.available():
+        pytest.skip("numba is not installed")
+    generator = torch.Generator().manual_seed(seed)
+    nodes, bound = 40, 2.5
+    caches = [DistanceCache(nodes, max_rows=15, max_entries=400) for _ in range(2)]
+    for round_ in range(10):
+        sources = torch.randint(0, nodes, (60,), generator=generator)
+        targets = torch.randint(0, nodes, (60,), generator=generator)
+        values = 2.5 * torch.rand(60, generator=generator, dtype=torch.float64)
+        values[torch.rand(60, generator=generator) < 0.2] = math.inf
+        for cache in caches:
+            cache.insert(sources, targets, values, complete=round_ % 3 == 0)
+        groups = 3000 if round_ % 2 else 5  # >= 65536 pairs: the parallel kernel
+        width, columns = int(torch.randint(1, 6, (1,), generator=generator)), int(torch.randint(1, 6, (1,), generator=generator))
+        codes = torch.randint(-3, nodes, (groups, width + columns), generator=generator)
+        grid_sources, grid_targets = codes[:, :width], codes[:, width:]
+        grid_targets[:, -1] = grid_sources[:, 0]  # equal codes (unknown IDs and padding among them)
+        if groups == 3000:
+            grid_sources, grid_targets = grid_sources.repeat(1, 5), grid_targets.repeat(1, 5)  # repeated targets
+        found = caches[0].lookup_grid(grid_sources, grid_targets, bound)
+        expected = _expanded_lookup(caches[1], grid_sources, grid_targets, bound)
+        assert torch.equal(found[1], expected[1]), round_
+        assert torch.equal(found[0][found[1]], expected[0][expected[1]]), round_
+        assert bool(torch.isinf(found[0][~found[1]]).all())
+        assert caches[0].cache_info() == caches[1].cache_info(), round_
+        assert torch.equal(caches[0]._stamp, caches[1]._stamp), round_
+
+
+def test_grid_lookup_of_empty_grids_and_an_empty_cache() -> None:
+    from mapmatched_torch.graph import _compiled
+
+    if not _compiled.available():
+        pytest.skip("numba is not installed")
+    cache = DistanceCache(5)
+    values, answered = cache.lookup_grid(longs([[0, 1, -1]], "cpu"), longs([[1, 1, -2]], "cpu"), 3.0)
+    assert answered.tolist() == [[[False, False, True], [True, True, True], [True, True, True]]]
+    assert values.tolist()[0][1] == [0.0, 0.0, 3.0] and values.tolist()[0][2] == [3.0, 3.0, 3.0]
+    assert cache.cache_info() == CacheInfo(hits=0, misses=1, size=0, capacity=65536)
+    empty = cache.lookup_grid(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long), 3.0)
+    assert empty[0].shape == (0, 4, 3) and empty[1].shape == (0, 4, 3)
+    none = cache.lookup_grid(longs([[1, 2]], "cpu"), torch.zeros(1, 0, dtype=torch.long), 3.0)
+    assert none[0].shape == (1, 2, 0) and cache.cache_info().misses == 1
+
+
+def test_grid_lookup_says_where_it_cannot_run(monkeypatch) -> None:
+    from mapmatched_torch.graph import _compiled
+
+    monkeypatch.setattr(_compiled, "available", lambda: False)
+    cache = DistanceCache(5)
+    assert not cache.grid_lookup
+    with pytest.raises(RuntimeError, match="needs a CPU cache and numba"):
+        cache.lookup_grid(longs([[0]], "cpu"), longs([[1]], "cpu"), 1.0)
