@@ -11,12 +11,14 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .errors import MapMatchedValueError
-from .models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate
+from .models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate, trusted_constructor
 
 __all__ = ["report_path", "rank_final_candidates", "committed_through", "NONFINITE_MESSAGE"]
 
 #: The message of the ValueError raised when the max-plus accumulation overflows.
 NONFINITE_MESSAGE = "decoder accumulation produced a nonfinite score"
+
+_candidate_score = trusted_constructor(CandidateScore)
 
 
 def committed_through(turn_count: int, fixed_lag: Optional[int]) -> Optional[int]:
@@ -104,7 +106,7 @@ def rank_final_candidates(
     non-finite value for a candidate a lock excluded).
     """
     ranked = [
-        CandidateScore(candidate.chunk_id, score)
+        _candidate_score(candidate.chunk_id, float(score))  # a candidate's ID, a finite score: valid
         for candidate, score in zip(final_turn, final_scores)
         if score is not None and math.isfinite(score)
     ]

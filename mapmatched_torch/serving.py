@@ -275,6 +275,7 @@ class MapMatchedServer:
                         tuple(path_distances[row * turns_wide:row * turns_wide + length]),
                         tuple(finals[row * width:row * width + len(turn)]),
                         previous.row if previous is not None else None,
+                        previous.successor_reuse() if previous is not None else None,
                     )
                     try:
                         if eager[row]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace
+from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, trusted_constructor
 from .reporting import committed_through
 from .retrieval import MapMatchedRetriever, context_chunk_ids, revised_turns, turn_result, turn_trace
 from .streaming import report_step
@@ -27,9 +27,13 @@ __all__ = ["ServedTurn", "StepRecord", "StepResults", "NeighborhoodCache"]
 
 SessionId = Hashable
 
+#: A turn's values were checked when it came in: its candidates are rebuilt unchecked.
+_candidate = trusted_constructor(DecoderCandidate)
 
-class ServedTurn:
-    """One turn of a served session: its candidates in provider order.
+
+class ServedTurn(Sequence):
+    """One turn of a served session: its candidates in provider order, as a sequence of
+    :class:`DecoderCandidate` built when read.
 
     Args:
         raw, normalized: the candidates' raw and normalized scores (finite floats).
@@ -37,10 +41,14 @@ class ServedTurn:
         nodes: their graph node indices (a tensor graph's), or None.
         names: the graph's chunk IDs by node index (``graph.nodes``), with ``nodes``.
 
-    The :class:`DecoderCandidate` tuple is built on first use and kept.
+    No :class:`DecoderCandidate` is kept: ``turn[i]`` and :attr:`candidates` build them
+    anew. A served session keeps every turn for as long as it lives, and M candidate
+    objects per turn would make each full garbage collection of a large server
+    slower; results build only the candidates they read (the new turn's, and one per
+    earlier turn along the path).
     """
 
-    __slots__ = ("raw", "normalized", "nodes", "_ids", "_names", "_candidates")
+    __slots__ = ("raw", "normalized", "nodes", "_ids", "_names")
     # Tuples of numbers, not lists: the collector stops tracking them, so a server's
     # long-lived state adds few objects to each full garbage collection.
 
@@ -55,21 +63,25 @@ class ServedTurn:
     ) -> None:
         self.raw, self.normalized, self.nodes = raw, normalized, nodes
         self._ids, self._names = ids, names
-        self._candidates: Optional[Tuple[DecoderCandidate, ...]] = None
 
     @classmethod
-    def from_candidates(cls, candidates: Tuple[DecoderCandidate, ...]) -> "ServedTurn":
-        """A turn of validated candidates (kept as they are)."""
-        turn = cls(
+    def from_candidates(cls, candidates: Sequence[DecoderCandidate]) -> "ServedTurn":
+        """A turn of validated candidates."""
+        return cls(
             tuple(candidate.raw_score for candidate in candidates),
             tuple(candidate.normalized_score for candidate in candidates),
             ids=tuple(candidate.chunk_id for candidate in candidates),
         )
-        turn._candidates = candidates
-        return turn
 
     def __len__(self) -> int:
         return len(self.raw)
+
+    def __getitem__(self, index: int) -> DecoderCandidate:  # type: ignore[override]
+        """Candidate ``index`` (an int; built now)."""
+        return _candidate(self.chunk_id(index), self.raw[index], self.normalized[index])
+
+    def __iter__(self) -> Iterator[DecoderCandidate]:
+        return iter(self.candidates)
 
     def chunk_id(self, index: int) -> str:
         """The chunk ID of candidate ``index``."""
@@ -84,9 +96,8 @@ class ServedTurn:
 
     @property
     def candidates(self) -> Tuple[DecoderCandidate, ...]:
-        if self._candidates is None:
-            self._candidates = tuple(map(DecoderCandidate, self.chunk_ids, self.raw, self.normalized))
-        return self._candidates
+        """Every candidate, built now."""
+        return tuple(map(_candidate, self.chunk_ids, self.raw, self.normalized))
 
 
 class StepRecord:
@@ -101,9 +112,12 @@ class StepRecord:
         finals: the new turn's forward scores (the ranking; non-finite: locked out).
         previous_row: the previous step's ``row`` (None at the first turn), for the
             revised turns.
+        reuse: the previous step's ``(path, trace)`` when it was built: their steps
+            are kept where the path is unchanged, as a session keeps them, so a result
+            costs O(new and revised turns), not O(T).
     """
 
-    __slots__ = ("turns", "length", "row", "distances", "finals", "previous_row", "_decoded", "_result")
+    __slots__ = ("turns", "length", "row", "distances", "finals", "previous_row", "_reuse", "_decoded", "_result")
 
     def __init__(
         self,
@@ -113,10 +127,12 @@ class StepRecord:
         distances: Tuple[float, ...],
         finals: Tuple[float, ...],
         previous_row: Optional[Tuple[int, ...]],
+        reuse: Optional[Tuple[DecodedPath, RetrievalTrace]] = None,
     ) -> None:
         self.turns, self.length, self.row, self.distances, self.finals = turns, length, row, distances, finals
-        self.previous_row = previous_row
-        self._decoded: Optional[Tuple[list, DecodedPath, Optional[Tuple[CandidateScore, ...]], RetrievalTrace]] = None
+        self.previous_row, self._reuse = previous_row, reuse
+        # (the new turn's candidates, path, ranking, trace)
+        self._decoded: Optional[Tuple[tuple, DecodedPath, Optional[Tuple[CandidateScore, ...]], RetrievalTrace]] = None
         self._result: Optional[RetrievalResult] = None
 
     @classmethod
@@ -124,8 +140,12 @@ class StepRecord:
         """The record of a saved session (its path and trace as saved; no result)."""
         row = tuple(turn.chunk_ids.index(step.chunk_id) for turn, step in zip(turns, path.steps))
         record = cls(turns, len(turns), row, tuple(step.graph_distance for step in path.steps), (), None)
-        record._decoded = ([turn.candidates for turn in turns], path, None, trace)
+        record._decoded = (turns[-1].candidates, path, None, trace)
         return record
+
+    def successor_reuse(self) -> Optional[Tuple[DecodedPath, RetrievalTrace]]:
+        """What the next step's record may reuse: this path and trace, if built."""
+        return (self._decoded[1], self._decoded[3]) if self._decoded is not None else None
 
     @property
     def chunk_id(self) -> str:
@@ -136,29 +156,35 @@ class StepRecord:
     def built(self) -> bool:
         return self._result is not None
 
-    def decoded(self, retriever: MapMatchedRetriever) -> Tuple[list, DecodedPath, Any, RetrievalTrace]:
-        """``(trellis, path, ranking, trace)``, built on first call."""
+    def decoded(self, retriever: MapMatchedRetriever) -> Tuple[tuple, DecodedPath, Any, RetrievalTrace]:
+        """``(new turn's candidates, path, ranking, trace)``, built on first call."""
         if self._decoded is None:
-            trellis = [turn.candidates for turn in self.turns[: self.length]]
+            # earlier turns as ServedTurns (one candidate built per turn read), the new
+            # one as the tuple the result keeps
+            last = self.turns[self.length - 1].candidates
+            trellis: List[Sequence[DecoderCandidate]] = [*self.turns[: self.length - 1], last]
+            previous_path, previous_trace = self._reuse if self._reuse is not None else (None, None)
             path, ranking = report_step(
                 trellis, self.row, self.distances, self.finals,
                 emission_weight=retriever.emission_weight,
                 transition_weight=retriever.transition_weight,
                 fixed_lag=retriever.fixed_lag,
+                reuse=previous_path.steps if previous_path is not None else (),
             )
             revised: Tuple[int, ...] = ()
             if self.previous_row is not None:
-                previous = [trellis[turn][index].chunk_id for turn, index in enumerate(self.previous_row)]
+                previous = [self.turns[turn].chunk_id(index) for turn, index in enumerate(self.previous_row)]
                 revised = revised_turns(previous, committed_through(len(previous), retriever.fixed_lag), path.chunk_ids)
-            self._decoded = (trellis, path, ranking, turn_trace(retriever, trellis, path, revised))
+            self._decoded = (last, path, ranking, turn_trace(retriever, trellis, path, revised, previous_trace))
+            self._reuse = None
         return self._decoded
 
     def result(self, retriever: MapMatchedRetriever, neighborhood: Optional[Sequence[Tuple[str, float]]]) -> RetrievalResult:
         """The step's :class:`RetrievalResult`, built on first call (``neighborhood``: the
         decoded chunk's context neighbourhood, or None to ask the graph)."""
         if self._result is None:
-            trellis, path, ranking, trace = self.decoded(retriever)
-            self._result = turn_result(retriever, trellis, path, ranking, trace, neighborhood)
+            last, path, ranking, trace = self.decoded(retriever)
+            self._result = turn_result(retriever, [last], path, ranking, trace, neighborhood)
         return self._result
 
 
