@@ -38,6 +38,8 @@ def as_scored_candidates(candidates: Iterable[Any]) -> Tuple[ScoredCandidate, ..
     """
     if isinstance(candidates, (str, bytes)):
         raise MapMatchedValueError("candidates must be a sequence of ScoredCandidate, not a string")
+    if isinstance(candidates, (list, tuple)) and set(map(type, candidates)) == {ScoredCandidate}:
+        return tuple(candidates)  # the common case, checked in C
     result = []
     for position, candidate in enumerate(candidates):
         if isinstance(candidate, ScoredCandidate):

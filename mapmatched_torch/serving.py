@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -40,6 +41,8 @@ from .streaming import SlotDecoder, step_distances
 __all__ = ["MapMatchedServer"]
 
 SessionId = Hashable
+
+_CHUNK_ID, _SCORE = attrgetter("chunk_id"), attrgetter("score")
 
 
 #: Above this |normalized score| (times lambda when lambda > 1) a trace's margin or
@@ -345,8 +348,8 @@ class MapMatchedServer:
         if not listed:
             return {}, None, None
         # shape: (S, M) raw scores, zero-padded, normalized at once
-        ids = [[candidate.chunk_id for candidate in kept] for _, _, kept in listed]
-        raw_rows = [[candidate.score for candidate in kept] for _, _, kept in listed]
+        ids = [list(map(_CHUNK_ID, kept)) for _, _, kept in listed]
+        raw_rows = [list(map(_SCORE, kept)) for _, _, kept in listed]
         counts = [len(row) for row in raw_rows]
         raw = packed_rows(raw_rows, width, 0.0, torch.float64)
         normalized = normalize_score_rows(raw, counts, retriever.score_normalization)
