@@ -2,20 +2,25 @@
 
 A clustered kNN-like corpus graph (N nodes, 10 neighbours each) as a TensorCorpusGraph;
 S concurrent sessions whose 32 candidates per turn follow topic walks (24 from the
-user's cluster, 8 from the neighbouring one; 10% of turns jump to a random cluster). After a few warm-up turns (distance
-cache warm), each timed step sends every session one new turn. Reports p50/p99 latency
-and turns/s of one step, and the same turns served one session at a time by
-independent standalone sessions (MapMatchedRetriever + StandaloneDecoder, re-decoding
-the whole trellis each turn, on the same graph as an InMemoryCorpusGraph), measured on a subset and
-scaled per turn.
+user's cluster, 8 from the neighbouring one; 10% of turns jump to a random cluster).
+Each timed step sends every session one new turn. Reports p50/p99 latency and turns/s
+of one step, the time to read every context and every whole result after it, and the
+same turns served one session at a time by independent standalone sessions
+(MapMatchedRetriever + StandaloneDecoder, re-decoding the whole trellis each turn, on
+the same graph as an InMemoryCorpusGraph), measured on a subset and scaled per turn.
 
-Run:  python benchmarks/serving.py            (sessions 1, 64, 1024, 4096)
-      python benchmarks/serving.py --dense    (distances gathered from a precomputed table)
-      python benchmarks/serving.py --gc-freeze  (gc.freeze() after the warm-up)
-      python benchmarks/serving.py --indexed  (candidates as tensors: MapMatchedServer.step_indexed)
+Defaults (the issue's setting): candidates as (S, M) node-index and score tensors
+(``MapMatchedServer.step_indexed``: what a dense provider on the device returns), M = 32,
+full decoding, and the distance cache warm: every timed step's pairs are asked of the
+graph once before the timing, so its LRU distance cache holds them.
+
+Run:  python benchmarks/serving.py                  (sessions 1, 64, 1024, 4096)
+      python benchmarks/serving.py --input objects  (ScoredCandidate lists to MapMatchedServer.step)
+      python benchmarks/serving.py --distances dense  (every distance in a precomputed dense table)
+      python benchmarks/serving.py --distances cold   (nothing cached: the step's pairs are searched)
       python benchmarks/serving.py --read contexts  (read only the contexts after each step)
-      python benchmarks/serving.py --warm-cache  (every step's pairs in the graph's distance cache first)
-      python benchmarks/serving.py --quick    (a smoke run)
+      python benchmarks/serving.py --gc-freeze      (gc.freeze() after the warm-up)
+      python benchmarks/serving.py --quick          (a smoke run)
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
 
 
-def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10) -> TensorCorpusGraph:
+def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10, **options) -> TensorCorpusGraph:
     """Nodes on clusters of 50; each links to `neighbours` random nodes of its cluster
     (distance 0.1-0.6) and rarely to another cluster (distance 0.9)."""
     cluster = torch.arange(nodes) // 50
@@ -48,7 +53,7 @@ def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10
     keep = sources != targets
     edge_index = torch.stack([sources[keep], targets[keep]])
     ids = [f"c{i}" for i in range(nodes)]
-    return TensorCorpusGraph.from_edge_index(edge_index, weights[keep], chunk_ids=ids, maximum_distance=3.0)
+    return TensorCorpusGraph.from_edge_index(edge_index, weights[keep], chunk_ids=ids, maximum_distance=3.0, **options)
 
 
 class Walkers:
@@ -82,8 +87,9 @@ class Walkers:
 
 
 def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int,
-            gc_freeze: bool = False, indexed: bool = False, read: str = "all", warm_cache: bool = False):
-    """Seconds of each timed step, and (contexts, every whole result) read after it."""
+            gc_freeze: bool = False, indexed: bool = True, read: str = "all", warm_cache: bool = True):
+    """Seconds of each timed step, (contexts, every whole result) read after it, and the
+    distance-cache misses (sources searched) of the timed steps."""
     generator = torch.Generator().manual_seed(seed)
     server = MapMatchedServer(graph, candidate_limit=width, fixed_lag=lag, transition_weight=1.0, device=device,
                               capacity=sessions)
@@ -99,6 +105,7 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
         for before, after in zip(codes, codes[1:]):
             graph.trellis_distances(torch.stack([before, after], 1).to(graph.device))
     times, reads = [], []
+    misses = 0
     for step, turn in enumerate(planned):
         if gc_freeze and step == warmup:
             gc.freeze()  # the sessions' long-lived objects leave the collector's generations
@@ -108,11 +115,14 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
             turns = dict(zip(ids, turn))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
+        before = graph.cache_info().misses
         start = time.perf_counter()
         results, errors = server.step_indexed(ids, candidates, scores) if indexed else server.step(turns)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         middle = time.perf_counter()
+        if step >= warmup:
+            misses += graph.cache_info().misses - before
         results.contexts()  # every session's context chunk IDs (what a RAG server sends on)
         contexts = time.perf_counter()
         if read == "all":
@@ -123,7 +133,7 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
         if step >= warmup:
             times.append(middle - start)
             reads.append((contexts - middle, end - middle))
-    return times, reads
+    return times, reads, misses
 
 
 def padded_codes(graph: TensorCorpusGraph, turn, width: int) -> torch.Tensor:
@@ -160,26 +170,30 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 1024, 4096])
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--lag", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dense", action="store_true", help="precompute the dense distance table first (distances by gather)")
+    parser.add_argument("--input", choices=["tensors", "objects"], default="tensors",
+                        help="(S, M) node-index and score tensors to step_indexed (default), or ScoredCandidate "
+                             "lists to step")
+    parser.add_argument("--distances", choices=["cache", "dense", "cold"], default="cache",
+                        help="cache (default): every timed step's pairs in the graph's LRU distance cache first; "
+                             "dense: a precomputed dense table; cold: nothing cached")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() after the warm-up steps (what latency-sensitive Python servers do)")
-    parser.add_argument("--indexed", action="store_true",
-                        help="send candidates as (S, M) node-index and score tensors (step_indexed), not objects")
     parser.add_argument("--read", choices=["all", "contexts"], default="all",
                         help="after each step read every whole result (default) or only the contexts")
-    parser.add_argument("--warm-cache", action="store_true",
-                        help="ask the graph for every timed step's pairs first (its distance cache then holds them)")
+    parser.add_argument("--cache-entries", type=int, default=1 << 26,
+                        help="the graph's distance cache capacity in (source, target) entries (16 bytes each)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.nodes, args.steps, args.warmup = [1, 64], 2000, 3, 2
-    graph = clustered_graph(args.nodes, torch.Generator().manual_seed(args.seed)).to(args.device)
-    if args.dense:
+    graph = clustered_graph(args.nodes, torch.Generator().manual_seed(args.seed),
+                            distance_cache_entries=args.cache_entries).to(args.device)
+    if args.distances == "dense":
         start = time.perf_counter()
         graph.precompute_dense(memory_budget=8 * args.nodes ** 2)
         print(f"dense table built in {time.perf_counter() - start:.1f} s")
@@ -187,14 +201,16 @@ def main() -> None:
     mode = "full" if args.lag is None else f"fixed-lag {args.lag}"
     print(f"graph: {len(graph)} nodes, {graph.edge_count} arcs; M = {args.width}; mode {mode}; device {args.device}; "
           f"torch threads {torch.get_num_threads()}")
+    print(f"input: {args.input}; distances: {args.distances}; read after each step: {args.read}; "
+          f"gc.freeze: {args.gc_freeze}; {args.steps} timed steps after {args.warmup} warm-up steps")
     print(f"standalone sessions one by one: {per_turn * 1e3:.2f} ms per turn (8 sessions x {args.warmup + args.steps} turns)")
     print()
     print("| sessions | p50 step (ms) | p99 step (ms) | turns/s (p50) | + every context, p50 (ms) "
           "| + every whole result, p50 (ms) | standalone one by one (ms, scaled) | speed-up |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sessions in args.sessions:
-        times, reads = measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed,
-                               args.gc_freeze, args.indexed, args.read, args.warm_cache)
+        times, reads, misses = measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed,
+                               args.gc_freeze, args.input == "tensors", args.read, args.distances == "cache")
         gc.unfreeze()
         times = sorted(times)
         p50 = statistics.median(times)
@@ -205,6 +221,8 @@ def main() -> None:
         whole = f"{(p50 + whole) * 1e3:.1f}" if args.read == "all" else "-"
         print(f"| {sessions} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} | {sessions / p50:,.0f} | {(p50 + context) * 1e3:.1f} "
               f"| {whole} | {baseline * 1e3:,.0f} | {baseline / p50:.0f}x |", flush=True)
+        if args.distances != "cold" and misses:
+            print(f"  (the timed steps missed the distance cache {misses} times: searches included)")
 
 
 if __name__ == "__main__":

@@ -75,3 +75,23 @@ def test_decoded_path_chunk_ids_and_len():
     assert path.chunk_ids == ("a", "b")
     assert len(path) == 2
     assert isinstance(path.steps, tuple)
+
+
+def test_trusted_constructors_build_what_the_checked_types_build() -> None:
+    import random
+
+    from mapmatched_torch.models import CandidateScore, DecoderCandidate, trusted_constructor
+
+    rng = random.Random(0)
+    for cls, values in (
+        (DecoderCandidate, lambda: (f"c{rng.randrange(99)}", rng.gauss(0, 1), rng.choice([0.0, -0.0, rng.random()]))),
+        (CandidateScore, lambda: (rng.choice(["a", "é", "x" * 40]), rng.gauss(0, 1e300))),
+    ):
+        build = trusted_constructor(cls)
+        for _ in range(50):
+            fields = values()
+            built, checked = build(*fields), cls(*fields)
+            assert built == checked and hash(built) == hash(checked) and repr(built) == repr(checked)
+            assert type(built) is cls
+        with pytest.raises(Exception):
+            build(*fields).chunk_id = "other"  # still frozen

@@ -573,3 +573,44 @@ def test_step_answers_and_refuses_exactly_as_independent_sessions(tensor_graph, 
             else:
                 assert results[key] == expected, key
             assert server.turn_count(key) == sessions[key].turn_count
+
+
+@pytest.mark.parametrize("options", [{"fixed_lag": 1}, {}, {"fixed_lag": 2, "emission_weight": 0.3}])
+def test_results_read_in_any_pattern_equal_sessions(options):
+    # a result reuses the previous step's path and trace only when that step's result was
+    # built; reading every step, some steps, only paths, or late must all give what a
+    # session gives (turns revised by later evidence included)
+    rng = random.Random(21 + len(str(options)))
+    graph = make_graph(4)
+    server = MapMatchedServer(graph, candidate_limit=5, **options)
+    sessions = {}
+    for key in "abcd":
+        server.open(key)
+        sessions[key] = MapMatchedRetriever(graph, candidate_limit=5, **options).session()
+    held = []
+    for _ in range(14):
+        turns = {key: random_turn(rng) for key in sessions if rng.random() < 0.8}
+        results, errors = server.step(turns)
+        assert not errors
+        expected = {key: sessions[key].retrieve_candidates(turn) for key, turn in turns.items()}
+        for key in turns:
+            pattern = rng.random()
+            if pattern < 0.4:
+                assert results[key] == expected[key]
+            elif pattern < 0.6:
+                assert server.path(key) == expected[key].path and server.trace(key) == expected[key].trace
+            elif pattern < 0.7:
+                held.append((results, key, expected[key]))  # read after later steps
+    for results, key, expected in held:
+        assert results[key] == expected
+
+
+def test_served_turns_are_sequences_of_candidates_built_when_read():
+    from mapmatched_torch.models import DecoderCandidate
+    from mapmatched_torch.step_results import ServedTurn
+
+    turn = ServedTurn((1.0, 2.0), (-1.0, 1.0), nodes=(2, 0), names=("x", "y", "z"))
+    expected = (DecoderCandidate("z", 1.0, -1.0), DecoderCandidate("x", 2.0, 1.0))
+    assert len(turn) == 2 and turn[1] == expected[1] and tuple(turn) == expected == turn.candidates
+    assert turn.candidates is not turn.candidates  # built anew: a served session keeps no candidate objects
+    assert turn.chunk_ids == ("z", "x") and ServedTurn.from_candidates(expected).candidates == expected
