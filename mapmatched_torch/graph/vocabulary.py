@@ -104,8 +104,10 @@ class ChunkVocabulary:
     def indices_of(self, chunk_ids: Iterable[str]) -> List[int]:
         """The index of each ID (``-1`` where unknown), as a plain list: no tensor, for
         callers that keep per-ID Python state anyway."""
-        get = self._positions.get
-        return [get(chunk_id, PADDING_INDEX) for chunk_id in chunk_ids]
+        found = list(map(self._positions.get, chunk_ids))
+        if None in found:
+            found = [PADDING_INDEX if index is None else index for index in found]
+        return found
 
     def index(
         self,

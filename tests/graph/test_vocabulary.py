@@ -17,6 +17,8 @@ def test_lookups_both_ways() -> None:
     index = vocabulary.index(["c", "zzz", "b"])
     assert index.dtype == torch.long and index.tolist() == [2, PADDING_INDEX, 0]
     assert vocabulary.index_of("a") == 1 and vocabulary.index_of("q") == -1
+    assert vocabulary.indices_of(["c", "zzz", "b"]) == [2, PADDING_INDEX, 0] and vocabulary.indices_of(("a",)) == [1]
+    assert vocabulary.indices_of([]) == []
     assert vocabulary.ids(torch.tensor([1, 2])) == ["a", "c"] and vocabulary.ids([0]) == ["b"]
     assert vocabulary.index([]).shape == (0,)
     assert vocabulary == ChunkVocabulary(["b", "a", "c"]) and vocabulary != ChunkVocabulary(["a", "b", "c"])
