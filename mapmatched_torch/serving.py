@@ -356,12 +356,9 @@ class MapMatchedServer:
         real = torch.arange(width).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
         clean = (torch.isfinite(normalized) | ~real).all(1).tolist()
         normalized_rows = normalized.tolist()
-        vocabulary = getattr(retriever.graph, "vocabulary", None)
-        indices = vocabulary.indices_of if callable(getattr(retriever.graph, "trellis_distances", None)) else None
-        names = getattr(retriever.graph, "nodes", None)
         prepared: Dict[SessionId, ServedTurn] = {}
         kept_rows: List[int] = []
-        all_nodes = indices is not None
+        all_nodes = True
         for row, (session_id, turn_index, kept) in enumerate(listed):
             count = counts[row]
             try:
@@ -373,20 +370,26 @@ class MapMatchedServer:
                     )
                     row_raw, row_normalized = checked.raw, checked.normalized
                     normalized[row, :count] = torch.tensor(row_normalized, dtype=torch.float64)
-                nodes = tuple(indices(ids[row])) if indices is not None else None
-                if nodes is None or min(nodes) < 0:
-                    nodes, all_nodes = None, False
-                prepared[session_id] = ServedTurn(
-                    tuple(row_raw), tuple(row_normalized), ids=tuple(ids[row]), nodes=nodes, names=names
-                )
+                turn = prepared[session_id] = self._served_turn(tuple(row_raw), tuple(row_normalized), tuple(ids[row]))
+                all_nodes = all_nodes and turn.nodes is not None
                 kept_rows.append(row)
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
         codes = None
-        if all_nodes and kept_rows:
+        if all_nodes and kept_rows:  # shape: (S', M), -1 padding
             codes = packed_rows([prepared[listed[row][0]].nodes for row in kept_rows], width, -1, torch.long)
             codes = codes.to(retriever.graph.device)
         return prepared, codes, normalized[kept_rows]
+
+    def _served_turn(self, raw: Tuple[float, ...], normalized: Tuple[float, ...], ids: Tuple[str, ...]) -> ServedTurn:
+        """A checked turn, with its node indices when every ID is a node of a tensor graph
+        (its distances then take the node-index path)."""
+        graph = self.retriever.graph
+        if callable(getattr(graph, "trellis_distances", None)):
+            nodes = graph.vocabulary.indices_of(ids)
+            if min(nodes) >= 0:
+                return ServedTurn(raw, normalized, ids=ids, nodes=tuple(nodes), names=graph.nodes)
+        return ServedTurn(raw, normalized, ids=ids)
 
     def _prepare_indexed(
         self,
@@ -551,9 +554,10 @@ class MapMatchedServer:
         sessions: Dict[SessionId, _Session] = {}
         for session_id, slot, trellis, path, trace in state["sessions"]:
             session_id = tuple(session_id) if isinstance(session_id, list) else session_id
-            turns = [
-                ServedTurn.from_candidates(tuple(DecoderCandidate(*candidate) for candidate in turn)) for turn in trellis
-            ]
+            turns = []
+            for turn in trellis:
+                checked = ServedTurn.from_candidates(tuple(DecoderCandidate(*candidate) for candidate in turn))
+                turns.append(self._served_turn(checked.raw, checked.normalized, checked.chunk_ids))
             path, trace = _path_from_state(path), _trace_from_state(trace)
             record = StepRecord.restored(turns, path, trace) if path is not None else None
             magnitudes = torch.tensor([[max(map(abs, turn.normalized))] for turn in turns], dtype=torch.float64)
