@@ -28,8 +28,8 @@ def packed_rows(rows: Sequence[Sequence[Union[int, float]]], width: int, fill: U
         dtype: ``torch.float64`` or ``torch.int64``.
 
     Returns:
-        A tensor owning (sharing) a fresh buffer; values are converted exactly as
-        ``torch.tensor`` converts them (float64: the same doubles).
+        A new tensor; values are converted exactly as ``torch.tensor`` converts them
+        (float64: the same doubles).
     """
     buffer = array(_TYPECODES[dtype])
     padding = array(_TYPECODES[dtype], [fill]) * width
@@ -40,4 +40,5 @@ def packed_rows(rows: Sequence[Sequence[Union[int, float]]], width: int, fill: U
         buffer.extend(padding[: width - len(row)])
     if not buffer:
         return torch.full((len(rows), width), fill, dtype=dtype)
-    return torch.frombuffer(buffer, dtype=dtype).view(len(rows), width)
+    # a copy (a few microseconds) owns ordinary, resizable storage; the buffer is freed
+    return torch.frombuffer(buffer, dtype=dtype).view(len(rows), width).clone()

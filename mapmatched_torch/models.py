@@ -14,7 +14,7 @@ Data flow: a provider returns :class:`ScoredCandidate` (raw scores) ->
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
 from ._validation import check_chunk_id, check_finite, check_nonnegative_int
@@ -47,7 +47,10 @@ def trusted_constructor(cls: Type[_T]) -> Callable[..., _T]:
     session's candidates, a ranking of finite scores); anything else should call the
     type. The instance equals ``cls(*values)`` whenever that succeeds.
     """
-    setters = tuple(cls.__dict__[name].__set__ for name in cls.__slots__)  # type: ignore[attr-defined]
+    names = tuple(item.name for item in fields(cls))  # type: ignore[arg-type]
+    if getattr(cls, "__slots__", None) != names:
+        raise TypeError(f"trusted_constructor needs a slotted dataclass, got {cls.__name__}")
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
     new = object.__new__
 
     def build(*values: Any) -> _T:

@@ -385,10 +385,12 @@ class MapMatchedServer:
         """A checked turn, with its node indices when every ID is a node of a tensor graph
         (its distances then take the node-index path)."""
         graph = self.retriever.graph
-        if callable(getattr(graph, "trellis_distances", None)):
-            nodes = graph.vocabulary.indices_of(ids)
+        indices_of = getattr(getattr(graph, "vocabulary", None), "indices_of", None)
+        names = getattr(graph, "nodes", None)
+        if callable(getattr(graph, "trellis_distances", None)) and callable(indices_of) and names is not None:
+            nodes = indices_of(ids)
             if min(nodes) >= 0:
-                return ServedTurn(raw, normalized, ids=ids, nodes=tuple(nodes), names=graph.nodes)
+                return ServedTurn(raw, normalized, ids=ids, nodes=tuple(nodes), names=names)
         return ServedTurn(raw, normalized, ids=ids)
 
     def _prepare_indexed(

@@ -16,7 +16,7 @@ neighbourhood of the decoded chunk is asked of the graph when the result is read
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, trusted_constructor
 from .reporting import committed_through
@@ -76,8 +76,10 @@ class ServedTurn(Sequence):
     def __len__(self) -> int:
         return len(self.raw)
 
-    def __getitem__(self, index: int) -> DecoderCandidate:  # type: ignore[override]
-        """Candidate ``index`` (an int; built now)."""
+    def __getitem__(self, index: Union[int, slice]) -> Any:
+        """Candidate ``index`` (built now), or a tuple of them for a slice."""
+        if isinstance(index, slice):
+            return self.candidates[index]
         return _candidate(self.chunk_id(index), self.raw[index], self.normalized[index])
 
     def __iter__(self) -> Iterator[DecoderCandidate]:

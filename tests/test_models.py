@@ -95,3 +95,14 @@ def test_trusted_constructors_build_what_the_checked_types_build() -> None:
             assert type(built) is cls
         with pytest.raises(Exception):
             build(*fields).chunk_id = "other"  # still frozen
+
+
+def test_trusted_constructors_need_slotted_dataclasses() -> None:
+    from mapmatched_torch.models import trusted_constructor
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        value: float
+
+    with pytest.raises(TypeError, match="slotted dataclass"):
+        trusted_constructor(Plain)

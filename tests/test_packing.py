@@ -33,5 +33,6 @@ def test_packed_rows_owns_a_writable_buffer_and_refuses_long_rows() -> None:
     second = packed_rows([[1.0, 2.0]], 2, 0.0, torch.float64)
     first += 1.0
     assert first.tolist() == [[2.0, 3.0]] and second.tolist() == [[1.0, 2.0]]
+    assert first.resize_(3).shape == (3,)  # ordinary storage
     with pytest.raises(ValueError, match="does not fit in width 1"):
         packed_rows([[1, 2]], 1, -1, torch.long)

@@ -614,3 +614,43 @@ def test_served_turns_are_sequences_of_candidates_built_when_read():
     assert len(turn) == 2 and turn[1] == expected[1] and tuple(turn) == expected == turn.candidates
     assert turn.candidates is not turn.candidates  # built anew: a served session keeps no candidate objects
     assert turn.chunk_ids == ("z", "x") and ServedTurn.from_candidates(expected).candidates == expected
+    assert turn[-1] == expected[-1] and turn[0:1] == expected[0:1] and turn[::-1] == expected[::-1]
+    with pytest.raises(IndexError):
+        turn[2]
+
+
+def test_a_duck_typed_tensor_graph_without_a_vocabulary_serves_by_chunk_id():
+    # a proxy exposing CorpusGraph + index_trellis/trellis_distances but no vocabulary
+    # (what consecutive_distances accepts) takes the chunk-ID path, as before
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    standalone = make_graph(6)
+    inner = TensorCorpusGraph.from_graph(standalone)
+
+    class Proxy:
+        maximum_distance = inner.maximum_distance
+
+        def distance(self, a, b):
+            return inner.distance(a, b)
+
+        def neighborhood(self, chunk_id, radius):
+            return inner.neighborhood(chunk_id, radius)
+
+        def index_trellis(self, conversations):
+            return inner.index_trellis(conversations)
+
+        def trellis_distances(self, chunk_index, **options):
+            return inner.trellis_distances(chunk_index, **options)
+
+    server = MapMatchedServer(Proxy(), candidate_limit=4, fixed_lag=1)
+    server.open("x")
+    session = MapMatchedRetriever(standalone, candidate_limit=4, fixed_lag=1).session()
+    rng = random.Random(8)
+    for _ in range(5):
+        turn = random_turn(rng, width=4)
+        results, errors = server.step({"x": turn})
+        assert not errors and results["x"] == session.retrieve_candidates(turn)
+    restored = MapMatchedServer(Proxy(), candidate_limit=4, fixed_lag=1)
+    restored.load_state_dict(server.state_dict())
+    turn = random_turn(rng, width=4)
+    assert restored.step({"x": turn})[0]["x"] == session.retrieve_candidates(turn)

@@ -8,8 +8,9 @@ Public names (import them from here; the modules behind them are implementation)
   protocol bit for bit like ``InMemoryCorpusGraph``, plus batched
   ``trellis_distances`` / ``pair_distances`` / ``neighborhoods``, PyG and networkx
   interop.
-- :func:`bounded_rows`, :func:`source_target_distances`, :func:`pair_distances`:
-  the shortest-path engines (``"torch"`` frontier relaxation, ``"scipy"`` Dijkstra,
+- :func:`bounded_rows`, :func:`source_target_distances`, :func:`pair_distances`,
+  :func:`grid_distances` (every source of a turn pair to every target): the
+  shortest-path engines (``"torch"`` frontier relaxation, ``"scipy"`` Dijkstra,
   target-aware early stopping), on a :class:`CSRAdjacency`.
 - :class:`DistanceCache`: the LRU of exact distance rows.
 - :func:`build_dense_table` and its size helpers: the optional ``(N, N)`` table.
@@ -26,6 +27,7 @@ from .shortest_paths import (
     DEFAULT_MEMORY_BUDGET,
     ENGINES,
     bounded_rows,
+    grid_distances,
     pair_distances,
     resolve_engine,
     source_target_distances,
@@ -45,6 +47,7 @@ __all__ = [
     "bounded_rows",
     "source_target_distances",
     "pair_distances",
+    "grid_distances",
     "DistanceCache",
     "CacheInfo",
     "DEFAULT_DENSE_BUDGET",

@@ -20,7 +20,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .._validation import check_positive_int
-from ..errors import MapMatchedRuntimeError
+from ..errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..standalone.graph import CacheInfo
 from . import _compiled
 
@@ -90,7 +90,11 @@ class DistanceCache:
             ``(values, answered)``: ``(Q,)`` float64 distances (``inf`` = beyond the
             bound; meaningless where not answered) and a ``(Q,)`` bool mask of the
             pairs the cache could answer. Looked-up rows become most recently used.
+
+        Raises:
+            ValueError: a node index outside ``[0, N)``.
         """
+        self._check_range(sources, targets, smallest=0)
         if self._keys.numel() and self.device.type == "cpu" and _compiled.available():
             # per query a search within its source's run: a few cache lines, not log K misses
             values, found = _compiled.compiled_lookup(
@@ -133,11 +137,15 @@ class DistanceCache:
             ``maximum_distance``); unanswered node pairs ``inf``. Hits and misses are
             counted, and rows refreshed, as :meth:`lookup` does for the node pairs.
 
+        Raises:
+            ValueError: a code ``>= N``. RuntimeError: not :attr:`grid_lookup`.
+
         Cost: one binary search per node pair within its source's run of the keys; no
         ``(G, M, M')`` intermediate but the outputs.
         """
         if not self.grid_lookup:
             raise MapMatchedRuntimeError("DistanceCache.lookup_grid needs a CPU cache and numba")
+        self._check_range(sources, targets, smallest=None)
         values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
             self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete,
             sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
@@ -146,6 +154,17 @@ class DistanceCache:
         needed = row_needed.view(-1)
         self._count(sources.reshape(-1)[needed], row_hit.view(-1)[needed])
         return values, answered
+
+    def _check_range(self, *codes: torch.Tensor, smallest: Optional[int]) -> None:
+        """Every value ``< N`` (and ``>= smallest``): the compiled kernels index rows by
+        them without bounds checks."""
+        for tensor in codes:
+            if not tensor.numel():
+                continue
+            low, high = torch.aminmax(tensor)
+            if int(high) >= self.num_nodes or (smallest is not None and int(low) < smallest):
+                what = "node indices must lie in [0, N)" if smallest is not None else "index codes must be < N"
+                raise MapMatchedValueError(f"{what} (N = {self.num_nodes}), got values from {int(low)} to {int(high)}")
 
     def _row_start(self) -> torch.Tensor:
         """``(N + 1,)`` int64 start of each source's run in the sorted keys (cached until

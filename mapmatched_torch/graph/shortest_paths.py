@@ -314,17 +314,22 @@ def grid_distances(
     Args:
         adjacency, maximum_distance, engine, cache, table, **search: as for
             :func:`pair_distances` (the pairs of one group form one search group).
-        sources: ``(G, M)`` int64 index codes (validated by the caller).
+        sources: ``(G, M)`` int64 index codes.
         targets: ``(G, M')`` int64 index codes.
 
     Returns:
         ``(G, M, M')`` float64, ``[g, j, i]`` = d(``sources[g, j]``, ``targets[g, i]``).
+
+    Raises:
+        ValueError: tensors that are not ``(G, M)`` and ``(G, M')`` int64 on the graph's
+            device, a node index ``>= N``, an unknown engine.
 
     Cost: with a dense table one broadcast gather; with a CPU cache and numba one
     compiled pass answers the cached pairs and the codes that need no graph (no
     ``(G, M, M')`` index tensors), and only the pairs it misses are searched;
     otherwise :func:`pair_distances` of the expanded pairs.
     """
+    _check_grid(sources, targets, adjacency)
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
     if engine == "dense":
         # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
@@ -386,7 +391,27 @@ def table_distances(
 
 def _check_codes(sources: torch.Tensor, targets: torch.Tensor, adjacency: CSRAdjacency) -> None:
     """Index-code tensors: same shape, integer dtype, the graph's device, nodes < N."""
-    for name, codes in (("sources", sources), ("targets", targets)):
+    _check_code_tensors(adjacency, sources=sources, targets=targets)
+    if sources.shape != targets.shape:
+        raise MapMatchedValueError(
+            f"sources and targets must have the same shape, got {tuple(sources.shape)} and {tuple(targets.shape)}"
+        )
+
+
+def _check_grid(sources: torch.Tensor, targets: torch.Tensor, adjacency: CSRAdjacency) -> None:
+    """Index codes of :func:`grid_distances`: ``(G, M)`` and ``(G, M')`` int64 on the
+    graph's device, nodes < N."""
+    _check_code_tensors(adjacency, sources=sources, targets=targets)
+    if sources.dim() != 2 or targets.dim() != 2 or sources.shape[0] != targets.shape[0]:
+        raise MapMatchedValueError(
+            f"sources and targets must be (G, M) and (G, M') code tensors, got {tuple(sources.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+
+
+def _check_code_tensors(adjacency: CSRAdjacency, **tensors: torch.Tensor) -> None:
+    """Each named tensor: int64 index codes on the graph's device, no node index >= N."""
+    for name, codes in tensors.items():
         if not isinstance(codes, torch.Tensor) or codes.dtype != torch.long:
             dtype = codes.dtype if isinstance(codes, torch.Tensor) else type(codes).__name__
             raise MapMatchedValueError(f"{name} must be an int64 tensor of index codes, got {dtype}")
@@ -394,16 +419,9 @@ def _check_codes(sources: torch.Tensor, targets: torch.Tensor, adjacency: CSRAdj
             raise MapMatchedValueError(
                 f"{name} is on {codes.device} but the graph is on {adjacency.device}; move one of them"
             )
-    if sources.shape != targets.shape:
-        raise MapMatchedValueError(
-            f"sources and targets must have the same shape, got {tuple(sources.shape)} and {tuple(targets.shape)}"
-        )
-    if sources.numel():
-        largest = int(torch.maximum(sources.max(), targets.max()))
-        if largest >= adjacency.num_nodes:
-            raise MapMatchedValueError(
-                f"node index {largest} is out of range for a graph of {adjacency.num_nodes} nodes"
-            )
+    largest = max((int(codes.max()) for codes in tensors.values() if codes.numel()), default=-1)
+    if largest >= adjacency.num_nodes:
+        raise MapMatchedValueError(f"node index {largest} is out of range for a graph of {adjacency.num_nodes} nodes")
 
 
 def _check_groups(groups: Optional[torch.Tensor], shape: torch.Size) -> None:

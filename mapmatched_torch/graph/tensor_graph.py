@@ -38,7 +38,7 @@ from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
 from ._compiled import compiled_balls
-from .shortest_paths import _check_codes, bounded_rows, grid_distances, pair_distances, resolve_engine
+from .shortest_paths import _check_code_tensors, bounded_rows, grid_distances, pair_distances, resolve_engine
 from .vocabulary import ChunkVocabulary
 
 __all__ = ["TensorCorpusGraph"]
@@ -512,7 +512,7 @@ class TensorCorpusGraph:
             raise MapMatchedValueError(f"chunk_index must be a (B, T, M) int64 tensor, got {what}")
         batch, turns, width = chunk_index.shape
         steps = max(turns - 1, 0)
-        _check_codes(chunk_index, chunk_index, self._adjacency)
+        _check_code_tensors(self._adjacency, chunk_index=chunk_index)  # every turn, the last included
         # shape: (B * (T-1), M) the codes of each turn pair, one group each
         sources = chunk_index[:, :-1].reshape(batch * steps, width)
         targets = chunk_index[:, 1:].reshape(batch * steps, width)

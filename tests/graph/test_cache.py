@@ -197,3 +197,19 @@ def test_grid_lookup_says_where_it_cannot_run(monkeypatch) -> None:
     assert not cache.grid_lookup
     with pytest.raises(RuntimeError, match="needs a CPU cache and numba"):
         cache.lookup_grid(longs([[0]], "cpu"), longs([[1]], "cpu"), 1.0)
+
+
+def test_lookups_refuse_indices_outside_the_graph() -> None:
+    # the compiled kernels index rows without bounds checks: a bad index is a ValueError
+    from mapmatched_torch.graph import _compiled
+
+    cache = DistanceCache(3)
+    cache.insert(longs([0], "cpu"), longs([1], "cpu"), doubles([0.5], "cpu"))
+    with pytest.raises(ValueError, match=r"node indices must lie in \[0, N\) \(N = 3\), got values from 0 to 7"):
+        cache.lookup(longs([0, 7], "cpu"), longs([1, 1], "cpu"))
+    with pytest.raises(ValueError, match="node indices must lie in"):
+        cache.lookup(longs([-1], "cpu"), longs([1], "cpu"))
+    if _compiled.available():
+        with pytest.raises(ValueError, match=r"index codes must be < N \(N = 3\)"):
+            cache.lookup_grid(longs([[0, -1]], "cpu"), longs([[10**8]], "cpu"), 1.0)
+        assert cache.lookup_grid(longs([[0, -5]], "cpu"), longs([[1]], "cpu"), 1.0)[1].all()

@@ -412,3 +412,47 @@ def test_compiled_engine_leaves_torch_threads_alone() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_grid_distances_equal_pair_distances_of_the_expanded_pairs(seed, device) -> None:
+    # every path of grid_distances (dense table, warm CPU cache kernel, no cache) gives
+    # pair_distances of the expanded (G, M, M') pairs, codes of every kind included
+    from mapmatched_torch.graph import grid_distances
+
+    reference = random_reference(300 + seed, WEIGHTS[seed % 3], seed % 2 == 0)
+    graph = TensorCorpusGraph.from_graph(reference, device=device, distance_cache_size=3)
+    generator = torch.Generator().manual_seed(seed)
+    groups, width, columns = 7, 4, 5
+    sources = torch.randint(-3, len(reference), (groups, width), generator=generator).to(device)
+    targets = torch.randint(-3, len(reference), (groups, columns), generator=generator).to(device)
+    targets[:, 0] = sources[:, 0]  # equal codes, padding and unknown IDs among them
+    shape = (groups, width, columns)
+    expected = pair_distances(
+        graph.adjacency, sources[:, :, None].expand(shape), targets[:, None, :].expand(shape),
+        maximum_distance=graph.maximum_distance,
+    )
+    for cache in (None, graph._cache, graph._cache):  # no cache, then cold and warm (3 rows: evictions)
+        found = grid_distances(graph.adjacency, sources, targets, maximum_distance=graph.maximum_distance, cache=cache)
+        assert torch.equal(found, expected)
+    graph.precompute_dense()
+    found = grid_distances(
+        graph.adjacency, sources, targets, maximum_distance=graph.maximum_distance, table=graph.dense_table
+    )
+    assert torch.equal(found, expected)
+
+
+def test_grid_distances_validates_its_codes(device) -> None:
+    from mapmatched_torch.graph import grid_distances
+
+    graph = TensorCorpusGraph.from_edges([("a", "b", 1.0)], device=device)
+    codes = torch.zeros(2, 3, dtype=torch.long, device=device)
+    call = lambda s, t: grid_distances(graph.adjacency, s, t, maximum_distance=1.0)  # noqa: E731
+    with pytest.raises(MapMatchedValueError, match=r"\(G, M\) and \(G, M'\)"):
+        call(codes, codes[:1])
+    with pytest.raises(MapMatchedValueError, match=r"\(G, M\) and \(G, M'\)"):
+        call(codes.view(-1), codes)
+    with pytest.raises(MapMatchedValueError, match="node index 5 is out of range"):
+        call(codes, torch.full((2, 1), 5, dtype=torch.long, device=device))
+    with pytest.raises(MapMatchedValueError, match="int64"):
+        call(codes.int(), codes)
