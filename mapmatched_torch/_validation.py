@@ -24,6 +24,8 @@ __all__ = [
     "check_trellis",
     "check_turn",
     "check_decode_options",
+    "empty_turn_error",
+    "duplicate_ids_error",
 ]
 
 
@@ -116,17 +118,27 @@ def check_trellis(trellis: Any) -> tuple:
     return turns
 
 
+def empty_turn_error(turn_index: int) -> MapMatchedValueError:
+    """SPEC's error for a turn without candidates (raised by every path that checks one)."""
+    return MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+
+
+def duplicate_ids_error(where: str, chunk_id: str) -> MapMatchedValueError:
+    """The error for a turn listing ``chunk_id`` twice (``where``: e.g. "trellis turn 3")."""
+    return MapMatchedValueError(f"{where} contains duplicate chunk IDs ({chunk_id!r})")
+
+
 def check_turn(turn: Any, turn_index: int) -> tuple:
     """Validate one trellis turn (see :func:`check_trellis`); ``turn_index`` names it."""
     turn = tuple(turn)
     if not turn:
-        raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+        raise empty_turn_error(turn_index)
     seen = set()
     for candidate_index, candidate in enumerate(turn):
         chunk_id = getattr(candidate, "chunk_id", None)
         check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
         if chunk_id in seen:
-            raise MapMatchedValueError(f"trellis turn {turn_index} contains duplicate chunk IDs ({chunk_id!r})")
+            raise duplicate_ids_error(f"trellis turn {turn_index}", chunk_id)
         seen.add(chunk_id)
         for name in ("raw_score", "normalized_score"):
             check_finite(

@@ -55,7 +55,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from . import decode
-from ._validation import check_chunk_id, check_finite, check_nonnegative_int, check_positive_int, check_weight
+from ._validation import (
+    check_chunk_id,
+    check_finite,
+    check_nonnegative_int,
+    check_positive_int,
+    check_weight,
+    duplicate_ids_error,
+)
 from .errors import MapMatchedValueError
 from .eval.metrics import SparseQrels, ndcg_at_k
 from .model import MapMatchedModel
@@ -203,7 +210,7 @@ def _check_candidates(candidates: Any, where: str, method: str) -> Tuple[Decoder
                   for m, value in enumerate(normalize_scores(raw, method))]
     if len(set(ids)) != len(ids):
         duplicate = next(chunk_id for chunk_id in ids if ids.count(chunk_id) > 1)
-        raise MapMatchedValueError(f"{where} contains duplicate chunk IDs ({duplicate!r})")
+        raise duplicate_ids_error(where, duplicate)
     return tuple(DecoderCandidate(*values) for values in zip(ids, raw, normalized))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from ._validation import check_decode_options, check_positive_int, check_turn, check_weight
+from ._validation import check_decode_options, check_positive_int, check_turn, check_weight, empty_turn_error
 from .errors import MapMatchedRuntimeError, MapMatchedValueError
 from .models import CandidateScore, DecodedPath, DecoderCandidate, RetrievalResult, RetrievalTrace, ScoredCandidate
 from .protocols import CandidateProvider, CorpusGraph, Decoder
@@ -201,7 +201,7 @@ class MapMatchedSession:
         turn_index = len(self._trellis)
         kept = as_scored_candidates(candidates)[: retriever.candidate_limit]
         if not kept:
-            raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+            raise empty_turn_error(turn_index)
         normalized = check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)
         self._trellis.append(normalized)
         pushed = False

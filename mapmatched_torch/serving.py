@@ -26,7 +26,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ._validation import check_finite, check_positive_int, check_turn
+from ._validation import check_finite, check_positive_int, check_turn, duplicate_ids_error, empty_turn_error
 from .errors import MapMatchedRuntimeError, MapMatchedValueError
 from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
 from .reporting import NONFINITE_MESSAGE
@@ -341,7 +341,7 @@ class MapMatchedServer:
                 session = self._sessions[self._known(session_id)]
                 kept = as_scored_candidates(request)[: retriever.candidate_limit]
                 if not kept:
-                    raise MapMatchedValueError(f"trellis turn {len(session.turns)} must contain candidates")
+                    raise empty_turn_error(len(session.turns))
                 listed.append((session_id, len(session.turns), kept))
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
@@ -458,7 +458,7 @@ class MapMatchedServer:
                 if flagged[row]:
                     _raise_row_error(every[row].tolist(), every_raw[row].tolist(), count, nodes, names, turn_index)
                 if not count:
-                    raise MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+                    raise empty_turn_error(turn_index)
                 first = row * columns
                 turn_nodes, turn_normalized = index_flat[first:first + count], normalized_flat[first:first + count]
                 if overflowed[row]:
@@ -587,7 +587,7 @@ def _raise_row_error(
     seen = set()
     for node in nodes[:kept]:
         if node in seen:
-            raise MapMatchedValueError(f"trellis turn {turn_index} contains duplicate chunk IDs ({names[node]!r})")
+            raise duplicate_ids_error(f"trellis turn {turn_index}", names[node])
         seen.add(node)
 
 
