@@ -66,7 +66,7 @@ from ._validation import (
 from .errors import MapMatchedValueError
 from .eval.metrics import SparseQrels, ndcg_at_k
 from .model import MapMatchedModel
-from .models import DecoderCandidate
+from .models import DecoderCandidate, trusted_constructor
 from .scoring import check_score_normalization, normalize_scores
 from .trellis import consecutive_distances, pack_trellises
 
@@ -93,6 +93,8 @@ L2_CENTERS = ("init", "zero")
 NDCG_K = 3
 
 _DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.05}
+
+_candidate = trusted_constructor(DecoderCandidate)
 
 
 # ------------------------------------------------------------------------------ loss
@@ -211,7 +213,7 @@ def _check_candidates(candidates: Any, where: str, method: str) -> Tuple[Decoder
     if len(set(ids)) != len(ids):
         duplicate = next(chunk_id for chunk_id in ids if ids.count(chunk_id) > 1)
         raise duplicate_ids_error(where, duplicate)
-    return tuple(DecoderCandidate(*values) for values in zip(ids, raw, normalized))
+    return tuple(map(_candidate, ids, raw, normalized))  # every field checked just above
 
 
 def _check_conversation(conversation: Any, index: int, method: str) -> _Checked:
