@@ -41,7 +41,7 @@ _T = TypeVar("_T")
 def trusted_constructor(cls: Type[_T]) -> Callable[..., _T]:
     """A function building instances of ``cls`` (one of these types) from field values
     that are already valid, as that type's checks would leave them (``float`` scores,
-    ``str`` IDs), without running the checks again: about a third of the cost.
+    ``str`` IDs), without running the checks again: about half the cost.
 
     For hot loops that rebuild objects from state validated when it came in (a served
     session's candidates, a ranking of finite scores); anything else should call the
