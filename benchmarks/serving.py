@@ -186,6 +186,8 @@ def main() -> None:
                         help="after each step read every whole result (default) or only the contexts")
     parser.add_argument("--cache-entries", type=int, default=1 << 26,
                         help="the graph's distance cache capacity in (source, target) entries (16 bytes each)")
+    parser.add_argument("--no-standalone", action="store_true",
+                        help="skip the standalone sessions one by one (a CPU figure; ~40 s at 24 turns)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -197,13 +199,17 @@ def main() -> None:
         start = time.perf_counter()
         graph.precompute_dense(memory_budget=8 * args.nodes ** 2)
         print(f"dense table built in {time.perf_counter() - start:.1f} s")
-    per_turn = standalone_per_turn(graph, args.width, args.warmup + args.steps, args.lag, args.seed)
+    per_turn = None if args.no_standalone else standalone_per_turn(
+        graph, args.width, args.warmup + args.steps, args.lag, args.seed
+    )
     mode = "full" if args.lag is None else f"fixed-lag {args.lag}"
     print(f"graph: {len(graph)} nodes, {graph.edge_count} arcs; M = {args.width}; mode {mode}; device {args.device}; "
           f"torch threads {torch.get_num_threads()}")
     print(f"input: {args.input}; distances: {args.distances}; read after each step: {args.read}; "
           f"gc.freeze: {args.gc_freeze}; {args.steps} timed steps after {args.warmup} warm-up steps")
-    print(f"standalone sessions one by one: {per_turn * 1e3:.2f} ms per turn (8 sessions x {args.warmup + args.steps} turns)")
+    if per_turn is not None:
+        print(f"standalone sessions one by one: {per_turn * 1e3:.2f} ms per turn "
+              f"(8 sessions x {args.warmup + args.steps} turns)")
     print()
     print("| sessions | p50 step (ms) | p99 step (ms) | turns/s (p50) | + every context, p50 (ms) "
           "| + every whole result, p50 (ms) | standalone one by one (ms, scaled) | speed-up |")
@@ -217,10 +223,10 @@ def main() -> None:
         p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
         context = statistics.median(read[0] for read in reads)
         whole = statistics.median(read[1] for read in reads)
-        baseline = per_turn * sessions
         whole = f"{(p50 + whole) * 1e3:.1f}" if args.read == "all" else "-"
+        baseline = f"{per_turn * sessions * 1e3:,.0f} | {per_turn * sessions / p50:.0f}x" if per_turn else "- | -"
         print(f"| {sessions} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} | {sessions / p50:,.0f} | {(p50 + context) * 1e3:.1f} "
-              f"| {whole} | {baseline * 1e3:,.0f} | {baseline / p50:.0f}x |", flush=True)
+              f"| {whole} | {baseline} |", flush=True)
         if args.distances != "cold" and misses:
             print(f"  (the timed steps missed the distance cache {misses} times: searches included)")
 

@@ -654,3 +654,36 @@ def test_a_duck_typed_tensor_graph_without_a_vocabulary_serves_by_chunk_id():
     restored.load_state_dict(server.state_dict())
     turn = random_turn(rng, width=4)
     assert restored.step({"x": turn})[0]["x"] == session.retrieve_candidates(turn)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_server_on_the_device_equals_sessions(device, dense):
+    # the graph (cache or dense table) and the decoder state on the device (CUDA when
+    # present), candidates as device tensors and as objects; the CPU run is the same test
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    rng = random.Random(31)
+    standalone = make_graph(7)
+    graph = TensorCorpusGraph.from_graph(standalone, device=device)
+    if dense:
+        graph.precompute_dense()
+    options = {"candidate_limit": 5, "fixed_lag": 1}
+    server = MapMatchedServer(graph, device=device, **options)
+    keys = ["a", "b", "c"]
+    sessions = {key: MapMatchedRetriever(standalone, **options).session() for key in keys}
+    for key in keys:
+        server.open(key)
+    for tick in range(6):
+        candidates, scores, pairs = indexed_turns(rng, graph, keys)
+        if tick % 2:
+            results, errors = server.step({key: pairs[key] for key in keys})
+        else:
+            results, errors = server.step_indexed(keys, candidates.to(device), scores.to(device))
+        assert not errors
+        for key in keys:
+            assert results[key] == sessions[key].retrieve_candidates(pairs[key])
+    restored = MapMatchedServer(graph, device=device, **options)
+    restored.load_state_dict(server.state_dict())
+    candidates, scores, pairs = indexed_turns(rng, graph, keys)
+    results, errors = restored.step_indexed(keys, candidates.to(device), scores.to(device))
+    assert not errors and all(results[key] == sessions[key].retrieve_candidates(pairs[key]) for key in keys)
