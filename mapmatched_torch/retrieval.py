@@ -255,18 +255,15 @@ def finish_turn(
     ranking: Tuple[CandidateScore, ...],
     previous_path: Optional[DecodedPath],
     previous_trace: Optional[RetrievalTrace],
-    *,
-    neighborhood: Optional[Sequence[Tuple[str, float]]] = None,
 ) -> RetrievalResult:
     """Everything after decoding a turn: revision check, trace, context, the result.
 
     Shared by the session and the batched server (whose results are built lazily from
     :func:`turn_trace` and :func:`turn_result`, the two halves of this), so both report
-    identically. ``neighborhood`` is the decoded chunk's
-    ``graph.neighborhood(chunk, context_radius)`` when the caller already has it.
+    identically.
     """
     trace = turn_trace(retriever, trellis, path, revised_indices(previous_path, path), previous_trace)
-    return turn_result(retriever, trellis, path, ranking, trace, neighborhood)
+    return turn_result(retriever, trellis, path, ranking, trace)
 
 
 def turn_trace(

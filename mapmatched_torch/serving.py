@@ -28,12 +28,11 @@ import torch
 
 from ._validation import check_finite, check_positive_int, check_turn, duplicate_ids_error, empty_turn_error
 from .errors import MapMatchedRuntimeError, MapMatchedValueError
-from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, TraceStep
+from .models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, ScoredCandidate, TraceStep
 from .reporting import NONFINITE_MESSAGE
 from ._packing import packed_rows
 from .batch_scoring import normalize_score_rows
 from .retrieval import MapMatchedRetriever, as_scored_candidates
-from .models import ScoredCandidate
 from .scoring import normalize_candidates
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
 from .streaming import SlotDecoder, step_distances
@@ -141,6 +140,11 @@ class MapMatchedServer:
             graph, self.retriever.context_radius, check_positive_int(neighborhood_cache, "neighborhood_cache")
         )
         self._sessions: Dict[SessionId, _Session] = {}
+        # (chunk IDs -> node indices, node names) of a tensor graph, for _served_turn
+        indices_of = getattr(getattr(graph, "vocabulary", None), "indices_of", None)
+        names = getattr(graph, "nodes", None)
+        tensor_graph = callable(getattr(graph, "trellis_distances", None)) and callable(indices_of)
+        self._node_lookup = (indices_of, names) if tensor_graph and names is not None else None
 
     # ------------------------------------------------------------- sessions
 
@@ -360,8 +364,7 @@ class MapMatchedServer:
         counts = [len(row) for row in raw_rows]
         raw = packed_rows(raw_rows, width, 0.0, torch.float64)
         normalized = normalize_score_rows(raw, counts, retriever.score_normalization)
-        real = torch.arange(width).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
-        clean = (torch.isfinite(normalized) | ~real).all(1).tolist()
+        clean = torch.isfinite(normalized).all(1).tolist()  # padding is 0.0
         normalized_rows = normalized.tolist()
         prepared: Dict[SessionId, ServedTurn] = {}
         kept_rows: List[int] = []
@@ -391,10 +394,8 @@ class MapMatchedServer:
     def _served_turn(self, raw: Tuple[float, ...], normalized: Tuple[float, ...], ids: Tuple[str, ...]) -> ServedTurn:
         """A checked turn, with its node indices when every ID is a node of a tensor graph
         (its distances then take the node-index path)."""
-        graph = self.retriever.graph
-        indices_of = getattr(getattr(graph, "vocabulary", None), "indices_of", None)
-        names = getattr(graph, "nodes", None)
-        if callable(getattr(graph, "trellis_distances", None)) and callable(indices_of) and names is not None:
+        if self._node_lookup is not None:
+            indices_of, names = self._node_lookup
             nodes = indices_of(ids)
             if min(nodes) >= 0:
                 return ServedTurn(raw, normalized, ids=ids, nodes=tuple(nodes), names=names)
@@ -448,7 +449,7 @@ class MapMatchedServer:
         normalized = normalize_score_rows(
             raw, [0 if bad else count for bad, count in zip(flagged, count_list)], retriever.score_normalization
         )
-        overflowed = (real & ~torch.isfinite(normalized)).any(1).tolist()
+        overflowed = (~torch.isfinite(normalized)).any(1).tolist()  # padding is 0.0
         # flat lists sliced per row (see _decode)
         columns = index.shape[1]
         index_flat, raw_flat = index.reshape(-1).tolist(), raw.reshape(-1).tolist()
