@@ -104,6 +104,8 @@ class ChunkVocabulary:
     def indices_of(self, chunk_ids: Iterable[str]) -> List[int]:
         """The index of each ID (``-1`` where unknown), as a plain list: no tensor, for
         callers that keep per-ID Python state anyway."""
+        if isinstance(chunk_ids, (str, bytes)):
+            raise MapMatchedValueError(f"chunk_ids must be an iterable of IDs, not a string: {chunk_ids!r}")
         found = list(map(self._positions.get, chunk_ids))
         if None in found:
             found = [PADDING_INDEX if index is None else index for index in found]

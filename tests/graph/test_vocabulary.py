@@ -19,6 +19,8 @@ def test_lookups_both_ways() -> None:
     assert vocabulary.index_of("a") == 1 and vocabulary.index_of("q") == -1
     assert vocabulary.indices_of(["c", "zzz", "b"]) == [2, PADDING_INDEX, 0] and vocabulary.indices_of(("a",)) == [1]
     assert vocabulary.indices_of([]) == []
+    with pytest.raises(MapMatchedValueError, match="not a string"):
+        vocabulary.indices_of("abc")
     assert vocabulary.ids(torch.tensor([1, 2])) == ["a", "c"] and vocabulary.ids([0]) == ["b"]
     assert vocabulary.index([]).shape == (0,)
     assert vocabulary == ChunkVocabulary(["b", "a", "c"]) and vocabulary != ChunkVocabulary(["a", "b", "c"])
