@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mapmatched_torch.decode import fixed_lag_viterbi, log_partition, viterbi  # noqa: E402
+from mapmatched_torch.kernels.decode import fixed_lag_viterbi, log_partition, viterbi  # noqa: E402
 from mapmatched_torch.testing import random_trellis  # noqa: E402
 
 TURNS, CANDIDATES, LAG = 12, 32, 2
@@ -83,7 +83,7 @@ class _DictGraph:
 
 def _standalone_inputs(emissions: torch.Tensor, distances: torch.Tensor, mask: torch.Tensor, b: int):
     """Conversation b as a DecoderCandidate trellis (IDs unique per turn) and a dict graph."""
-    from mapmatched_torch.models import DecoderCandidate
+    from mapmatched_torch.core.models import DecoderCandidate
 
     e, d, m = emissions[b].double().tolist(), distances[b].double().tolist(), mask[b].tolist()
     trellis, ids = [], []
@@ -191,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.compile:
-        from mapmatched_torch.chain import use_compiled_kernels
+        from mapmatched_torch.kernels.chain import use_compiled_kernels
 
         use_compiled_kernels(True)
     device = torch.device(args.device)

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mapmatched_torch.eval import emission_entropy, entropy_slices, load_directory, make_embedder  # noqa: E402
 from mapmatched_torch.fit import LabelledBatch, decoded_ndcg_per_turn, fit_weights, pack_conversations  # noqa: E402
 from mapmatched_torch.graph import knn_graph  # noqa: E402
-from mapmatched_torch.model import MapMatchedModel  # noqa: E402
+from mapmatched_torch.fit.model import MapMatchedModel  # noqa: E402
 from mapmatched_torch.providers.dense import DenseProvider  # noqa: E402
 
 GRID = (0.0, 0.25, 0.5, 1.0, 2.0)

@@ -34,7 +34,7 @@ import torch
 
 from mapmatched_torch.graph import TensorCorpusGraph
 from mapmatched_torch.standalone import InMemoryCorpusGraph
-from mapmatched_torch.models import ScoredCandidate
+from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
 

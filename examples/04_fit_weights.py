@@ -21,7 +21,7 @@ import sys
 import torch
 
 from mapmatched_torch.fit import fit_weights
-from mapmatched_torch.sampling import random_graph, sample_conversations
+from mapmatched_torch.fit.sampling import random_graph, sample_conversations
 
 TRUE_LAMBDA, TRUE_BETA = 2.0, 0.6
 TOLERANCE = 0.25

@@ -14,10 +14,9 @@ package: code written for it runs by changing only the import. The tensor API
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from .errors import (
+from . import _compat
+from ._lazy import lazy_attributes
+from .core.errors import (
     FAISSNotInstalledError,
     MapMatchedError,
     MapMatchedRuntimeError,
@@ -25,7 +24,7 @@ from .errors import (
     MissingDependencyError,
     NetworkXNotInstalledError,
 )
-from .models import (
+from .core.models import (
     CandidateScore,
     DecodedPath,
     DecodedStep,
@@ -35,19 +34,21 @@ from .models import (
     ScoredCandidate,
     TraceStep,
 )
-from .protocols import CandidateProvider, CorpusGraph, Decoder
-from .retrieval import MapMatchedRetriever, MapMatchedSession
-from .scoring import normalize_candidates, normalize_scores, softmax_entropy
+from .core.protocols import CandidateProvider, CorpusGraph, Decoder
+from .core.scoring import normalize_candidates, normalize_scores, softmax_entropy
+from .core.trace import render_trace
+from .retrieval.session import MapMatchedRetriever, MapMatchedSession
 from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
-from .trace import render_trace
 
 __version__ = "0.1.0"
+
+_compat.install()  # the flat layout's module paths (mapmatched_torch.kernels.decode, ...) keep importing
 
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {
     # tensor decoding (functional)
     **{
-        name: ".decode"
+        name: ".kernels.decode"
         for name in (
             "viterbi",
             "fixed_lag_viterbi",
@@ -62,28 +63,32 @@ _LAZY = {
             "FixedLagState",
         )
     },
-    "MapMatchedModel": ".model",
-    "use_compiled_kernels": ".chain",
-    "TorchDecoder": ".decoder",
-    "pack_trellises": ".trellis",
-    "SlotDecoder": ".streaming",
-    "DecodingStream": ".streaming",
-    "MapMatchedServer": ".serving",
-    "StepResults": ".step_results",
+    "MapMatchedModel": ".fit.model",
+    "use_compiled_kernels": ".kernels.chain",
+    "TorchDecoder": ".retrieval.torch_decoder",
+    "pack_trellises": ".retrieval.trellis",
+    "SlotDecoder": ".kernels.slot_decoder",
+    "DecodingStream": ".retrieval.streaming",
+    "MapMatchedServer": ".serving.server",
+    "StepResults": ".serving.step_results",
+    # tensor corpus graph
+    "TensorCorpusGraph": ".graph.tensor_graph",
+    "knn_graph": ".graph.knn",
+    "section_graph": ".graph.sections",
     # fitting and sampling
-    "fit_weights": ".fit",
-    "FitResult": ".fit",
-    "set_log_likelihood": ".fit",
-    "sample_paths": ".sampling",
-    "sample_conversations": ".sampling",
+    "fit_weights": ".fit.fitting",
+    "FitResult": ".fit.fitting",
+    "set_log_likelihood": ".fit.fitting",
+    "sample_paths": ".kernels.sampling",
+    "sample_conversations": ".fit.sampling",
     # providers
     "FAISSProvider": ".providers.faiss",
     "DenseProvider": ".providers.dense",
     "FusionProvider": ".providers.fusion",
-    "LangChainProvider": ".providers.langchain",
-    "as_langchain_retriever": ".providers.langchain",
-    "LlamaIndexProvider": ".providers.llamaindex",
-    "as_llamaindex_retriever": ".providers.llamaindex",
+    "LangChainProvider": ".integrations.langchain",
+    "as_langchain_retriever": ".integrations.langchain",
+    "LlamaIndexProvider": ".integrations.llamaindex",
+    "as_llamaindex_retriever": ".integrations.llamaindex",
     "QdrantProvider": ".providers.qdrant",
     "ChromaProvider": ".providers.chroma",
 }
@@ -127,13 +132,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mapmatched_torch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def __dir__() -> list:

@@ -231,7 +231,7 @@ def _device(args: argparse.Namespace) -> Any:
         device = torch.device(args.device)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
-        from .errors import MapMatchedValueError
+        from .core.errors import MapMatchedValueError
 
         raise MapMatchedValueError(f"--device {args.device!r} is not usable here: {error}") from None
     return device
@@ -302,7 +302,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
     """
-    from .errors import MapMatchedError
+    from .core.errors import MapMatchedError
 
     parser = build_parser()
     try:

@@ -24,9 +24,9 @@ from typing import Any, Awaitable, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 import pytest
 
-from mapmatched_torch import _optional
-from mapmatched_torch.errors import MapMatchedRuntimeError, MissingDependencyError
-from mapmatched_torch.models import ScoredCandidate
+from mapmatched_torch.core import optional as _optional
+from mapmatched_torch.core.errors import MapMatchedRuntimeError, MissingDependencyError
+from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
 from mapmatched_torch.standalone import InMemoryCorpusGraph, KNNGraph

@@ -4,7 +4,7 @@
   INSCIT, TopiOCQA, TREC CAsT).
 - :mod:`~mapmatched_torch.eval.embedders`: :class:`HashEmbedder` (no dependencies),
   :class:`WordLlamaEmbedder` and :class:`SentenceTransformerEmbedder` (optional extras).
-- :mod:`~mapmatched_torch.eval.metrics`: nDCG@k, Recall@k, reciprocal rank on tensors.
+- :mod:`~mapmatched_torch.kernels.ranking_metrics`: nDCG@k, Recall@k, reciprocal rank on tensors.
 - :mod:`~mapmatched_torch.eval.slices`: follow-up vs standalone by emission entropy,
   topic switch vs same topic.
 - :mod:`~mapmatched_torch.eval.bootstrap`: paired bootstrap intervals over
@@ -24,30 +24,7 @@
 
 from __future__ import annotations
 
-from .bootstrap import WEIGHTINGS, BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
-from .data import (
-    Conversation,
-    Dataset,
-    Passage,
-    Turn,
-    TurnTable,
-    load_directory,
-    load_inscit,
-    load_normalized,
-    load_topiocqa,
-    load_trec_cast,
-    read_passages,
-)
-from .embedders import (
-    EMBEDDERS,
-    Embedder,
-    HashEmbedder,
-    SentenceTransformerEmbedder,
-    WordLlamaEmbedder,
-    l2_normalize,
-    make_embedder,
-)
-from .metrics import (
+from ..kernels.ranking_metrics import (
     GAINS,
     Qrels,
     SparseQrels,
@@ -61,8 +38,7 @@ from .metrics import (
     recall_at_k,
     reciprocal_rank,
 )
-from .slices import EntropySlices, TopicSlices, emission_entropy, entropy_slices, median, topic_slices
-from .synthetic import DRILL, FACETS, JUMP, MOVE_NAMES, START, SyntheticBenchmark, make_synthetic
+from .bootstrap import WEIGHTINGS, BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
 from .candidates import (
     QUERY_MODES,
     Candidates,
@@ -72,7 +48,29 @@ from .candidates import (
     query_texts,
     retrieve_candidates,
 )
+from .data import (
+    Conversation,
+    Dataset,
+    Passage,
+    Turn,
+    TurnTable,
+    load_directory,
+    load_inscit,
+    load_normalized,
+    load_topiocqa,
+    load_trec_cast,
+    read_passages,
+)
 from .distances import GRAPH_KINDS, CorpusDistances, build_corpus_graph, synthetic_graph
+from .embedders import (
+    EMBEDDERS,
+    Embedder,
+    HashEmbedder,
+    SentenceTransformerEmbedder,
+    WordLlamaEmbedder,
+    l2_normalize,
+    make_embedder,
+)
 from .methods import (
     DEFAULT_METHODS,
     METHODS,
@@ -91,6 +89,8 @@ from .methods import (
     register_method,
     settings_grid,
 )
+from .plots import plot_beta_sweep, plot_split, write_plots
+from .report import to_json, to_json_dict, to_markdown, write_json, write_markdown
 from .runner import (
     PRIMARY_METRIC,
     SLICES,
@@ -104,8 +104,8 @@ from .runner import (
     inputs_from_dataset,
     inputs_from_synthetic,
 )
-from .report import to_json, to_json_dict, to_markdown, write_json, write_markdown
-from .plots import plot_beta_sweep, plot_split, write_plots
+from .slices import EntropySlices, TopicSlices, emission_entropy, entropy_slices, median, topic_slices
+from .synthetic import DRILL, FACETS, JUMP, MOVE_NAMES, START, SyntheticBenchmark, make_synthetic
 
 __all__ = [
     # data

@@ -1,7 +1,7 @@
 """Reading JSON and JSON Lines files with error messages that name the file and line.
 
 Private helpers of :mod:`mapmatched_torch.eval.data`. Every error is a
-:class:`~mapmatched_torch.errors.MapMatchedValueError` (a ``ValueError``) whose message
+:class:`~mapmatched_torch.core.errors.MapMatchedValueError` (a ``ValueError``) whose message
 starts with ``"<path>:<line>: "`` (JSON Lines) or ``"<path>: <where>: "`` (JSON).
 Files ending in ``.gz`` are read through gzip.
 """
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, TextIO, Tuple, Union
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 
 __all__ = [
     "PathLike",

@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 
 __all__ = [
     "WEIGHTINGS",

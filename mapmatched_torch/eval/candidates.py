@@ -29,10 +29,10 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..batch_scoring import normalize_score_rows
-from ..scoring import check_score_normalization
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.scoring import check_score_normalization
+from ..kernels.normalization import normalize_score_rows
 from .data import Dataset
 
 __all__ = [
@@ -217,9 +217,9 @@ def normalize_candidate_scores(
         mask: (B, T, M) bool real candidates.
         method: ``"zscore"`` (default), ``"center"`` or ``"none"``.
         exact: True (default) normalizes as
-            :func:`mapmatched_torch.scoring.normalize_scores` does, bit for bit (the
+            :func:`mapmatched_torch.core.scoring.normalize_scores` does, bit for bit (the
             session's normalized scores), through
-            :func:`~mapmatched_torch.batch_scoring.normalize_score_rows`: two
+            :func:`~mapmatched_torch.kernels.normalization.normalize_score_rows`: two
             ``math.fsum`` per turn, the rest in tensors; False uses tensor sums (the
             same up to the last bits of rounding, no Python per turn).
 

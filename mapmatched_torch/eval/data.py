@@ -13,7 +13,7 @@ Conventions:
       :attr:`Conversation.turns`; slices use the position ("turn 0" = first turn).
     - A turn is *labelled* when at least one qrel grade is > 0. Grades <= 0 (judged
       non-relevant) are kept in :attr:`Turn.qrels` but count as non-relevant.
-    - Malformed input raises :class:`~mapmatched_torch.errors.MapMatchedValueError` (a
+    - Malformed input raises :class:`~mapmatched_torch.core.errors.MapMatchedValueError` (a
       ``ValueError``) whose message starts with the file and line (JSON Lines) or the
       file and the place in the JSON document.
 
@@ -31,12 +31,24 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import (
-    Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
 )
 
 import torch
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 from ._jsonio import (
     PathLike,
     as_grade,
@@ -292,7 +304,7 @@ class Dataset:
                 yield index, position, turn
 
     def turn_qrels(self) -> List[Dict[str, float]]:
-        """The qrels of every turn, in flat order (feed to :func:`~mapmatched_torch.eval.metrics.pack_qrels`)."""
+        """The qrels of every turn, in flat order (feed to :func:`~mapmatched_torch.kernels.ranking_metrics.pack_qrels`)."""
         return [turn.qrels for _, _, turn in self.iter_turns()]
 
     def turn_table(self, device: Union[str, torch.device, None] = None) -> TurnTable:

@@ -15,7 +15,7 @@ indices, the two distance tensors of an evaluation batch:
 Any ``CorpusGraph`` works: a graph with ``index`` and ``pair_distances`` (the tensor
 graph) is queried in one batched call on its device; any other graph (e.g.
 :class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph`) through
-:func:`~mapmatched_torch.trellis.consecutive_distances` and ``distance``, pair by pair.
+:func:`~mapmatched_torch.retrieval.trellis.consecutive_distances` and ``distance``, pair by pair.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..errors import MapMatchedValueError
-from ..trellis import consecutive_distances
+from ..core.errors import MapMatchedValueError
+from ..retrieval.trellis import consecutive_distances
 
 __all__ = ["GRAPH_KINDS", "build_corpus_graph", "synthetic_graph", "CorpusDistances"]
 

@@ -13,7 +13,7 @@ nothing to embed gives a zero row, never NaN), so inner products are cosines.
   already has on disk or in the local cache (extra ``[sentence-transformers]``).
 
 Optional packages are imported when an adapter is built, never at module import; a
-missing one raises :class:`~mapmatched_torch.errors.MissingDependencyError` naming
+missing one raises :class:`~mapmatched_torch.core.errors.MissingDependencyError` naming
 the extra.
 
 Example:
@@ -35,8 +35,8 @@ from typing import Any, List, Optional, Protocol, Sequence, Tuple, Union, runtim
 
 import torch
 
-from .._optional import import_optional
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
+from ..core.optional import import_optional
 
 __all__ = [
     "Embedder",

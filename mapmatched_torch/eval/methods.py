@@ -69,11 +69,11 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 import torch
 from torch import Tensor
 
-from .. import chain
-from .._validation import check_decode_options
-from ..decode import fixed_lag_viterbi, forward_scores, pointwise_decode, viterbi
-from ..errors import MapMatchedValueError
-from ..semiring import LEXICOGRAPHIC
+from ..core.checks import check_decode_options
+from ..core.errors import MapMatchedValueError
+from ..kernels import chain
+from ..kernels.decode import fixed_lag_viterbi, forward_scores, pointwise_decode, viterbi
+from ..kernels.semiring import LEXICOGRAPHIC
 from .candidates import Candidates
 
 __all__ = [
@@ -195,7 +195,7 @@ def online_forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, 
         emissions: (B, T, M) float weighted emissions.
         transitions: (B, T-1, M, M) weighted transitions ``[b, t, from, to]``.
         mask: (B, T, M) bool.
-        lag: None (full decoding: :func:`~mapmatched_torch.decode.forward_scores`) or
+        lag: None (full decoding: :func:`~mapmatched_torch.kernels.decode.forward_scores`) or
             L >= 0 (fixed lag: the forward scores of turn t - L under the locks of
             ``fixed_lag_viterbi``, then L unlocked max-plus steps; turns t < L are
             unlocked).
@@ -394,7 +394,7 @@ def geodesic_online_order(emissions: Tensor, distances: Tensor, mask: Tensor) ->
 
     Turn t's candidates are ordered by the lexicographic max-plus forward score
     ``(-total distance, total emission)`` of the best path over turns 0..t ending at
-    them (the semiring of :func:`~mapmatched_torch.decode.geodesic_viterbi`, whose
+    them (the semiring of :func:`~mapmatched_torch.kernels.decode.geodesic_viterbi`, whose
     prefix decode at turn t picks the first of this order), ties by slot.
 
     Args:
@@ -595,7 +595,7 @@ class FittedState(NamedTuple):
 
 def labelled_conversations(inputs: Any) -> List[List[Tuple[List[Any], frozenset]]]:
     """The inputs as ``fit_weights`` conversations: per turn (ScoredCandidate list, relevant IDs)."""
-    from ..models import ScoredCandidate
+    from ..core.models import ScoredCandidate
 
     ids = inputs.passage_ids
     cands = inputs.candidates
@@ -624,7 +624,7 @@ def _prepare_fitted(inputs: Any, options: MethodOptions) -> FittedState:
     skips the method with fit_weights' message.
     """
     try:
-        from ..fit import fit_weights
+        from ..fit.fitting import fit_weights
     except ImportError:
         raise MethodUnavailable("mapmatched_torch.fit.fit_weights is not available") from None
     folds = options.fit_folds

@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .._optional import import_optional
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
+from ..core.optional import import_optional
 from .report import SLICE_TITLES
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult, PathSplit
 

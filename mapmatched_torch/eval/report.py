@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 from .bootstrap import BootstrapResult
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult
 

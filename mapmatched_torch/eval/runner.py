@@ -54,8 +54,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..kernels.ranking_metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
 from .bootstrap import BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
 from .candidates import (
     Candidates,
@@ -79,7 +80,6 @@ from .methods import (
     similarity_from_distances,
     similarity_from_embeddings,
 )
-from .metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
 from .slices import emission_entropy, entropy_slices, topic_slices
 
 __all__ = [

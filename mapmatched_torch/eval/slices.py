@@ -34,7 +34,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 
 __all__ = [
     "EntropySlices",

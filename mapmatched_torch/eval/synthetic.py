@@ -57,10 +57,10 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from ..kernels.ranking_metrics import SparseQrels
 from .data import Conversation, Dataset, Passage, Turn
-from .metrics import SparseQrels
 
 __all__ = [
     "FACETS",

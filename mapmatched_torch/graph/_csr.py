@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Optional, Union
 import torch
 from torch_geometric.utils import coalesce, to_undirected
 
-from ..errors import MapMatchedValueError
+from ..core.errors import MapMatchedValueError
 
 __all__ = ["CSRAdjacency", "build_csr"]
 

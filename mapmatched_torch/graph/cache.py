@@ -19,10 +19,10 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedRuntimeError, MapMatchedValueError
-from ..standalone.graph import CacheInfo
-from . import _compiled
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
+from ..core.graph_types import CacheInfo
+from .engines import compiled as _compiled
 
 __all__ = ["DistanceCache", "CacheInfo"]
 

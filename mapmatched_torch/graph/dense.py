@@ -29,8 +29,8 @@ from typing import Optional
 
 import torch
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
 from ._csr import CSRAdjacency
 from ._memory import empty_in_huge_pages, rows_per_chunk
 from .shortest_paths import bounded_rows

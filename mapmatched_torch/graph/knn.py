@@ -54,9 +54,9 @@ import torch
 from torch_geometric.utils import to_undirected
 from tqdm.auto import tqdm
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..standalone.knn import _check_chunk_ids, _check_knn_options, _normalized_rows
+from ..core.checks import check_positive_int
+from ..core.embeddings import check_embedding_ids, check_knn_options, normalized_rows
+from ..core.errors import MapMatchedValueError
 from .tensor_graph import TensorCorpusGraph
 from .vocabulary import ChunkVocabulary
 
@@ -122,7 +122,7 @@ def knn_neighbors_tensor(
     count = check_positive_int(k, "k")
     block = _check_optional_size(block_size, "block_size")
     _check_candidate_dtype(candidate_dtype)
-    ids = _check_chunk_ids(chunk_ids)
+    ids = check_embedding_ids(chunk_ids)
     unit = _unit_columns(embeddings, ids)  # shape: (D, N)
     size = unit.shape[1]
     picks = min(count, size - 1)
@@ -223,7 +223,7 @@ def knn_graph(
     """
     _check_distances(maximum_distance, minimum_edge_distance)
     check_positive_int(k, "k")
-    ids = _check_chunk_ids(chunk_ids)  # a tuple: chunk_ids may be a one-shot iterable
+    ids = check_embedding_ids(chunk_ids)  # a tuple: chunk_ids may be a one-shot iterable
     edge_index, edge_weight = knn_edges(
         embeddings,
         ids,
@@ -246,7 +246,7 @@ def knn_graph(
 
 def _check_distances(maximum_distance: Any, minimum_edge_distance: Any) -> Tuple[float, float]:
     """Validated ``(maximum_distance, minimum_edge_distance)`` with the reference's messages."""
-    _, maximum, minimum = _check_knn_options(1, maximum_distance, minimum_edge_distance)
+    _, maximum, minimum = check_knn_options(1, maximum_distance, minimum_edge_distance)
     return maximum, minimum
 
 
@@ -318,7 +318,7 @@ def _unit_columns(embeddings: Any, ids: Tuple[str, ...]) -> torch.Tensor:
     """
     columns = _as_columns(embeddings)
     if columns is None:
-        rows = _normalized_rows(ids, embeddings)  # the reference's checks and messages
+        rows = normalized_rows(ids, embeddings)  # the reference's checks and messages
         return torch.tensor(rows, dtype=torch.float64).T.contiguous()
     if columns.shape[1] != len(ids):
         raise MapMatchedValueError(f"embeddings have {columns.shape[1]} rows but there are {len(ids)} chunk IDs")

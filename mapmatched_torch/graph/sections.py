@@ -42,9 +42,9 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch_geometric.utils import to_undirected
 
-from .._validation import check_chunk_id, check_positive_int
-from ..errors import MapMatchedValueError
-from ..standalone.graph import GraphEdge, _check_positive_finite
+from ..core.checks import check_chunk_id, check_positive_finite, check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.graph_types import GraphEdge
 from .tensor_graph import TensorCorpusGraph
 
 __all__ = ["SectionPassage", "section_edges", "section_graph"]
@@ -144,7 +144,7 @@ def section_graph(
     Raises:
         ValueError: as :func:`section_edges`, or a bad ``maximum_distance``.
     """
-    maximum = _check_positive_finite(maximum_distance, "maximum_distance")
+    maximum = check_positive_finite(maximum_distance, "maximum_distance")
     records, pairs = _sections(passages, adjacent_distance, same_section_distance, hierarchy_distance, max_position_gap)
     edge_index, edge_weight = _undirected_tensors(pairs, len(records))
     if device is not None:
@@ -248,7 +248,7 @@ def _check_unique(records: List[SectionPassage], key: Any, what: str) -> None:
 
 def _check_rule_distance(value: Any, name: str) -> Optional[float]:
     """None (rule off) or a positive finite distance."""
-    return None if value is None else _check_positive_finite(value, name)
+    return None if value is None else check_positive_finite(value, name)
 
 
 # ---------------------------------------------------------------------- rules

@@ -70,14 +70,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .._optional import import_optional
-from ..errors import MapMatchedValueError
-from . import _compiled
+from ..core.errors import MapMatchedValueError
+from ..core.optional import import_optional
 from ._csr import CSRAdjacency
-from ._frontier import torch_pairs, torch_rows
 from ._memory import DEFAULT_MEMORY_BUDGET
-from ._scipy import scipy_pairs, scipy_rows
 from .cache import DistanceCache
+from .engines import compiled as _compiled
+from .engines.frontier import torch_pairs, torch_rows
+from .engines.scipy_dijkstra import scipy_pairs, scipy_rows
 
 __all__ = [
     "ENGINES",

@@ -1,7 +1,7 @@
 """The corpus graph as tensors: CSR on a device, exact bounded distances in batches.
 
 :class:`TensorCorpusGraph` implements the
-:class:`~mapmatched_torch.protocols.CorpusGraph` protocol with exactly the values of
+:class:`~mapmatched_torch.core.protocols.CorpusGraph` protocol with exactly the values of
 :class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph` (SPEC.md section 4),
 and adds the batched API the tensor decoders use: :meth:`TensorCorpusGraph.trellis_distances`
 fills the ``(B, T-1, M, M)`` distances of a padded trellis with one search per
@@ -29,15 +29,15 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 import torch
 
-from .._optional import import_optional
-from .._validation import check_chunk_id, check_radius
-from ..errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
-from ..standalone.graph import CacheInfo, EdgeLike, _check_positive_finite, _coerce_edge, _not_a_string
+from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_radius
+from ..core.errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
+from ..core.graph_types import CacheInfo, EdgeLike, coerce_edge
+from ..core.optional import import_optional
 from ._csr import CSRAdjacency, build_csr
 from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
-from ._compiled import compiled_balls
+from .engines.compiled import compiled_balls
 from .shortest_paths import _check_code_tensors, bounded_rows, grid_distances, pair_distances, resolve_engine
 from .vocabulary import ChunkVocabulary
 
@@ -92,7 +92,7 @@ class TensorCorpusGraph:
         distance_cache_entries: int = 1 << 24,
         memory_budget: Optional[int] = None,
     ) -> None:
-        self._maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        self._maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         if len(vocabulary) != adjacency.num_nodes:
             raise MapMatchedValueError(
                 f"the vocabulary has {len(vocabulary)} chunk IDs but the adjacency has {adjacency.num_nodes} nodes"
@@ -137,15 +137,15 @@ class TensorCorpusGraph:
 
         Cost: O(E) Python work to read the edges, then :func:`build_csr`.
         """
-        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         positions: dict = {}
-        for node in _not_a_string(nodes, "nodes"):
+        for node in check_not_a_string(nodes, "nodes"):
             positions.setdefault(check_chunk_id(node, "node chunk ID"), len(positions))
         sources: List[int] = []
         targets: List[int] = []
         weights: List[float] = []
-        for position, item in enumerate(_not_a_string(edges, "edges")):
-            edge = _coerce_edge(item, position)
+        for position, item in enumerate(check_not_a_string(edges, "edges")):
+            edge = coerce_edge(item, position)
             sources.append(positions.setdefault(edge.source_chunk_id, len(positions)))
             targets.append(positions.setdefault(edge.target_chunk_id, len(positions)))
             weights.append(edge.distance)
@@ -199,7 +199,7 @@ class TensorCorpusGraph:
             ValueError: bad shapes or dtypes, a node outside ``[0, N)``, ``num_nodes``
                 disagreeing with ``chunk_ids``, a bad distance (naming the edge).
         """
-        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         if not isinstance(edge_index, torch.Tensor):
             raise MapMatchedValueError(f"edge_index must be a (2, E) tensor, got {type(edge_index).__name__}")
         if chunk_ids is not None:
@@ -242,7 +242,7 @@ class TensorCorpusGraph:
                 ``networkx.relabel_nodes(graph, str)``), a bad distance.
         """
         _networkx("TensorCorpusGraph.from_networkx")
-        maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         vocabulary = ChunkVocabulary(graph.nodes)
         sources: List[int] = []
         targets: List[int] = []
@@ -424,7 +424,7 @@ class TensorCorpusGraph:
         Raises:
             ValueError: a chunk ID that is not a non-empty string (naming its place).
         """
-        conversations = [[list(turn) for turn in _not_a_string(c, "conversation")] for c in conversations]
+        conversations = [[list(turn) for turn in check_not_a_string(c, "conversation")] for c in conversations]
         turns = max((len(c) for c in conversations), default=0)
         width = max((len(turn) for c in conversations for turn in c), default=0)
         unknown: dict = {}
@@ -627,7 +627,7 @@ class TensorCorpusGraph:
         centre to collect its ``(N,)`` row.
         """
         limit = min(check_radius(radius), self._maximum_distance)
-        centres = list(_not_a_string(chunk_ids, "chunk_ids"))
+        centres = list(check_not_a_string(chunk_ids, "chunk_ids"))
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
         rank = self._vocabulary.rank().numpy()

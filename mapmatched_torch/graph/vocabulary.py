@@ -20,8 +20,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from .._validation import check_chunk_id
-from ..errors import MapMatchedValueError
+from ..core.checks import check_chunk_id
+from ..core.errors import MapMatchedValueError
 
 __all__ = ["ChunkVocabulary", "PADDING_INDEX"]
 

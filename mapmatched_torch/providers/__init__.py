@@ -1,17 +1,32 @@
 """Candidate providers: adapters from existing retrievers to ``ScoredCandidate`` lists.
 
+Dense (exact top-k on tensors), FAISS, reciprocal-rank fusion, Qdrant and Chroma; the
+LangChain and LlamaIndex adapters are in :mod:`mapmatched_torch.integrations`.
+
 Each provider implements the ``CandidateProvider`` protocol
 (``retrieve(query, limit)``) plus a batched ``retrieve_batch(queries, limit)``;
 optional dependencies are imported only when a provider is constructed, and a missing
 one raises an ImportError naming the pip extra.
 """
 
+from .._lazy import lazy_attributes
 from .chroma import ChromaProvider
 from .dense import DenseProvider, exact_top_k
 from .faiss import FAISSProvider
 from .fusion import FusionProvider, reciprocal_rank_fusion
-from .langchain import LangChainProvider, as_langchain_retriever
-from .llamaindex import LlamaIndexProvider, as_llamaindex_retriever
 from .qdrant import QdrantProvider
 
-__all__ = ["ChromaProvider", "DenseProvider", "FAISSProvider", "FusionProvider", "LangChainProvider", "LlamaIndexProvider", "QdrantProvider", "exact_top_k", "reciprocal_rank_fusion", "as_langchain_retriever", "as_llamaindex_retriever"]
+__all__ = ["ChromaProvider", "DenseProvider", "FAISSProvider", "FusionProvider", "QdrantProvider", "exact_top_k", "reciprocal_rank_fusion"]
+
+# The LangChain and LlamaIndex adapters live in mapmatched_torch.integrations (they wrap
+# sessions and servers too); their old names here keep working.
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "LangChainProvider": "..integrations.langchain",
+        "as_langchain_retriever": "..integrations.langchain",
+        "LlamaIndexProvider": "..integrations.llamaindex",
+        "as_llamaindex_retriever": "..integrations.llamaindex",
+    },
+    globals(),
+)

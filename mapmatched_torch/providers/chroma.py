@@ -1,8 +1,8 @@
-"""A :class:`~mapmatched_torch.protocols.CandidateProvider` over a Chroma collection.
+"""A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a Chroma collection.
 
 chromadb is an optional dependency (the ``[chroma]`` extra): this module imports
 without it, and :class:`ChromaProvider` fails at construction with
-:class:`~mapmatched_torch.errors.MissingDependencyError` (an ``ImportError`` naming
+:class:`~mapmatched_torch.core.errors.MissingDependencyError` (an ``ImportError`` naming
 ``[chroma]``) when it is missing. Any Chroma collection works: in-process
 (``chromadb.EphemeralClient()``, ``chromadb.PersistentClient(path)``) or remote
 (``chromadb.HttpClient``).
@@ -47,12 +47,20 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._optional import import_optional
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
-from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_name, check_result_count
-from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from ..core.optional import import_optional
+from .base import (
+    QueryEmbedder,
+    SearchProvider,
+    as_query_vector,
+    check_name,
+    check_result_count,
+    chunk_id_from_field,
+    distance_to_score,
+    ranked_candidates,
+)
 
 __all__ = ["ChromaProvider", "CHROMA_SPACES"]
 

@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
-from ._common import check_batch, check_chunk_ids
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from .base import check_batch, check_chunk_ids
 
 __all__ = ["DenseProvider", "DENSE_METRICS", "exact_top_k"]
 

@@ -1,8 +1,8 @@
-"""A :class:`~mapmatched_torch.protocols.CandidateProvider` over a FAISS index (SPEC.md 9).
+"""A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a FAISS index (SPEC.md 9).
 
 faiss is an optional dependency (the ``[faiss]`` extra, or ``[faiss-gpu]``): this
 module imports without it, and :class:`FAISSProvider` fails at construction with
-:class:`~mapmatched_torch.errors.FAISSNotInstalledError` when it is missing.
+:class:`~mapmatched_torch.core.errors.FAISSNotInstalledError` when it is missing.
 
 Decisions where SPEC.md is silent:
 
@@ -26,11 +26,11 @@ from typing import Any, Iterable, List, Tuple
 
 import numpy as np
 
-from .._optional import require_faiss
-from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from ..core.optional import require_faiss
+from .base import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
 
 __all__ = ["FAISSProvider", "SCORE_MODES"]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .._validation import check_positive_int, check_weight
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
-from ._common import check_batch
+from ..core.checks import check_positive_int, check_weight
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from .base import check_batch
 
 __all__ = ["FusionProvider", "reciprocal_rank_fusion"]
 

@@ -1,8 +1,8 @@
-"""A :class:`~mapmatched_torch.protocols.CandidateProvider` over a Qdrant collection.
+"""A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a Qdrant collection.
 
 qdrant-client is an optional dependency (the ``[qdrant]`` extra): this module imports
 without it, and :class:`QdrantProvider` fails at construction with
-:class:`~mapmatched_torch.errors.MissingDependencyError` (an ``ImportError`` naming
+:class:`~mapmatched_torch.core.errors.MissingDependencyError` (an ``ImportError`` naming
 ``[qdrant]``) when it is missing. Any ``QdrantClient`` works: a server, Qdrant Cloud,
 or local mode (``QdrantClient(":memory:")`` or ``QdrantClient(path=...)``), which
 needs no server.
@@ -41,12 +41,20 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._optional import import_optional
-from .._validation import check_positive_int
-from ..errors import MapMatchedValueError
-from ..models import ScoredCandidate
-from ._common import QueryEmbedder, SearchProvider, as_query_vector, check_name, check_result_count
-from ._common import chunk_id_from_field, distance_to_score, ranked_candidates
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
+from ..core.models import ScoredCandidate
+from ..core.optional import import_optional
+from .base import (
+    QueryEmbedder,
+    SearchProvider,
+    as_query_vector,
+    check_name,
+    check_result_count,
+    chunk_id_from_field,
+    distance_to_score,
+    ranked_candidates,
+)
 
 __all__ = ["QdrantProvider", "QDRANT_DISTANCES"]
 
@@ -59,7 +67,7 @@ class QdrantProvider(SearchProvider):
 
     The caller embeds the query (``embed_query``); the provider searches the
     collection's dense vector with Qdrant's query API and turns the points into
-    :class:`~mapmatched_torch.models.ScoredCandidate` objects whose scores are "higher
+    :class:`~mapmatched_torch.core.models.ScoredCandidate` objects whose scores are "higher
     is better": similarities (``Cosine``, ``Dot``) are kept, distances (``Euclid``,
     ``Manhattan``) become ``0.0 - d``.
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from .._validation import check_decode_options, check_trellis
-from ..errors import MapMatchedValueError
-from ..models import CandidateScore, DecodedPath, DecoderCandidate
-from ..protocols import CorpusGraph
-from ..reporting import NONFINITE_MESSAGE, rank_final_candidates, report_path
+from ..core.checks import check_decode_options, check_trellis
+from ..core.errors import MapMatchedValueError
+from ..core.models import CandidateScore, DecodedPath, DecoderCandidate
+from ..core.path_reports import NONFINITE_MESSAGE, rank_final_candidates, report_path
+from ..core.protocols import CorpusGraph
 
 __all__ = ["StandaloneDecoder"]
 

@@ -33,81 +33,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import numbers
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Tuple
 
-from .._validation import check_chunk_id, check_positive_int, check_radius
-from ..errors import MapMatchedValueError
+from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int, check_radius
+from ..core.errors import MapMatchedValueError
+from ..core.graph_types import CacheInfo, EdgeLike, GraphEdge, coerce_edge
 
 __all__ = ["GraphEdge", "EdgeLike", "CacheInfo", "InMemoryCorpusGraph"]
-
-
-def _check_positive_finite(value: Any, what: str) -> float:
-    """A real number that is finite and > 0 (bools rejected); returned as ``float``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise MapMatchedValueError(f"{what} must be positive and finite, got {value!r}")
-    number = float(value)
-    if not (math.isfinite(number) and number > 0.0):
-        raise MapMatchedValueError(f"{what} must be positive and finite, got {number!r}")
-    return number
-
-
-@dataclass(frozen=True, slots=True)
-class GraphEdge:
-    """One edge of a corpus graph.
-
-    Attributes:
-        source_chunk_id: non-empty ID of the node the edge leaves.
-        target_chunk_id: non-empty ID of the node the edge enters.
-        distance: positive, finite edge length (stored as ``float``; default 1.0).
-
-    Raises:
-        ValueError: an empty or non-string ID, or a distance that is not a positive
-            finite number (the message names the edge and the value).
-    """
-
-    source_chunk_id: str
-    target_chunk_id: str
-    distance: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_chunk_id(self.source_chunk_id, "edge source chunk ID")
-        check_chunk_id(self.target_chunk_id, "edge target chunk ID")
-        what = f"edge distance of {self.source_chunk_id!r} -> {self.target_chunk_id!r}"
-        object.__setattr__(self, "distance", _check_positive_finite(self.distance, what))
-
-
-#: What the graph constructor accepts as an edge.
-EdgeLike = Union[GraphEdge, Tuple[str, str], Tuple[str, str, float]]
-
-
-class CacheInfo(NamedTuple):
-    """Statistics of the distance-row cache of an :class:`InMemoryCorpusGraph`.
-
-    Attributes:
-        hits: row lookups answered from the cache.
-        misses: row lookups that ran a bounded Dijkstra.
-        size: rows currently cached.
-        capacity: the most rows the cache holds (``distance_cache_size``).
-    """
-
-    hits: int
-    misses: int
-    size: int
-    capacity: int
-
-
-def _coerce_edge(item: Any, position: int) -> GraphEdge:
-    """A :class:`GraphEdge` from a GraphEdge or an ``(a, b)`` / ``(a, b, distance)`` tuple."""
-    if isinstance(item, GraphEdge):
-        return item
-    if isinstance(item, (tuple, list)) and len(item) in (2, 3):
-        return GraphEdge(*item)
-    raise MapMatchedValueError(
-        f"edge {position} must be a GraphEdge or an (a, b) / (a, b, distance) tuple, got {item!r}"
-    )
 
 
 def _unit_edge(pair: Any, position: int) -> GraphEdge:
@@ -117,17 +50,10 @@ def _unit_edge(pair: Any, position: int) -> GraphEdge:
     raise MapMatchedValueError(f"pair {position} must be an (a, b) pair of chunk IDs, got {pair!r}")
 
 
-def _not_a_string(values: Any, name: str) -> Any:
-    """Reject a bare string where an iterable of items is expected (it would split into characters)."""
-    if isinstance(values, (str, bytes)):
-        raise MapMatchedValueError(f"{name} must be an iterable, not a string: {values!r}")
-    return values
-
-
 class InMemoryCorpusGraph:
     """A corpus graph in memory with bounded shortest-path distances (SPEC.md section 4).
 
-    Implements the :class:`~mapmatched_torch.protocols.CorpusGraph` protocol. See the
+    Implements the :class:`~mapmatched_torch.core.protocols.CorpusGraph` protocol. See the
     module docstring for the exact semantics (bound, node order, self-loops).
 
     Args:
@@ -164,7 +90,7 @@ class InMemoryCorpusGraph:
         maximum_distance: float = 10.0,
         distance_cache_size: int = 256,
     ) -> None:
-        self._maximum_distance = _check_positive_finite(maximum_distance, "maximum_distance")
+        self._maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         self._distance_cache_size = check_positive_int(distance_cache_size, "distance_cache_size")
         self._directed = bool(directed)
         self._adjacency = self._build_adjacency(edges, nodes)
@@ -186,16 +112,16 @@ class InMemoryCorpusGraph:
         Returns:
             The new graph.
         """
-        pairs = _not_a_string(pairs, "pairs")
+        pairs = check_not_a_string(pairs, "pairs")
         return cls([_unit_edge(pair, position) for position, pair in enumerate(pairs)], **kwargs)
 
     def _build_adjacency(self, edges: Iterable[EdgeLike], nodes: Iterable[str]) -> Dict[str, Dict[str, float]]:
         """The adjacency ``{source: {target: distance}}`` in node order, arcs sorted by target order."""
         adjacency: Dict[str, Dict[str, float]] = {}
-        for node in _not_a_string(nodes, "nodes"):
+        for node in check_not_a_string(nodes, "nodes"):
             adjacency.setdefault(check_chunk_id(node, "node chunk ID"), {})
-        for position, item in enumerate(_not_a_string(edges, "edges")):
-            edge = _coerce_edge(item, position)
+        for position, item in enumerate(check_not_a_string(edges, "edges")):
+            edge = coerce_edge(item, position)
             _add_arc(adjacency, edge.source_chunk_id, edge.target_chunk_id, edge.distance)
             if not self._directed:
                 _add_arc(adjacency, edge.target_chunk_id, edge.source_chunk_id, edge.distance)

@@ -28,15 +28,14 @@ Python. A tensor engine replaces it for large n.
 from __future__ import annotations
 
 import heapq
-import math
-import numbers
 import operator
 from collections.abc import Sequence
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Iterable, List, Tuple
 
-from .._validation import check_chunk_id, check_positive_int
-from ..errors import MapMatchedValueError
-from .graph import EdgeLike, GraphEdge, InMemoryCorpusGraph, _check_positive_finite
+from ..core.checks import check_positive_int
+from ..core.embeddings import check_embedding_ids, check_knn_options, column_sum, normalized_rows
+from ..core.graph_types import EdgeLike, GraphEdge
+from .graph import InMemoryCorpusGraph
 
 __all__ = ["KNNGraph", "knn_neighbors"]
 
@@ -63,8 +62,8 @@ def knn_neighbors(
     Cost: O(n^2 D) time, O(n^2) memory, pure Python (the reference, not for large n).
     """
     count = check_positive_int(neighbor_count, "neighbor_count")
-    ids = _check_chunk_ids(chunk_ids)
-    distances = _cosine_distance_matrix(_normalized_rows(ids, embeddings))
+    ids = check_embedding_ids(chunk_ids)
+    distances = _cosine_distance_matrix(normalized_rows(ids, embeddings))
     k = min(count, len(ids) - 1)
     return [_pick(index, ids, row, k) for index, row in enumerate(distances)]
 
@@ -99,7 +98,7 @@ class KNNGraph(InMemoryCorpusGraph):
         minimum_edge_distance: float = 1e-6,
         distance_cache_size: int = 256,
     ) -> None:
-        self._neighbor_count, _, self._minimum_edge_distance = _check_knn_options(
+        self._neighbor_count, _, self._minimum_edge_distance = check_knn_options(
             neighbor_count, maximum_distance, minimum_edge_distance
         )
         super().__init__(
@@ -143,12 +142,11 @@ class KNNGraph(InMemoryCorpusGraph):
                 not 2-D, ragged, of dimension 0, with a row count other than n, with
                 a non-finite value or a zero row (messages name the row and ID).
 
-        Cost: with torch importable, the picks come from
-        :func:`mapmatched_torch.graph.knn.knn_neighbors_tensor` on CPU (blockwise
-        GEMM plus exact re-scoring: O(n^2 D) flops at BLAS speed, O(n D) memory),
-        identical to the pure-Python rules; building the in-memory graph is then
-        O(n k) Python. Without torch: O(n^2 D) time and O(n^2) memory (the
-        pure-Python reference, :func:`knn_neighbors`).
+        Cost: O(n^2 D) time and O(n^2) memory in pure Python (:func:`knn_neighbors`):
+        this is the reference, independent of the tensor engines it checks. For
+        large n, :func:`mapmatched_torch.graph.knn_graph` builds the same graph
+        (identical edges) as a :class:`~mapmatched_torch.graph.TensorCorpusGraph`
+        at BLAS speed.
 
         Example:
             >>> graph = KNNGraph.from_embeddings(["a", "b", "c"], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], neighbor_count=1)
@@ -157,23 +155,10 @@ class KNNGraph(InMemoryCorpusGraph):
             >>> graph.neighbors("c")
             (('a', 1.0),)
         """
-        count, maximum, minimum = _check_knn_options(neighbor_count, maximum_distance, minimum_edge_distance)
+        count, maximum, minimum = check_knn_options(neighbor_count, maximum_distance, minimum_edge_distance)
         check_positive_int(distance_cache_size, "distance_cache_size")
-        ids = _check_chunk_ids(chunk_ids)
-        try:  # lazily: the standalone package must import without torch
-            import torch
-        except ImportError:
-            picks = knn_neighbors(ids, embeddings, count)
-        else:
-            from ..graph.knn import knn_neighbors_tensor
-
-            if isinstance(embeddings, torch.Tensor):
-                embeddings = embeddings.detach().cpu()
-            neighbors, distances = knn_neighbors_tensor(embeddings, ids, count)
-            picks = [
-                [(ids[j], distance) for j, distance in zip(row, row_distances)]
-                for row, row_distances in zip(neighbors.tolist(), distances.tolist())
-            ]
+        ids = check_embedding_ids(chunk_ids)
+        picks = knn_neighbors(ids, embeddings, count)
         edges = [
             GraphEdge(source, target, min(max(distance, minimum), maximum))
             for source, row in zip(ids, picks)
@@ -199,114 +184,9 @@ class KNNGraph(InMemoryCorpusGraph):
         return self._minimum_edge_distance
 
 
-def _check_knn_options(
-    neighbor_count: Any, maximum_distance: Any, minimum_edge_distance: Any
-) -> Tuple[int, float, float]:
-    """Validated ``(neighbor_count, maximum_distance, minimum_edge_distance)``."""
-    count = check_positive_int(neighbor_count, "neighbor_count")
-    maximum = _check_positive_finite(maximum_distance, "maximum_distance")
-    minimum = _check_positive_finite(minimum_edge_distance, "minimum_edge_distance")
-    if minimum > maximum:
-        raise MapMatchedValueError(
-            f"minimum_edge_distance must be in (0, maximum_distance={maximum!r}], got {minimum!r}"
-        )
-    return count, maximum, minimum
-
-
-def _check_chunk_ids(chunk_ids: Any) -> Tuple[str, ...]:
-    """At least one chunk ID; each non-empty; no duplicates (the message names both positions)."""
-    if isinstance(chunk_ids, (str, bytes)):
-        raise MapMatchedValueError(f"chunk_ids must be a sequence of chunk IDs, not a string: {chunk_ids!r}")
-    ids = tuple(chunk_ids)
-    if not ids:
-        raise MapMatchedValueError("chunk_ids must contain at least one chunk ID")
-    first_seen: Dict[str, int] = {}
-    for position, chunk_id in enumerate(ids):
-        check_chunk_id(chunk_id, f"chunk ID at position {position}")
-        if chunk_id in first_seen:
-            raise MapMatchedValueError(
-                f"duplicate chunk ID {chunk_id!r} at positions {first_seen[chunk_id]} and {position}"
-            )
-        first_seen[chunk_id] = position
-    return ids
-
-
-def _as_rows(embeddings: Any, count: int) -> List[Any]:
-    """The rows of a 2-D matrix (``.tolist()`` applied), exactly ``count`` of them."""
-    if hasattr(embeddings, "tolist"):
-        embeddings = embeddings.tolist()
-    if isinstance(embeddings, (str, bytes)) or not isinstance(embeddings, Sequence):
-        raise MapMatchedValueError(
-            f"embeddings must be a 2-D matrix (a sequence of rows), got {type(embeddings).__name__}"
-        )
-    if len(embeddings) != count:
-        raise MapMatchedValueError(f"embeddings have {len(embeddings)} rows but there are {count} chunk IDs")
-    return list(embeddings)
-
-
-def _as_sequence(row: Any, label: str) -> Sequence[Any]:
-    """One row as a sequence (``.tolist()`` applied); anything else means the matrix is not 2-D."""
-    if hasattr(row, "tolist"):
-        row = row.tolist()
-    if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
-        raise MapMatchedValueError(
-            f"embeddings must be a 2-D matrix: {label} is a {type(row).__name__}, not a sequence of numbers"
-        )
-    return row
-
-
-def _row_values(row: Sequence[Any], label: str, dimension: int) -> List[float]:
-    """One row as finite floats, checked against the matrix dimension."""
-    if len(row) != dimension:
-        raise MapMatchedValueError(
-            f"embeddings rows must all have {dimension} columns (ragged matrix): {label} has {len(row)}"
-        )
-    values = []
-    for column, value in enumerate(row):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise MapMatchedValueError(
-                f"embeddings must be a 2-D matrix of numbers: {label}, column {column} is {value!r}"
-            )
-        value = float(value)
-        if not math.isfinite(value):
-            raise MapMatchedValueError(f"{label} contains a non-finite value at column {column}: {value!r}")
-        values.append(value)
-    return values
-
-
-def _normalize(values: List[float], label: str) -> List[float]:
-    """``x / norm`` for every entry, ``norm = sqrt(left-fold sum of x * x)``; a zero norm is an error."""
-    norm = math.sqrt(_column_sum(value * value for value in values))
-    if norm == 0.0:
-        raise MapMatchedValueError(
-            f"{label} is a zero vector (its norm is 0, or its entries are too small to square in float64)"
-        )
-    if not math.isfinite(norm):
-        raise MapMatchedValueError(f"{label} has a norm too large for float64")
-    return [value / norm for value in values]
-
-
-def _normalized_rows(ids: Tuple[str, ...], embeddings: Any) -> List[List[float]]:
-    """The validated, L2-normalized rows of the embedding matrix."""
-    labels = [f"embeddings row {index} (chunk {chunk_id!r})" for index, chunk_id in enumerate(ids)]
-    rows = [_as_sequence(row, label) for row, label in zip(_as_rows(embeddings, len(ids)), labels)]
-    dimension = len(rows[0])
-    if dimension == 0:
-        raise MapMatchedValueError("embeddings must have at least one column (dimension 0)")
-    return [_normalize(_row_values(row, label, dimension), label) for row, label in zip(rows, labels)]
-
-
-def _column_sum(values: Iterable[float]) -> float:
-    """The left-to-right float64 sum (column order), the rule a tensor engine reproduces."""
-    total = 0.0
-    for value in values:
-        total += value
-    return total
-
-
 def _cosine_distance(left: List[float], right: List[float]) -> float:
     """``1 - clip(sum(a_i * b_i), -1, 1)`` of two normalized rows, summed in column order."""
-    similarity = _column_sum(map(operator.mul, left, right))
+    similarity = column_sum(map(operator.mul, left, right))
     return 1.0 - min(1.0, max(-1.0, similarity))
 
 

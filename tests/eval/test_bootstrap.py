@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval.bootstrap import BootstrapResult, bootstrap_mean, paired_bootstrap, verdict
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval.data import (
     Conversation,
     Dataset,

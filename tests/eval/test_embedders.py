@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from mapmatched_torch import _optional
-from mapmatched_torch.errors import MapMatchedValueError, MissingDependencyError
+from mapmatched_torch.core import optional as _optional
+from mapmatched_torch.core.errors import MapMatchedValueError, MissingDependencyError
 from mapmatched_torch.eval.embedders import (
     Embedder,
     HashEmbedder,

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from mapmatched_torch import InMemoryCorpusGraph, MapMatchedRetriever, ScoredCandidate, StandaloneDecoder
-from mapmatched_torch.decode import geodesic_viterbi
-from mapmatched_torch.decoder import TorchDecoder
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval.candidates import Candidates, normalize_candidate_scores
 from mapmatched_torch.eval.distances import CorpusDistances
 from mapmatched_torch.eval.methods import (
@@ -29,6 +27,8 @@ from mapmatched_torch.eval.methods import (
     settings_grid,
     similarity_from_distances,
 )
+from mapmatched_torch.kernels.decode import geodesic_viterbi
+from mapmatched_torch.retrieval.torch_decoder import TorchDecoder
 
 INF = math.inf
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval.plots import plot_beta_sweep, plot_split, write_plots
 from mapmatched_torch.eval.report import sanitize, to_json, to_json_dict, to_markdown, write_json, write_markdown
 from mapmatched_torch.eval.runner import EvalConfig, evaluate, inputs_from_synthetic

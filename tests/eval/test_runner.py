@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.eval.candidates import normalize_candidate_scores
 from mapmatched_torch.eval.data import load_directory
 from mapmatched_torch.eval.embedders import HashEmbedder
 from mapmatched_torch.eval.methods import Setting, gather_passages, map_matched_orders
-from mapmatched_torch.eval.candidates import normalize_candidate_scores
-from mapmatched_torch.eval.metrics import ndcg_at_k, recall_at_k, reciprocal_rank
 from mapmatched_torch.eval.runner import EvalConfig, evaluate, inputs_from_dataset, inputs_from_synthetic
 from mapmatched_torch.eval.slices import median
 from mapmatched_torch.eval.synthetic import make_synthetic
+from mapmatched_torch.kernels.ranking_metrics import ndcg_at_k, recall_at_k, reciprocal_rank
 
 FAST = ("pointwise", "map-matched", "history-concatenation", "maximal-marginal-relevance", "geodesic")
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.core.scoring import softmax_entropy
 from mapmatched_torch.eval.slices import emission_entropy, entropy_slices, median, topic_slices
-from mapmatched_torch.scoring import softmax_entropy
 
 
 def test_emission_entropy_matches_the_reference(eval_device):

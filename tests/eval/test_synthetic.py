@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.core.models import ScoredCandidate
+from mapmatched_torch.core.scoring import normalize_candidates
 from mapmatched_torch.eval.slices import emission_entropy, entropy_slices
 from mapmatched_torch.eval.synthetic import DRILL, JUMP, START, make_synthetic
-from mapmatched_torch.models import ScoredCandidate
-from mapmatched_torch.scoring import normalize_candidates
 from mapmatched_torch.standalone import InMemoryCorpusGraph, StandaloneDecoder
 
 
@@ -123,7 +123,7 @@ def test_small_and_single_turn_benchmarks():
 
 
 def test_tensor_helpers_match_the_dataset(bench):
-    from mapmatched_torch.eval.metrics import pack_qrels
+    from mapmatched_torch.kernels.ranking_metrics import pack_qrels
 
     packed = pack_qrels(bench.dataset.turn_qrels(), bench.dataset.passage_index)
     qrels = bench.qrels()

@@ -91,7 +91,7 @@ def test_capacities_must_be_positive_ints(bad) -> None:
 def test_compiled_lookup_equals_the_torch_lookup(seed, monkeypatch) -> None:
     # the CPU lookup searches within each source's run of the keys (numba); the torch
     # lookup searches all keys: same values and answers through inserts and evictions
-    from mapmatched_torch.graph import _compiled
+    from mapmatched_torch.graph.engines import compiled as _compiled
 
     if not _compiled.available():
         pytest.skip("numba is not installed")
@@ -143,7 +143,7 @@ def test_grid_lookup_equals_the_pair_lookup(seed) -> None:
     # with each source's row) against lookup of the expanded node pairs: values, answers,
     # counters and recency, with padding, unknown IDs, equal codes, repeated targets,
     # complete and partial rows, evictions, and both kernels (serial and parallel)
-    from mapmatched_torch.graph import _compiled
+    from mapmatched_torch.graph.engines import compiled as _compiled
 
     if not _compiled.available():
         pytest.skip("numba is not installed")
@@ -174,7 +174,7 @@ def test_grid_lookup_equals_the_pair_lookup(seed) -> None:
 
 
 def test_grid_lookup_of_empty_grids_and_an_empty_cache() -> None:
-    from mapmatched_torch.graph import _compiled
+    from mapmatched_torch.graph.engines import compiled as _compiled
 
     if not _compiled.available():
         pytest.skip("numba is not installed")
@@ -190,7 +190,7 @@ def test_grid_lookup_of_empty_grids_and_an_empty_cache() -> None:
 
 
 def test_grid_lookup_says_where_it_cannot_run(monkeypatch) -> None:
-    from mapmatched_torch.graph import _compiled
+    from mapmatched_torch.graph.engines import compiled as _compiled
 
     monkeypatch.setattr(_compiled, "available", lambda: False)
     cache = DistanceCache(5)
@@ -201,7 +201,7 @@ def test_grid_lookup_says_where_it_cannot_run(monkeypatch) -> None:
 
 def test_lookups_refuse_indices_outside_the_graph() -> None:
     # the compiled kernels index rows without bounds checks: a bad index is a ValueError
-    from mapmatched_torch.graph import _compiled
+    from mapmatched_torch.graph.engines import compiled as _compiled
 
     cache = DistanceCache(3)
     cache.insert(longs([0], "cpu"), longs([1], "cpu"), doubles([0.5], "cpu"))

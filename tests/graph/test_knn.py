@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mapmatched_torch.graph.knn as knn_module
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.graph import TensorCorpusGraph, knn_edges, knn_graph, knn_neighbors_tensor
 from mapmatched_torch.standalone.knn import KNNGraph, knn_neighbors
 
@@ -251,31 +251,26 @@ def test_knn_graph_matches_the_standalone_graph(device: torch.device) -> None:
 # ---------------------------------------------------------------------- KNNGraph.from_embeddings
 
 
-def pure_python_graph(monkeypatch, ids, rows, **options) -> KNNGraph:
-    """KNNGraph.from_embeddings with torch made unimportable (its pure-Python fallback path)."""
-    with monkeypatch.context() as patch:
-        patch.setitem(sys.modules, "torch", None)
-        return KNNGraph.from_embeddings(ids, rows, **options)
-
-
 @pytest.mark.parametrize("seed", range(4))
-def test_from_embeddings_fast_path_equals_the_pure_python_path(seed: int, monkeypatch) -> None:
+def test_tensor_picks_equal_the_reference_picks(seed: int) -> None:
     rng = np.random.default_rng(seed)
     size = int(rng.integers(2, 40))
     rows, ids = random_rows(rng, size, int(rng.integers(1, 6)), duplicates=3), shuffled_ids(rng, size)
-    options = {"neighbor_count": int(rng.integers(1, 8)), "maximum_distance": 1.5}
-    fast = KNNGraph.from_embeddings(ids, rows, **options)
-    pure = pure_python_graph(monkeypatch, ids, rows.tolist(), **options)
-    assert fast.edges() == pure.edges() and fast.nodes == pure.nodes
-    assert KNNGraph.from_embeddings(ids, rows.tolist(), **options).edges() == pure.edges()
+    count = int(rng.integers(1, 8))
+    neighbors, distances = knn_neighbors_tensor(rows, ids, count)
+    tensor_picks = [
+        [(ids[j], distance) for j, distance in zip(row, row_distances)]
+        for row, row_distances in zip(neighbors.tolist(), distances.tolist())
+    ]
+    assert tensor_picks == knn_neighbors(ids, rows.tolist(), count)  # IDs and distances exactly
 
 
-def test_from_embeddings_falls_back_to_pure_python_without_torch(monkeypatch) -> None:
+def test_the_reference_does_not_use_the_tensor_engine(monkeypatch) -> None:
     calls = []
     monkeypatch.setattr(knn_module, "knn_neighbors_tensor", lambda *args, **kwargs: calls.append(args))
-    graph = pure_python_graph(monkeypatch, ["a", "b", "c"], [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], neighbor_count=1)
+    graph = KNNGraph.from_embeddings(["a", "b", "c"], torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), neighbor_count=1)
     assert graph.neighbors("a") == (("b", 1e-06), ("c", 1.0))
-    assert calls == []  # the tensor engine was not used
+    assert calls == []  # the reference stays independent of what it checks
 
 
 def test_standalone_package_imports_without_torch() -> None:

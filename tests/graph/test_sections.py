@@ -12,7 +12,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval.data import Passage
 from mapmatched_torch.graph import SectionPassage, TensorCorpusGraph, section_edges, section_graph
 from mapmatched_torch.standalone.graph import GraphEdge, InMemoryCorpusGraph

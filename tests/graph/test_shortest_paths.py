@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy.sparse.csgraph import connected_components
 
-import mapmatched_torch.graph._frontier as frontier
-from mapmatched_torch.errors import MapMatchedValueError
+import mapmatched_torch.graph.engines.frontier as frontier
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.graph import (
     ENGINES,
     TensorCorpusGraph,
@@ -21,8 +21,8 @@ from mapmatched_torch.graph import (
     resolve_engine,
     source_target_distances,
 )
-from mapmatched_torch.graph import _compiled
-from mapmatched_torch.graph._scipy import scipy_rows
+from mapmatched_torch.graph.engines import compiled as _compiled
+from mapmatched_torch.graph.engines.scipy_dijkstra import scipy_rows
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 
 from .conftest import WEIGHTS, random_reference
@@ -199,7 +199,7 @@ def test_compiled_pairs_across_components_are_never_searched(directed, monkeypat
             super().pairs(*args)
 
     monkeypatch.setattr(_compiled, "_kernels", lambda: Counting(__import__(
-        "mapmatched_torch.graph._compiled_kernels", fromlist=["pairs"])))
+        "mapmatched_torch.graph.engines.compiled_kernels", fromlist=["pairs"])))
     for options in GROUPED_VARIANTS:
         searched.clear()
         found = source_target_distances(graph.adjacency, sources, targets, bound=2.5, engine="compiled",
@@ -224,8 +224,8 @@ def test_auto_prefers_the_compiled_engine_on_cpu_and_falls_back_without_numba(mo
 
 
 def test_the_compiled_engine_without_numba_names_the_extra(monkeypatch) -> None:
-    from mapmatched_torch import _optional
-    from mapmatched_torch.errors import MissingDependencyError
+    from mapmatched_torch.core import optional as _optional
+    from mapmatched_torch.core.errors import MissingDependencyError
 
     monkeypatch.setitem(_optional._PROBED, "numba", ImportError("no numba here"))
     with pytest.raises(MissingDependencyError, match=r"mapmatched-torch\[numba\]"):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.core.protocols import CorpusGraph
 from mapmatched_torch.graph import CacheInfo, TensorCorpusGraph
-from mapmatched_torch.protocols import CorpusGraph
 from mapmatched_torch.standalone.graph import GraphEdge, InMemoryCorpusGraph
 
 from .conftest import WEIGHTS, random_reference
@@ -282,8 +282,8 @@ def test_the_scipy_matrix_has_no_duplicates_and_no_zeros() -> None:
 
 
 def test_missing_networkx_names_the_extra(monkeypatch) -> None:
-    from mapmatched_torch import _optional
-    from mapmatched_torch.errors import NetworkXNotInstalledError
+    from mapmatched_torch.core import optional as _optional
+    from mapmatched_torch.core.errors import NetworkXNotInstalledError
 
     monkeypatch.setitem(_optional._PROBED, "networkx", ImportError("no networkx"))
     graph = TensorCorpusGraph.from_edges([("a", "b")])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.graph import PADDING_INDEX, ChunkVocabulary
 
 

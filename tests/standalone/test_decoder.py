@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from mapmatched_torch.models import DecoderCandidate
+from mapmatched_torch.core.models import DecoderCandidate
 from mapmatched_torch.standalone.decoder import StandaloneDecoder
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 

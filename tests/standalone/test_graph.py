@@ -8,8 +8,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from mapmatched_torch.errors import MapMatchedValueError
-from mapmatched_torch.protocols import CorpusGraph
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.core.protocols import CorpusGraph
 from mapmatched_torch.standalone.graph import CacheInfo, GraphEdge, InMemoryCorpusGraph
 
 

@@ -9,7 +9,7 @@ from typing import Dict, FrozenSet, List, Tuple
 import numpy as np
 import pytest
 
-from mapmatched_torch.errors import MapMatchedValueError
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 from mapmatched_torch.standalone.knn import KNNGraph, knn_neighbors
 

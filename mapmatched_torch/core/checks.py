@@ -1,0 +1,176 @@
+"""Argument checks shared by every public entry point (SPEC.md section 8).
+
+Each check raises :class:`~mapmatched_torch.core.errors.MapMatchedValueError` (a
+``ValueError``) with the offending name and value in the message, and returns the
+value normalized to its Python type.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+from .errors import MapMatchedValueError
+
+__all__ = [
+    "check_chunk_id",
+    "check_finite",
+    "check_weight",
+    "check_positive_int",
+    "check_nonnegative_int",
+    "check_optional_lag",
+    "check_radius",
+    "check_trellis",
+    "check_turn",
+    "check_decode_options",
+    "empty_turn_error",
+    "duplicate_ids_error",
+    "check_positive_finite",
+    "check_not_a_string",
+]
+
+
+def check_chunk_id(value: Any, what: str = "chunk ID") -> str:
+    """A chunk ID must be a non-empty ``str``."""
+    if not isinstance(value, str):
+        raise MapMatchedValueError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise MapMatchedValueError(f"{what} must be non-empty")
+    return value
+
+
+def check_finite(value: Any, what: str) -> float:
+    """A real, finite number (bools are rejected); returned as ``float``."""
+    if type(value) is float:  # the common case, without the slow ABC check below
+        if math.isfinite(value):
+            return value
+        raise MapMatchedValueError(f"{what} must be finite, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{what} must be a finite number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise MapMatchedValueError(f"{what} must be finite, got {value!r}")
+    return value
+
+
+def check_weight(value: Any, name: str) -> float:
+    """A finite number >= 0 (``emission_weight``, ``transition_weight``, ``context_radius``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{name} must be finite and nonnegative, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0.0:
+        raise MapMatchedValueError(f"{name} must be finite and nonnegative, got {value!r}")
+    return value
+
+
+def _check_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise MapMatchedValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """An ``int`` > 0 (bools rejected)."""
+    value = _check_int(value, name)
+    if value <= 0:
+        raise MapMatchedValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def check_nonnegative_int(value: Any, name: str) -> int:
+    """An ``int`` >= 0 (bools rejected)."""
+    value = _check_int(value, name)
+    if value < 0:
+        raise MapMatchedValueError(f"{name} must be nonnegative, got {value}")
+    return value
+
+
+def check_optional_lag(value: Optional[Any]) -> Optional[int]:
+    """``fixed_lag``: None (full decoding) or an ``int`` >= 0."""
+    if value is None:
+        return None
+    return check_nonnegative_int(value, "fixed_lag")
+
+
+def check_radius(value: Any, name: str = "radius") -> float:
+    """A search radius: a number >= 0 (``inf`` allowed, NaN and negatives rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{name} must be a nonnegative number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0.0:
+        raise MapMatchedValueError(f"{name} must be a nonnegative number, got {value!r}")
+    return value
+
+
+def check_trellis(trellis: Any) -> tuple:
+    """Validate a Python trellis (SPEC.md section 5) and return it as a tuple of tuples.
+
+    A trellis is a non-empty sequence of turns; each turn a non-empty sequence of
+    candidates with ``chunk_id`` (non-empty str, unique within the turn),
+    ``raw_score`` and ``normalized_score`` (finite). Raises ValueError before any work.
+    """
+    if isinstance(trellis, (str, bytes)):
+        raise MapMatchedValueError("trellis must be a sequence of turns")
+    turns = tuple(tuple(turn) for turn in trellis)
+    if not turns:
+        raise MapMatchedValueError("trellis must contain at least one turn")
+    for turn_index, turn in enumerate(turns):
+        check_turn(turn, turn_index)
+    return turns
+
+
+def empty_turn_error(turn_index: int) -> MapMatchedValueError:
+    """SPEC's error for a turn without candidates (raised by every path that checks one)."""
+    return MapMatchedValueError(f"trellis turn {turn_index} must contain candidates")
+
+
+def duplicate_ids_error(where: str, chunk_id: str) -> MapMatchedValueError:
+    """The error for a turn listing ``chunk_id`` twice (``where``: e.g. "trellis turn 3")."""
+    return MapMatchedValueError(f"{where} contains duplicate chunk IDs ({chunk_id!r})")
+
+
+def check_turn(turn: Any, turn_index: int) -> tuple:
+    """Validate one trellis turn (see :func:`check_trellis`); ``turn_index`` names it."""
+    turn = tuple(turn)
+    if not turn:
+        raise empty_turn_error(turn_index)
+    seen = set()
+    for candidate_index, candidate in enumerate(turn):
+        chunk_id = getattr(candidate, "chunk_id", None)
+        check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
+        if chunk_id in seen:
+            raise duplicate_ids_error(f"trellis turn {turn_index}", chunk_id)
+        seen.add(chunk_id)
+        for name in ("raw_score", "normalized_score"):
+            check_finite(
+                getattr(candidate, name, None),
+                f"trellis turn {turn_index} candidate {chunk_id!r} {name}",
+            )
+    return turn
+
+
+def check_decode_options(emission_weight: Any, transition_weight: Any, fixed_lag: Any) -> tuple:
+    """Validate the decoder options; returns ``(lambda, beta, lag)`` normalized."""
+    return (
+        check_weight(emission_weight, "emission_weight"),
+        check_weight(transition_weight, "transition_weight"),
+        check_optional_lag(fixed_lag),
+    )
+
+
+def check_positive_finite(value: Any, what: str) -> float:
+    """A real number that is finite and > 0 (bools rejected); returned as ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedValueError(f"{what} must be positive and finite, got {value!r}")
+    number = float(value)
+    if not (math.isfinite(number) and number > 0.0):
+        raise MapMatchedValueError(f"{what} must be positive and finite, got {number!r}")
+    return number
+
+
+def check_not_a_string(values: Any, name: str) -> Any:
+    """Reject a bare string where an iterable of items is expected (it would split into characters)."""
+    if isinstance(values, (str, bytes)):
+        raise MapMatchedValueError(f"{name} must be an iterable, not a string: {values!r}")
+    return values

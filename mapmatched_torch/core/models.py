@@ -1,0 +1,300 @@
+"""The frozen value types of SPEC.md (sections 5-7).
+
+Every type is a frozen, slotted dataclass that validates itself in ``__post_init__``
+and raises ``ValueError`` (:class:`~mapmatched_torch.core.errors.MapMatchedValueError`)
+naming the bad field. Sequences are stored as tuples. Plain Python: no torch needed.
+
+Data flow: a provider returns :class:`ScoredCandidate` (raw scores) ->
+:func:`~mapmatched_torch.core.scoring.normalize_candidates` gives
+:class:`DecoderCandidate` (raw + normalized) -> a decoder returns a
+:class:`DecodedPath` of :class:`DecodedStep` (+ a ranking of :class:`CandidateScore`)
+-> the session wraps it into :class:`TraceStep` / :class:`RetrievalTrace` /
+:class:`RetrievalResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
+
+from .checks import check_chunk_id, check_finite, check_nonnegative_int
+from .errors import MapMatchedValueError
+
+__all__ = [
+    "ScoredCandidate",
+    "DecoderCandidate",
+    "CandidateScore",
+    "DecodedStep",
+    "DecodedPath",
+    "TraceStep",
+    "RetrievalTrace",
+    "RetrievalResult",
+    "MOVES",
+]
+
+#: The values of :attr:`TraceStep.move`.
+MOVES = ("start", "stay", "drill", "jump")
+
+_T = TypeVar("_T")
+
+
+def trusted_constructor(cls: Type[_T]) -> Callable[..., _T]:
+    """A function building instances of ``cls`` (one of these types) from field values
+    that are already valid, as that type's checks would leave them (``float`` scores,
+    ``str`` IDs), without running the checks again: about half the cost.
+
+    For hot loops that rebuild objects from state validated when it came in (a served
+    session's candidates, a ranking of finite scores); anything else should call the
+    type. The instance equals ``cls(*values)`` whenever that succeeds.
+    """
+    names = tuple(item.name for item in fields(cls))  # type: ignore[arg-type]
+    if getattr(cls, "__slots__", None) != names:
+        raise TypeError(f"trusted_constructor needs a slotted dataclass, got {cls.__name__}")
+    setters = tuple(cls.__dict__[name].__set__ for name in names)
+    new = object.__new__
+
+    def build(*values: Any) -> _T:
+        instance = new(cls)
+        for setter, value in zip(setters, values):
+            setter(instance, value)
+        return instance
+
+    build.__name__ = build.__qualname__ = f"trusted_{cls.__name__}"
+    return build
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredCandidate:
+    """One retrieval candidate as a provider returns it.
+
+    Attributes:
+        chunk_id: non-empty chunk ID.
+        score: raw retriever score, finite, higher is better.
+    """
+
+    chunk_id: str
+    score: float
+
+    def __post_init__(self) -> None:
+        check_chunk_id(self.chunk_id, "candidate chunk ID")
+        object.__setattr__(self, "score", check_finite(self.score, f"score of candidate {self.chunk_id!r}"))
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderCandidate:
+    """One state of the trellis: a candidate with its raw and normalized score.
+
+    The decoder's emission is ``emission_weight * normalized_score``.
+    """
+
+    chunk_id: str
+    raw_score: float
+    normalized_score: float
+
+    def __post_init__(self) -> None:
+        check_chunk_id(self.chunk_id, "candidate chunk ID")
+        object.__setattr__(self, "raw_score", check_finite(self.raw_score, f"raw score of candidate {self.chunk_id!r}"))
+        object.__setattr__(
+            self,
+            "normalized_score",
+            check_finite(self.normalized_score, f"normalized score of candidate {self.chunk_id!r}"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    """A final-turn candidate ranked by its trajectory score (best path ending there)."""
+
+    chunk_id: str
+    score: float
+
+    def __post_init__(self) -> None:
+        check_chunk_id(self.chunk_id, "ranked chunk ID")
+        object.__setattr__(self, "score", check_finite(self.score, f"trajectory score of {self.chunk_id!r}"))
+
+
+def _check_step_fields(step: Any) -> None:
+    check_nonnegative_int(step.turn_index, "turn_index")
+    check_chunk_id(step.chunk_id, "step chunk ID")
+    for name in (
+        "raw_emission_score",
+        "normalized_emission_score",
+        "weighted_emission_score",
+        "graph_distance",
+        "weighted_transition_cost",
+        "cumulative_score",
+    ):
+        object.__setattr__(step, name, check_finite(getattr(step, name), f"step {step.turn_index} {name}"))
+    if step.graph_distance < 0.0:
+        raise MapMatchedValueError(f"step {step.turn_index} graph_distance must be nonnegative, got {step.graph_distance}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedStep:
+    """One turn of a decoded path (SPEC.md section 5, "Reported path").
+
+    ``graph_distance`` is 0.0 at turn 0 (and everywhere when ``transition_weight`` is
+    0, since distances are then never computed); ``cumulative_score`` is the running
+    sum of weighted emissions minus weighted transitions, accumulated in the decoder's
+    order: ``(previous - weighted_transition_cost) + weighted_emission_score``.
+    """
+
+    turn_index: int
+    chunk_id: str
+    raw_emission_score: float
+    normalized_emission_score: float
+    weighted_emission_score: float
+    graph_distance: float
+    weighted_transition_cost: float
+    cumulative_score: float
+
+    def __post_init__(self) -> None:
+        _check_step_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedPath:
+    """A decoded trajectory.
+
+    Attributes:
+        steps: one :class:`DecodedStep` per turn, in turn order.
+        total_score: the last step's cumulative score (the objective of SPEC.md 1).
+        fixed_lag: the lag used, or None for full decoding.
+        committed_through_index: last committed turn (``T - lag - 1`` when >= 0),
+            None without a lag or before anything is committed.
+    """
+
+    steps: Tuple[DecodedStep, ...]
+    total_score: float
+    fixed_lag: Optional[int] = None
+    committed_through_index: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(self.steps))
+        if not self.steps:
+            raise MapMatchedValueError("a decoded path must contain at least one step")
+        object.__setattr__(self, "total_score", check_finite(self.total_score, "total_score"))
+
+    @property
+    def chunk_ids(self) -> Tuple[str, ...]:
+        """The decoded chunk ID of every turn."""
+        return tuple(step.chunk_id for step in self.steps)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """A :class:`DecodedStep` plus the diagnostics of SPEC.md section 3.
+
+    Attributes (beyond DecodedStep's):
+        emission_entropy: entropy (nats) of softmax(lambda * normalized scores) of the
+            turn's candidates; measures candidate ambiguity, not path uncertainty.
+        normalized_emission_margin: decoded normalized score minus the best other
+            candidate's (0.0 when alone); negative when the graph overruled the
+            pointwise winner.
+        runner_up_chunk_id: the best other candidate by normalized score (ties to the
+            earlier one), None when the turn had one candidate.
+        move: "start" (turn 0), "stay" (same chunk as the previous turn), "jump" (the
+            transition was clamped at maximum_distance) or "drill" (any other move).
+    """
+
+    turn_index: int
+    chunk_id: str
+    raw_emission_score: float
+    normalized_emission_score: float
+    weighted_emission_score: float
+    graph_distance: float
+    weighted_transition_cost: float
+    cumulative_score: float
+    emission_entropy: float
+    normalized_emission_margin: float
+    runner_up_chunk_id: Optional[str] = None
+    move: str = "drill"
+
+    def __post_init__(self) -> None:
+        _check_step_fields(self)
+        object.__setattr__(self, "emission_entropy", check_finite(self.emission_entropy, "emission_entropy"))
+        object.__setattr__(
+            self, "normalized_emission_margin", check_finite(self.normalized_emission_margin, "normalized_emission_margin")
+        )
+        if self.runner_up_chunk_id is not None:
+            check_chunk_id(self.runner_up_chunk_id, "runner_up_chunk_id")
+        if self.move not in MOVES:
+            raise MapMatchedValueError(f"unsupported move: {self.move!r} (expected one of {', '.join(MOVES)})")
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalTrace:
+    """Why the session chose what it chose: one :class:`TraceStep` per turn.
+
+    Attributes:
+        steps: per-turn trace steps.
+        path_chunk_ids: the decoded chunk of every turn.
+        revised_prior_indices: earlier turns whose decoded chunk changed with this turn.
+        fixed_lag: the lag, or None for full decoding.
+        committed_through_index: the last committed turn, or None.
+    """
+
+    steps: Tuple[TraceStep, ...]
+    path_chunk_ids: Tuple[str, ...]
+    revised_prior_indices: Tuple[int, ...] = ()
+    fixed_lag: Optional[int] = None
+    committed_through_index: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", tuple(self.steps))
+        object.__setattr__(self, "path_chunk_ids", tuple(self.path_chunk_ids))
+        object.__setattr__(self, "revised_prior_indices", tuple(int(i) for i in self.revised_prior_indices))
+        if len(self.path_chunk_ids) != len(self.steps):
+            raise MapMatchedValueError(
+                f"path_chunk_ids has {len(self.path_chunk_ids)} entries for {len(self.steps)} steps"
+            )
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict of every field (steps as dicts)."""
+        from .trace import trace_to_dict
+
+        return trace_to_dict(self)
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """JSON with sorted keys; NaN and infinities are refused."""
+        from .trace import trace_to_json
+
+        return trace_to_json(self, indent=indent)
+
+    def render(self) -> str:
+        """A plain-text header and table (see :func:`~mapmatched_torch.core.trace.render_trace`)."""
+        from .trace import render_trace
+
+        return render_trace(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalResult:
+    """What one session turn returns.
+
+    Attributes:
+        chunk_id: the decoded chunk of the current turn.
+        context_chunk_ids: decoded chunk, its graph neighbourhood, then this turn's
+            candidates in provider order, de-duplicated and cut at context_limit.
+        candidates: this turn's normalized candidates (provider order, after the cut at
+            candidate_limit).
+        path: the decoded path of the whole conversation so far.
+        trace: the trace of the whole conversation so far.
+        candidate_ranking: this turn's candidates ranked by trajectory score.
+    """
+
+    chunk_id: str
+    context_chunk_ids: Tuple[str, ...]
+    candidates: Tuple[DecoderCandidate, ...]
+    path: DecodedPath
+    trace: RetrievalTrace
+    candidate_ranking: Tuple[CandidateScore, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        check_chunk_id(self.chunk_id, "result chunk ID")
+        object.__setattr__(self, "context_chunk_ids", tuple(self.context_chunk_ids))
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+        object.__setattr__(self, "candidate_ranking", tuple(self.candidate_ranking))

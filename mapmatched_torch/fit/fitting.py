@@ -1,0 +1,819 @@
+"""Fitting lambda and beta by gradient descent on labelled conversations.
+
+The model is the Gibbs distribution of the decoder's objective (SPEC.md section 1)::
+
+    p(x) ∝ exp( sum_t lambda * s_t(x_t) - sum_{t>=1} beta * d(x_{t-1}, x_t) )
+
+over the paths x of a conversation's trellis. A conversation is a list of turns
+``(candidates, relevant)``: ``candidates`` a sequence of
+:class:`~mapmatched_torch.core.models.ScoredCandidate` (provider order), ``relevant`` a
+collection of relevant chunk IDs (empty when the turn is unlabelled).
+
+**Loss.** The negative log-likelihood of the labels, marginalizing what they do not
+say::
+
+    nll = log Z - log Z(relevant)
+
+where ``Z(relevant)`` sums ``exp(score)`` over the paths that, at every *usable* turn,
+pass through one of that turn's relevant candidates (several relevant candidates are
+alternatives: their paths are summed, not multiplied). A turn is
+
+- *usable* when at least one relevant chunk is among its candidates;
+- *gold-missing* when it has relevant chunks but none among its candidates;
+- *unlabelled* when ``relevant`` is empty.
+
+Gold-missing and unlabelled turns constrain nothing: every path through them counts,
+so they are marginalized out (and counted in :class:`FitResult`, never dropped
+silently). :func:`set_log_likelihood` is that log-likelihood on tensors.
+
+**Objective.** ``mean NLL per usable training turn + l2 * ((lambda - c_l)^2 + (beta -
+c_b)^2)``, with the prior centre ``(c_l, c_b)`` the initial weights
+(``l2_center="init"``, default) or 0 (``l2_center="zero"``). lambda and beta are
+projected onto >= 0 after every optimizer step. The graph and the normalization are
+fixed: normalized scores, distances and relevance masks are computed once per batch
+before the first iteration, so every iteration is pure tensor work.
+
+**Validation metric.** nDCG@3 of the decoded path: each turn's ranking is its decoded
+chunk first, then the turn's other candidates by decreasing normalized score (ties to
+provider order); gain 1 for a relevant chunk; the ideal DCG counts all of the turn's
+relevant chunks, also those missing from its candidates
+(:func:`~mapmatched_torch.kernels.ranking_metrics.ndcg_at_k`'s trec_eval convention). The mean
+runs over the labelled validation turns (gold-missing ones included: they score 0
+before and after).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from dataclasses import dataclass, field
+from typing import Any, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..core.checks import (
+    check_chunk_id,
+    check_finite,
+    check_nonnegative_int,
+    check_positive_int,
+    check_weight,
+    duplicate_ids_error,
+)
+from ..core.errors import MapMatchedValueError
+from ..core.models import DecoderCandidate, trusted_constructor
+from ..core.scoring import check_score_normalization, normalize_scores
+from ..kernels import decode
+from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
+from ..retrieval.trellis import consecutive_distances, pack_trellises
+from .model import MapMatchedModel
+
+__all__ = [
+    "OPTIMIZERS",
+    "L2_CENTERS",
+    "set_log_likelihood",
+    "TurnCounts",
+    "LabelledBatch",
+    "pack_conversations",
+    "batch_nll",
+    "decoded_ndcg_per_turn",
+    "decoded_ndcg",
+    "FitStep",
+    "FitResult",
+    "fit_weights",
+]
+
+#: The accepted values of ``optimizer``.
+OPTIMIZERS = ("lbfgs", "adam")
+#: The accepted values of ``l2_center``.
+L2_CENTERS = ("init", "zero")
+#: The cut-off of the validation metric.
+NDCG_K = 3
+
+_DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.05}
+
+_candidate = trusted_constructor(DecoderCandidate)
+
+
+# ------------------------------------------------------------------------------ loss
+
+
+def set_log_likelihood(emissions: Tensor, transitions: Tensor, mask: Tensor, relevant: Tensor) -> Tensor:
+    """Log-probability that the path meets a relevant candidate at every usable turn.
+
+    ``log Z(allowed) - log Z`` with ``allowed = mask`` narrowed, at every turn that has
+    a relevant real candidate, to its relevant candidates (the set-valued form of
+    :func:`~mapmatched_torch.kernels.decode.log_likelihood`). Turns without a relevant real
+    candidate (unlabelled, or gold not among the candidates) keep their whole mask, so
+    the narrowed mask still has every real turn non-empty, as
+    :func:`~mapmatched_torch.kernels.decode.log_partition` requires.
+
+    Args:
+        emissions: ``(B, T, M)`` float weighted emissions.
+        transitions: ``(B, T-1, M, M)`` weighted transitions ``[b, t, from, to]``.
+        mask: ``(B, T, M)`` bool real candidates.
+        relevant: ``(B, T, M)`` bool relevant candidates (ignored at padding).
+
+    Returns:
+        ``(B,)`` log-likelihoods, <= 0 up to rounding (exactly 0 for a conversation
+        without a usable turn); differentiable in emissions and transitions.
+
+    Cost: two :func:`~mapmatched_torch.kernels.decode.log_partition` passes, O(B T M^2).
+
+    Example:
+        >>> e = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]], dtype=torch.float64)
+        >>> tr = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+        >>> mask = torch.ones(1, 2, 2, dtype=torch.bool)
+        >>> relevant = torch.tensor([[[True, False], [False, False]]])
+        >>> set_log_likelihood(e, tr, mask, relevant).exp()  # turn 1 is marginalized
+        tensor([0.5000], dtype=torch.float64)
+    """
+    if not isinstance(relevant, Tensor) or relevant.dtype != torch.bool or relevant.shape != getattr(mask, "shape", None):
+        raise MapMatchedValueError(
+            f"relevant must be a bool tensor of the mask's shape {tuple(getattr(mask, 'shape', ()))}, got "
+            f"{getattr(relevant, 'dtype', type(relevant).__name__)} of shape {tuple(getattr(relevant, 'shape', ()))}"
+        )
+    return decode.log_likelihood(emissions, transitions, mask, relevant)
+
+
+# ------------------------------------------------------------------------- packing
+
+
+@dataclass(frozen=True)
+class TurnCounts:
+    """How many conversations and turns a set holds, by label status.
+
+    Attributes:
+        conversations: number of conversations.
+        turns: number of turns.
+        labelled: turns with at least one relevant chunk ID (usable + gold-missing).
+        gold_missing: labelled turns none of whose relevant chunks is a candidate.
+        unlabelled: turns without relevant chunk IDs (``turns - labelled``).
+    """
+
+    conversations: int = 0
+    turns: int = 0
+    labelled: int = 0
+    gold_missing: int = 0
+    unlabelled: int = 0
+
+    @property
+    def usable(self) -> int:
+        """Turns that constrain the loss: ``labelled - gold_missing``."""
+        return self.labelled - self.gold_missing
+
+    def __add__(self, other: "TurnCounts") -> "TurnCounts":
+        return TurnCounts(*(a + b for a, b in zip(self._values(), other._values())))
+
+    def _values(self) -> Tuple[int, ...]:
+        return (self.conversations, self.turns, self.labelled, self.gold_missing, self.unlabelled)
+
+
+class _Checked(NamedTuple):
+    """One validated conversation: normalized trellis and relevant ID sets per turn."""
+
+    trellis: Tuple[Tuple[DecoderCandidate, ...], ...]
+    relevant: Tuple[FrozenSet[str], ...]
+
+    def counts(self) -> TurnCounts:
+        labelled = [bool(ids) for ids in self.relevant]
+        missing = sum(
+            1 for turn, ids in zip(self.trellis, self.relevant) if ids and not any(c.chunk_id in ids for c in turn)
+        )
+        return TurnCounts(1, len(labelled), sum(labelled), missing, labelled.count(False))
+
+
+def _check_relevant(relevant: Any, where: str) -> FrozenSet[str]:
+    if relevant is None:
+        return frozenset()
+    if isinstance(relevant, (str, bytes)) or not isinstance(relevant, Iterable):
+        raise MapMatchedValueError(
+            f"{where}: relevant must be a collection of chunk IDs (e.g. a set), got {type(relevant).__name__}"
+        )
+    ids = frozenset(relevant)
+    for chunk_id in ids:
+        if not isinstance(chunk_id, str) or not chunk_id:
+            raise MapMatchedValueError(f"{where}: relevant chunk IDs must be non-empty strings, got {chunk_id!r}")
+    return ids
+
+
+def _check_candidates(candidates: Any, where: str, method: str) -> Tuple[DecoderCandidate, ...]:
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Iterable):
+        raise MapMatchedValueError(f"{where}: candidates must be a sequence of ScoredCandidate")
+    candidates = tuple(candidates)
+    if not candidates:
+        raise MapMatchedValueError(f"{where} has no candidates (every turn needs at least one)")
+    ids = [check_chunk_id(getattr(c, "chunk_id", None), f"{where} candidate {m} chunk ID") for m, c in enumerate(candidates)]
+    raw = [check_finite(getattr(c, "score", None), f"{where} candidate {m} ({ids[m]!r}) score")
+           for m, c in enumerate(candidates)]
+    normalized = [check_finite(value, f"{where} candidate {m} ({ids[m]!r}) normalized score")
+                  for m, value in enumerate(normalize_scores(raw, method))]
+    if len(set(ids)) != len(ids):
+        duplicate = next(chunk_id for chunk_id in ids if ids.count(chunk_id) > 1)
+        raise duplicate_ids_error(where, duplicate)
+    return tuple(map(_candidate, ids, raw, normalized))  # every field checked just above
+
+
+def _check_conversation(conversation: Any, index: int, method: str) -> _Checked:
+    """Validate and normalize one conversation; errors name it (and the turn)."""
+    if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Iterable):
+        raise MapMatchedValueError(f"conversation {index} must be a sequence of (candidates, relevant) turns")
+    turns = tuple(conversation)
+    if not turns:
+        raise MapMatchedValueError(f"conversation {index} has no turns")
+    trellis, relevant = [], []
+    for t, turn in enumerate(turns):
+        where = f"conversation {index} turn {t}"
+        if isinstance(turn, (str, bytes)) or not isinstance(turn, Sequence) or len(turn) != 2:
+            raise MapMatchedValueError(f"{where} must be a pair (candidates, relevant)")
+        trellis.append(_check_candidates(turn[0], where, method))
+        relevant.append(_check_relevant(turn[1], where))
+    return _Checked(tuple(trellis), tuple(relevant))
+
+
+class LabelledBatch(NamedTuple):
+    """A padded batch of labelled conversations, ready for the loss and the metric.
+
+    Attributes:
+        scores: ``(B, T, M)`` normalized scores (0 at padding), in the fit's dtype.
+        distances: ``(B, T-1, M, M)`` raw graph distances ``[b, t, from, to]``.
+        mask: ``(B, T, M)`` bool real candidates.
+        relevant: ``(B, T, M)`` bool, the candidate is relevant.
+        labelled: ``(B, T)`` bool, the turn has relevant chunk IDs (maybe not among
+            its candidates).
+        qrels: :class:`~mapmatched_torch.kernels.ranking_metrics.SparseQrels` of the B*T turns
+            (row ``b * T + t``): ids are candidate indices within the turn, ``-1`` (grade
+            1) for a relevant chunk that is not a candidate.
+        chunk_ids: B tuples of turns of candidate chunk IDs.
+        n_usable: the number of usable turns (a relevant chunk among the candidates),
+            counted once at packing so that the loss never synchronizes for it.
+    """
+
+    scores: Tensor
+    distances: Tensor
+    mask: Tensor
+    relevant: Tensor
+    labelled: Tensor
+    qrels: SparseQrels
+    chunk_ids: Tuple[Tuple[Tuple[str, ...], ...], ...]
+    n_usable: int
+
+    @property
+    def usable(self) -> Tensor:
+        """``(B, T)`` bool: a relevant chunk is among the turn's candidates."""
+        return (self.mask & self.relevant).any(dim=-1)
+
+
+def _qrels_rows(checked: Sequence[_Checked], turns: int) -> SparseQrels:
+    """Per-turn qrels in candidate-index space, rows ``b * T + t``."""
+    rows: List[List[int]] = []
+    for conversation in checked:
+        for t in range(turns):
+            if t >= len(conversation.trellis):
+                rows.append([])
+                continue
+            ids = conversation.relevant[t]
+            hits = [m for m, c in enumerate(conversation.trellis[t]) if c.chunk_id in ids]
+            rows.append(hits + [-1] * (len(ids) - len(hits)))
+    width = max([1] + [len(row) for row in rows])
+    ids = [row + [-1] * (width - len(row)) for row in rows]
+    grades = [[1.0] * len(row) + [0.0] * (width - len(row)) for row in rows]
+    return SparseQrels(torch.tensor(ids, dtype=torch.long).reshape(len(rows), width),
+                       torch.tensor(grades, dtype=torch.float64).reshape(len(rows), width))
+
+
+def _pack(checked: Sequence[_Checked], graph: Any, dtype: torch.dtype, device: torch.device) -> LabelledBatch:
+    """Pad validated conversations into a :class:`LabelledBatch` (one distance query)."""
+    packed = pack_trellises([c.trellis for c in checked], dtype=dtype, device=device)
+    batch, turns, width = packed.shape
+    relevant = [[[False] * width for _ in range(turns)] for _ in checked]
+    labelled = [[False] * turns for _ in checked]
+    for b, conversation in enumerate(checked):
+        for t, (turn, ids) in enumerate(zip(conversation.trellis, conversation.relevant)):
+            labelled[b][t] = bool(ids)
+            for m, candidate in enumerate(turn):
+                relevant[b][t][m] = candidate.chunk_id in ids
+    distances = consecutive_distances(packed.chunk_ids, graph, turns=turns, width=width, device=device)
+    return LabelledBatch(
+        scores=packed.scores,
+        distances=distances.to(dtype),
+        mask=packed.mask,
+        relevant=torch.tensor(relevant, dtype=torch.bool, device=device).reshape(batch, turns, width),
+        labelled=torch.tensor(labelled, dtype=torch.bool, device=device).reshape(batch, turns),
+        qrels=_qrels_rows(checked, turns).to(device),
+        chunk_ids=packed.chunk_ids,
+        n_usable=sum(c.counts().usable for c in checked),
+    )
+
+
+def pack_conversations(
+    conversations: Sequence[Any],
+    graph: Any,
+    *,
+    score_normalization: str = "zscore",
+    dtype: torch.dtype = torch.float64,
+    device: Optional[Union[str, torch.device]] = None,
+) -> LabelledBatch:
+    """Validate, normalize and pad labelled conversations into one :class:`LabelledBatch`.
+
+    Args:
+        conversations: B >= 1 conversations, each a non-empty list of turns
+            ``(candidates, relevant)`` (see the module docstring).
+        graph: the corpus graph (``CorpusGraph``; a tensor graph's batched distance
+            search is used when present).
+        score_normalization: ``"zscore"`` (default), ``"center"`` or ``"none"``,
+            applied per turn to the raw scores.
+        dtype: floating dtype of scores and distances. device: where they live.
+
+    Returns:
+        A :class:`LabelledBatch`.
+
+    Raises:
+        MapMatchedValueError: an empty conversation or turn, a non-finite score,
+            duplicate chunk IDs in a turn, a malformed turn (naming conversation and
+            turn), or a bad option.
+
+    Cost: O(B T M) Python work plus the distance queries (O(B T M^2) pairs).
+    """
+    method = check_score_normalization(score_normalization)
+    conversations = list(conversations)
+    if not conversations:
+        raise MapMatchedValueError("need at least one conversation")
+    checked = [_check_conversation(c, i, method) for i, c in enumerate(conversations)]
+    return _pack(checked, graph, _check_dtype(dtype), torch.device(device or "cpu"))
+
+
+def batch_nll(model: MapMatchedModel, batch: LabelledBatch) -> Tensor:
+    """``(B,)`` negative log-likelihoods ``log Z - log Z(relevant)`` under ``model``'s weights.
+
+    Differentiable in ``model.emission_weight`` and ``model.transition_weight``.
+    Cost: two log-partition passes, O(B T M^2).
+    """
+    emissions = model.emissions(batch.scores, batch.mask)
+    transitions = model.transitions(batch.distances, batch.mask)
+    return -set_log_likelihood(emissions, transitions, batch.mask, batch.relevant)
+
+
+def _decoded_first(paths: Tensor, scores: Tensor, mask: Tensor) -> Tensor:
+    """``(B, T, M)`` candidate indices per turn: the decoded one, then the others by
+    decreasing score (stable: ties to provider order); -1 at padding."""
+    candidates = torch.arange(mask.shape[2], device=mask.device)
+    # shape: (B, T, M) sort keys
+    keys = torch.where(mask, scores, -math.inf)
+    keys = torch.where(candidates == paths.unsqueeze(2), math.inf, keys)
+    order = torch.sort(keys, dim=2, descending=True, stable=True).indices
+    return torch.where(mask.gather(2, order), order, -1)
+
+
+@torch.no_grad()
+def decoded_ndcg_per_turn(model: MapMatchedModel, batch: LabelledBatch, k: int = NDCG_K) -> Tensor:
+    """``(B, T)`` float64 nDCG@k of the decoded path, turn by turn.
+
+    Each turn's ranking is its decoded (Viterbi) candidate first, then its other
+    candidates by decreasing normalized score (ties to provider order); gain 1 per
+    relevant chunk, ideal DCG over all the turn's relevant chunks (see the module
+    docstring). 0.0 at unlabelled turns and padding: average over ``batch.labelled``.
+
+    Cost: one Viterbi decode, O(B T M^2), plus O(B T M log M).
+    """
+    paths = model.decode(batch.scores, batch.distances, batch.mask).paths
+    ranked = _decoded_first(paths, batch.scores, batch.mask)
+    batch_size, turns, width = ranked.shape
+    return ndcg_at_k(ranked.reshape(batch_size * turns, width), batch.qrels, k).reshape(batch_size, turns)
+
+
+def decoded_ndcg(model: MapMatchedModel, batch: LabelledBatch, k: int = NDCG_K) -> Tuple[float, int]:
+    """nDCG@k of the decoded path, summed over the batch's labelled turns.
+
+    Returns:
+        ``(sum of nDCG@k over labelled turns, number of labelled turns)``; divide for
+        the mean. See :func:`decoded_ndcg_per_turn`.
+    """
+    values = decoded_ndcg_per_turn(model, batch, k)
+    return float(values[batch.labelled].sum()), int(batch.labelled.sum())
+
+
+# ---------------------------------------------------------------------------- fitting
+
+
+class FitStep(NamedTuple):
+    """One entry of :attr:`FitResult.history`: the state after ``iteration`` steps.
+
+    Attributes:
+        iteration: 0 for the initial weights, then one per LBFGS step or Adam epoch.
+        train_loss: mean NLL per usable training turn (nats; without the L2 term).
+        validation_loss: the same on the validation split, None without one (or
+            when it has no usable turn).
+        emission_weight, transition_weight: lambda and beta after the step.
+    """
+
+    iteration: int
+    train_loss: float
+    validation_loss: Optional[float]
+    emission_weight: float
+    transition_weight: float
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit_weights` returns.
+
+    Attributes:
+        emission_weight, transition_weight: the fitted lambda and beta (those of the
+            best validation loss when there is a validation split, else the last).
+        history: :class:`FitStep` per iteration, starting with the initial weights.
+        validation_ndcg_before, validation_ndcg_after: mean nDCG@3 of the decoded path
+            over the labelled validation turns at the initial and the fitted weights
+            (None without a validation split or labelled validation turn).
+        n_conversations, n_turns, n_labelled_turns, n_gold_missing, n_unlabelled:
+            counts over every conversation given (training and validation);
+            ``n_labelled_turns`` includes the gold-missing turns, and
+            ``n_turns = n_labelled_turns + n_unlabelled``.
+        n_train_conversations, n_validation_conversations: the split.
+        best_iteration: the iteration whose weights were returned.
+        stopped: ``"converged"``, ``"early_stopping"`` or ``"max_iterations"``.
+    """
+
+    emission_weight: float
+    transition_weight: float
+    history: Tuple[FitStep, ...]
+    validation_ndcg_before: Optional[float]
+    validation_ndcg_after: Optional[float]
+    n_conversations: int
+    n_turns: int
+    n_labelled_turns: int
+    n_gold_missing: int
+    n_unlabelled: int
+    n_train_conversations: int
+    n_validation_conversations: int
+    best_iteration: int
+    stopped: str
+    options: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def train_losses(self) -> List[float]:
+        """The training loss of every history entry."""
+        return [step.train_loss for step in self.history]
+
+    @property
+    def validation_losses(self) -> List[Optional[float]]:
+        """The validation loss of every history entry (None without validation)."""
+        return [step.validation_loss for step in self.history]
+
+
+def _check_dtype(dtype: Any) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise MapMatchedValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def _check_choice(value: Any, name: str, choices: Tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise MapMatchedValueError(f"unsupported {name}: {value!r} (expected one of {', '.join(choices)})")
+    return value
+
+
+def _check_positive_number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise MapMatchedValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _check_fraction(value: Any) -> float:
+    fraction = check_finite(value, "validation_fraction")
+    if not 0.0 <= fraction < 1.0:
+        raise MapMatchedValueError(f"validation_fraction must be in [0, 1), got {value!r}")
+    return fraction
+
+
+class _Split(NamedTuple):
+    train: List[_Checked]
+    validation: List[_Checked]
+
+
+def _split(checked: List[_Checked], fraction: float, generator: torch.Generator) -> _Split:
+    """A seeded random split; the validation part has ``round(fraction * n)`` conversations
+    (at least 1 when ``fraction > 0``, leaving at least 1 for training)."""
+    count = len(checked)
+    size = min(max(round(fraction * count), 1 if fraction > 0 else 0), count - 1)
+    order = torch.randperm(count, generator=generator).tolist()
+    held = set(order[:size])
+    return _Split(
+        [c for i, c in enumerate(checked) if i not in held], [c for i, c in enumerate(checked) if i in held]
+    )
+
+
+def _batches(checked: Sequence[_Checked], size: int, graph: Any, dtype: torch.dtype, device: torch.device,
+             keep: Any) -> List[LabelledBatch]:
+    """Pack the conversations that ``keep`` accepts, grouped by length (less padding)."""
+    kept = sorted((c for c in checked if keep(c)), key=lambda c: (len(c.trellis), max(len(t) for t in c.trellis)))
+    return [_pack(kept[start : start + size], graph, dtype, device) for start in range(0, len(kept), size)]
+
+
+def _has_usable(conversation: _Checked) -> bool:
+    return conversation.counts().usable > 0
+
+
+def _has_labelled(conversation: _Checked) -> bool:
+    return conversation.counts().labelled > 0
+
+
+class _Objective:
+    """The training objective over fixed batches: mean NLL per usable turn (+ L2)."""
+
+    def __init__(self, model: MapMatchedModel, l2: float, center: Tuple[float, float]) -> None:
+        self.model = model
+        self.l2 = l2
+        self.center = center
+
+    def penalty(self) -> Tensor:
+        weights = torch.stack((self.model.emission_weight, self.model.transition_weight))
+        center = torch.tensor(self.center, dtype=weights.dtype, device=weights.device)
+        return self.l2 * ((weights - center) ** 2).sum()
+
+    @torch.no_grad()
+    def mean_nll(self, batches: Sequence[LabelledBatch]) -> Optional[float]:
+        """Mean NLL per usable turn, or None when there is none."""
+        usable = sum(b.n_usable for b in batches)
+        if not usable:
+            return None
+        return sum(float(batch_nll(self.model, b).sum()) for b in batches) / usable
+
+    def backward(self, batches: Sequence[LabelledBatch]) -> float:
+        """Accumulate the gradient of the objective over ``batches`` (one batch's graph
+        in memory at a time); returns the objective's value."""
+        usable = sum(b.n_usable for b in batches)
+        total = 0.0
+        for batch in batches:
+            loss = batch_nll(self.model, batch).sum() / usable
+            loss.backward()
+            total += float(loss.detach())
+        penalty = self.penalty()
+        if self.l2:
+            penalty.backward()
+        return total + float(penalty.detach())
+
+
+def _lbfgs_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: List[LabelledBatch],
+                     generator: torch.Generator) -> None:
+    """One LBFGS step (a direction and a strong-Wolfe line search) over the full batch."""
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        return torch.tensor(objective.backward(batches))
+
+    optimizer.step(closure)
+    objective.model.project_()
+
+
+def _adam_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: List[LabelledBatch],
+                    generator: torch.Generator) -> None:
+    """One Adam epoch: every batch once, in a seeded random order, one step each."""
+    for index in torch.randperm(len(batches), generator=generator).tolist():
+        optimizer.zero_grad()
+        objective.backward([batches[index]])
+        optimizer.step()
+        objective.model.project_()
+
+
+_ITERATIONS = {"lbfgs": _lbfgs_iteration, "adam": _adam_iteration}
+
+
+def _make_optimizer(name: str, model: MapMatchedModel, lr: float) -> torch.optim.Optimizer:
+    if name == "lbfgs":
+        return torch.optim.LBFGS(model.parameters(), lr=lr, max_iter=1, line_search_fn="strong_wolfe")
+    return torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def _progress_bar(progress: Optional[bool], total: int, unit: str) -> Any:
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    return tqdm(total=total, desc="fit_weights", unit=unit, disable=not show, leave=False)
+
+
+def _mean_ndcg(model: MapMatchedModel, batches: Sequence[LabelledBatch]) -> Optional[float]:
+    sums = [decoded_ndcg(model, b) for b in batches]
+    count = sum(n for _, n in sums)
+    return sum(s for s, _ in sums) / count if count else None
+
+
+def _snapshot(model: MapMatchedModel) -> Tuple[float, float]:
+    return float(model.emission_weight.detach()), float(model.transition_weight.detach())
+
+
+def _improved(loss: Optional[float], best: Optional[float], tolerance: float) -> bool:
+    return loss is not None and (best is None or loss < best - tolerance * (1.0 + abs(best)))
+
+
+def _converged(previous: FitStep, current: FitStep, tolerance: float) -> bool:
+    """The loss and both weights stopped moving (relative to ``tolerance``)."""
+    loss_change = abs(current.train_loss - previous.train_loss)
+    weight_change = max(abs(current.emission_weight - previous.emission_weight),
+                        abs(current.transition_weight - previous.transition_weight))
+    return loss_change <= tolerance * (1.0 + abs(previous.train_loss)) and weight_change <= math.sqrt(tolerance)
+
+
+def fit_weights(
+    conversations: Sequence[Any],
+    graph: Any,
+    *,
+    score_normalization: str = "zscore",
+    init_emission_weight: float = 1.0,
+    init_transition_weight: float = 1.0,
+    optimizer: str = "lbfgs",
+    lr: Optional[float] = None,
+    max_iterations: int = 100,
+    l2: float = 0.0,
+    l2_center: str = "init",
+    batch_size: int = 1024,
+    validation_fraction: float = 0.2,
+    validation: Optional[Sequence[Any]] = None,
+    patience: int = 5,
+    tolerance: float = 1e-9,
+    seed: int = 0,
+    device: Optional[Union[str, torch.device]] = None,
+    dtype: torch.dtype = torch.float64,
+    progress: Optional[bool] = None,
+) -> FitResult:
+    """Fit lambda (emission weight) and beta (transition weight) to labelled conversations.
+
+    Minimizes the mean NLL per usable training turn (plus the L2 prior) of the module
+    docstring over lambda, beta >= 0, with the graph and the score normalization fixed.
+    Every batch's tensors (normalized scores, distances, relevance masks) are built once
+    up front; iterations are tensor work only.
+
+    - ``optimizer="lbfgs"`` (default): full-batch LBFGS with a strong-Wolfe line search;
+      one iteration = one LBFGS step, whose closure sums the gradient over all batches
+      (one batch's autograd graph in memory at a time).
+    - ``optimizer="adam"``: mini-batch Adam; one iteration = one epoch over the batches
+      in a seeded random order. Batches are fixed groups of ``batch_size``
+      conversations of similar length (only their order is reshuffled).
+
+    After every step lambda and beta are clamped to >= 0
+    (:meth:`MapMatchedModel.project_`). History entry i holds the exact training and
+    validation losses at the weights after i iterations (entry 0: the initial weights;
+    each costs one gradient-free pass over the data). Fitting stops when the loss and
+    the weights stop moving (``tolerance``), when the validation loss has not improved
+    for ``patience`` iterations (then the best weights are restored), or after
+    ``max_iterations``.
+
+    Args:
+        conversations: the training conversations (with ``validation_fraction`` also
+            the source of the validation split): lists of turns ``(candidates,
+            relevant)``, candidates a sequence of ScoredCandidate, relevant a collection
+            of chunk IDs (empty = unlabelled).
+        graph: the corpus graph (``CorpusGraph``).
+        score_normalization: ``"zscore"`` (default), ``"center"`` or ``"none"``.
+        init_emission_weight, init_transition_weight: starting lambda and beta (>= 0).
+        optimizer: ``"lbfgs"`` or ``"adam"``.
+        lr: learning rate; None for 1.0 (LBFGS) or 0.05 (Adam).
+        max_iterations: LBFGS steps or Adam epochs (>= 1).
+        l2: strength of the L2 prior (>= 0; 0 = none).
+        l2_center: ``"init"`` (default): pull toward the initial weights;
+            ``"zero"``: toward 0 (weight decay).
+        batch_size: conversations per batch (memory: O(batch_size T M^2) per batch).
+        validation_fraction: share of ``conversations`` held out at random (seeded) for
+            validation, in [0, 1); ignored when ``validation`` is given; 0 disables
+            validation (no early stopping, no nDCG).
+        validation: explicit validation conversations (then all of ``conversations``
+            train).
+        patience: iterations without a validation-loss improvement before stopping.
+        tolerance: relative convergence tolerance of the loss (the weights use its
+            square root); also the minimum relative improvement that counts.
+        seed: seeds the split and the batch order: the same inputs and seed give the
+            same result.
+        device: where the tensors and weights live (default CPU).
+        dtype: floating dtype of the computation (float64 default).
+        progress: show a tqdm bar (None: only when stderr is a terminal).
+
+    Returns:
+        A :class:`FitResult`.
+
+    Raises:
+        MapMatchedValueError: bad options; an empty, malformed or non-finite
+            conversation or turn (naming it); no labelled turn at all, or no training
+            turn whose relevant chunk is among its candidates.
+
+    Cost: per iteration O(N T M^2) for N training conversations (LBFGS: times the
+    line-search evaluations, usually 1-2), plus a gradient-free pass for the history.
+
+    Example:
+        >>> from mapmatched_torch.fit.sampling import sample_conversations
+        >>> data = sample_conversations(200, 3, 3, emission_weight=2.0, transition_weight=0.5,
+        ...                             generator=torch.Generator().manual_seed(1))
+        >>> result = fit_weights(data.conversations, data.graph, progress=False)
+        >>> result.n_conversations, result.n_labelled_turns, result.stopped
+        (200, 600, 'converged')
+    """
+    method = check_score_normalization(score_normalization)
+    init = (check_weight(init_emission_weight, "init_emission_weight"),
+            check_weight(init_transition_weight, "init_transition_weight"))
+    optimizer = _check_choice(optimizer, "optimizer", OPTIMIZERS)
+    lr = _DEFAULT_LR[optimizer] if lr is None else _check_positive_number(lr, "lr")
+    max_iterations = check_positive_int(max_iterations, "max_iterations")
+    l2 = check_weight(l2, "l2")
+    center = init if _check_choice(l2_center, "l2_center", L2_CENTERS) == "init" else (0.0, 0.0)
+    batch_size = check_positive_int(batch_size, "batch_size")
+    fraction = _check_fraction(validation_fraction)
+    patience = check_positive_int(patience, "patience")
+    tolerance = check_weight(tolerance, "tolerance")
+    seed = check_nonnegative_int(seed, "seed")
+    dtype = _check_dtype(dtype)
+    device = torch.device(device or "cpu")
+
+    given = [_check_conversation(c, i, method) for i, c in enumerate(_as_list(conversations, "conversations"))]
+    if not given:
+        raise MapMatchedValueError("fit_weights needs at least one conversation")
+    generator = torch.Generator().manual_seed(seed)
+    if validation is not None:
+        held = [_check_conversation(c, i, method) for i, c in enumerate(_as_list(validation, "validation"))]
+        split = _Split(given, held)
+    else:
+        split = _split(given, fraction, generator) if len(given) > 1 else _Split(given, [])
+    counts = sum((c.counts() for c in split.train + split.validation), TurnCounts())
+    _check_labels(counts, sum((c.counts() for c in split.train), TurnCounts()))
+
+    train = _batches(split.train, batch_size, graph, dtype, device, _has_usable)
+    held_out = _batches(split.validation, batch_size, graph, dtype, device, _has_labelled)
+    model = MapMatchedModel(*init, dtype=dtype, device=device)
+    objective = _Objective(model, l2, center)
+    ndcg_before = _mean_ndcg(model, held_out)
+    history, stopped, best = _optimize(
+        objective, _make_optimizer(optimizer, model, lr), _ITERATIONS[optimizer], train, held_out,
+        max_iterations, patience, tolerance, generator, _progress_bar(progress, max_iterations,
+                                                                     "step" if optimizer == "lbfgs" else "epoch"),
+    )
+    with torch.no_grad():
+        model.emission_weight.fill_(best.emission_weight)
+        model.transition_weight.fill_(best.transition_weight)
+    return FitResult(
+        emission_weight=best.emission_weight,
+        transition_weight=best.transition_weight,
+        history=tuple(history),
+        validation_ndcg_before=ndcg_before,
+        validation_ndcg_after=_mean_ndcg(model, held_out),
+        n_conversations=counts.conversations,
+        n_turns=counts.turns,
+        n_labelled_turns=counts.labelled,
+        n_gold_missing=counts.gold_missing,
+        n_unlabelled=counts.unlabelled,
+        n_train_conversations=len(split.train),
+        n_validation_conversations=len(split.validation),
+        best_iteration=best.iteration,
+        stopped=stopped,
+        options={"optimizer": optimizer, "lr": lr, "l2": l2, "l2_center": l2_center, "batch_size": batch_size,
+                 "score_normalization": method, "seed": seed, "dtype": str(dtype), "device": str(device)},
+    )
+
+
+def _as_list(conversations: Any, name: str) -> List[Any]:
+    if isinstance(conversations, (str, bytes)) or not isinstance(conversations, Iterable):
+        raise MapMatchedValueError(f"{name} must be a sequence of conversations")
+    return list(conversations)
+
+
+def _check_labels(everything: TurnCounts, train: TurnCounts) -> None:
+    """Refuse data the loss cannot learn from (with the counts that explain why)."""
+    if not everything.labelled:
+        raise MapMatchedValueError(
+            f"no labelled turns: all {everything.turns} turns of the {everything.conversations} conversations have "
+            "an empty relevant set, so there is nothing to fit"
+        )
+    if not train.usable:
+        raise MapMatchedValueError(
+            f"no usable training turn: the training split has {train.labelled} labelled turns, but none has a "
+            f"relevant chunk among its candidates ({train.gold_missing} gold-missing, {train.unlabelled} unlabelled)"
+        )
+
+
+def _optimize(objective: _Objective, optimizer: torch.optim.Optimizer, iteration: Any,
+              train: List[LabelledBatch], held_out: List[LabelledBatch], max_iterations: int, patience: int,
+              tolerance: float, generator: torch.Generator, bar: Any) -> Tuple[List[FitStep], str, FitStep]:
+    """The loop: iterate, record, stop. Returns (history, stop reason, best step)."""
+
+    def record(step: int) -> FitStep:
+        lam, beta = _snapshot(objective.model)
+        return FitStep(step, objective.mean_nll(train), objective.mean_nll(held_out), lam, beta)  # type: ignore[arg-type]
+
+    history = [record(0)]
+    best, stale, stopped = history[0], 0, "max_iterations"
+    with bar:
+        for step in range(1, max_iterations + 1):
+            iteration(objective, optimizer, train, generator)
+            current = record(step)
+            history.append(current)
+            bar.update(1)
+            bar.set_postfix(loss=f"{current.train_loss:.5g}", lam=f"{current.emission_weight:.4g}",
+                            beta=f"{current.transition_weight:.4g}")
+            if current.validation_loss is None or _improved(current.validation_loss, best.validation_loss, tolerance):
+                best, stale = current, 0
+            else:
+                stale += 1
+            if _converged(history[-2], current, tolerance):
+                stopped = "converged"
+                break
+            if stale >= patience:
+                stopped = "early_stopping"
+                break
+    return history, stopped, best

@@ -1,0 +1,171 @@
+"""The nn.Module holding lambda and beta: decode, partition function, NLL.
+
+:class:`MapMatchedModel` is a thin wrapper around the functions of
+:mod:`mapmatched_torch.kernels.decode`: it turns normalized scores and raw graph distances into
+weighted emissions ``lambda * s`` and transitions ``-(beta * d)`` (exactly the standalone
+decoder's arithmetic) and hands them to the batched dynamic programs. The weights are
+parameters, so :meth:`MapMatchedModel.nll` can fit them by gradient descent.
+
+Shapes: ``scores`` ``(B, T, M)`` normalized emission scores, ``distances``
+``(B, T-1, M, M)`` raw graph distances ``[b, t, from, to]``, ``mask`` ``(B, T, M)`` bool.
+Values at padding (even NaN) are ignored, in results and in gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..core.checks import check_optional_lag, check_weight
+from ..core.errors import MapMatchedValueError
+from ..kernels import decode
+from ..kernels.checks import check_emissions, check_mask, check_pairwise, pair_mask
+from ..kernels.decode import Decoded, FixedLagDecoded
+
+__all__ = ["MapMatchedModel"]
+
+
+class MapMatchedModel(nn.Module):
+    """Map-matched decoding with learnable emission and transition weights.
+
+    The objective of a path is ``sum_t lambda * s_t(x_t) - sum_{t>=1} beta * d(x_{t-1}, x_t)``
+    (SPEC.md section 1). The effective weights are ``param.clamp_min(0)``: the identity on
+    valid values (exact), and still >= 0 after an unconstrained optimizer step; call
+    :meth:`project_` after the step to clamp the stored values too.
+
+    Args:
+        emission_weight: initial lambda, finite and >= 0.
+        transition_weight: initial beta, finite and >= 0.
+        dtype: of the parameters (float64 by default, for exact parity with the
+            standalone decoder).
+        device: of the parameters.
+
+    Example:
+        >>> model = MapMatchedModel(1.0, 0.5)
+        >>> scores = torch.tensor([[[1.0, 0.0], [0.0, 0.2]]], dtype=torch.float64)
+        >>> distances = torch.tensor([[[[0.0, 2.0], [2.0, 0.0]]]], dtype=torch.float64)
+        >>> model.decode(scores, distances, torch.ones(1, 2, 2, dtype=torch.bool)).paths
+        tensor([[0, 0]])
+    """
+
+    def __init__(
+        self,
+        emission_weight: float = 1.0,
+        transition_weight: float = 1.0,
+        *,
+        dtype: torch.dtype = torch.float64,
+        device: Optional[Union[str, torch.device]] = None,
+    ) -> None:
+        super().__init__()
+        lam = check_weight(emission_weight, "emission_weight")
+        beta = check_weight(transition_weight, "transition_weight")
+        self.emission_weight = nn.Parameter(torch.tensor(lam, dtype=dtype, device=device))
+        self.transition_weight = nn.Parameter(torch.tensor(beta, dtype=dtype, device=device))
+
+    def extra_repr(self) -> str:
+        return f"emission_weight={self.emission_weight.item():g}, transition_weight={self.transition_weight.item():g}"
+
+    @property
+    def effective_emission_weight(self) -> Tensor:
+        """lambda as used: ``emission_weight.clamp_min(0)`` (0-dim, differentiable)."""
+        return self.emission_weight.clamp_min(0.0)
+
+    @property
+    def effective_transition_weight(self) -> Tensor:
+        """beta as used: ``transition_weight.clamp_min(0)`` (0-dim, differentiable)."""
+        return self.transition_weight.clamp_min(0.0)
+
+    @torch.no_grad()
+    def project_(self) -> "MapMatchedModel":
+        """Clamp the stored weights to >= 0 in place (call after an optimizer step)."""
+        self.emission_weight.clamp_(min=0.0)
+        self.transition_weight.clamp_(min=0.0)
+        return self
+
+    def emissions(self, scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Weighted emissions ``lambda * scores`` ``(B, T, M)``.
+
+        With ``mask``, masked entries become 0 first, so that padding garbage cannot
+        reach the gradient of lambda (``0 * nan`` is nan).
+        """
+        if mask is not None:
+            scores = torch.where(mask, scores, 0.0)
+        return self.effective_emission_weight * scores
+
+    def transitions(self, distances: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """Weighted transitions ``-(beta * distances)`` ``(B, T-1, M, M)`` ``[b, t, from, to]``.
+
+        With ``mask`` ``(B, T, M)``, moves touching a masked candidate become 0 first.
+        """
+        if mask is not None:
+            distances = torch.where(pair_mask(mask), distances, 0.0)
+        return -(self.effective_transition_weight * distances)
+
+    def _weighted(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """Validate the shapes, then weight (padding zeroed)."""
+        scores = check_emissions(scores, "scores")
+        mask = check_mask(mask, scores, "scores")
+        distances = check_pairwise(distances, scores, "distances", "scores")
+        return self.emissions(scores, mask), self.transitions(distances, mask)
+
+    @torch.no_grad()
+    def decode(
+        self,
+        scores: Tensor,
+        distances: Optional[Tensor],
+        mask: Tensor,
+        fixed_lag: Optional[int] = None,
+    ) -> Union[Decoded, FixedLagDecoded]:
+        """Decode the best paths (full Viterbi, or fixed-lag with ``fixed_lag``).
+
+        When beta == 0 this is :func:`~mapmatched_torch.kernels.decode.pointwise_decode` (the
+        exact per-turn argmax, as in the standalone decoder) and ``distances`` may be
+        None. Reads beta once (one synchronization).
+
+        Args:
+            scores: ``(B, T, M)`` normalized scores. distances: ``(B, T-1, M, M)`` raw
+                distances (or None when beta == 0). mask: ``(B, T, M)`` bool.
+            fixed_lag: None or L >= 0.
+
+        Returns:
+            :class:`~mapmatched_torch.kernels.decode.Decoded`, or
+            :class:`~mapmatched_torch.kernels.decode.FixedLagDecoded` with a lag.
+        """
+        lag = check_optional_lag(fixed_lag)
+        if float(self.effective_transition_weight) == 0.0:
+            scores = check_emissions(scores, "scores")
+            mask = check_mask(mask, scores, "scores")
+            return decode.pointwise_decode(self.emissions(scores, mask), mask, fixed_lag=lag)
+        if distances is None:
+            raise MapMatchedValueError("distances are required when transition_weight > 0")
+        emissions, transitions = self._weighted(scores, distances, mask)
+        if lag is None:
+            return decode.viterbi(emissions, transitions, mask)
+        return decode.fixed_lag_viterbi(emissions, transitions, mask, lag)
+
+    def log_partition(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
+        """``(B,)`` log Z over all paths (differentiable in both weights)."""
+        return decode.log_partition(*self._weighted(scores, distances, mask), mask)
+
+    def marginals(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
+        """``(B, T, M)`` posterior marginals (0 at padding; each real turn sums to 1)."""
+        return decode.marginals(*self._weighted(scores, distances, mask), mask)
+
+    def nll(self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor) -> Tensor:
+        """Negative log-likelihood of gold labels: ``log Z - log Z(gold)`` per conversation.
+
+        Args:
+            scores, distances, mask: the batch.
+            gold: ``(B, T)`` long, the gold candidate index of each turn, -1 where
+                unlabelled (marginalized); entries after a conversation's end are ignored.
+
+        Returns:
+            ``(B,)`` nonnegative losses (up to rounding); gradients reach both weights.
+        """
+        return -decode.log_likelihood(*self._weighted(scores, distances, mask), mask, gold)
+
+    def forward(self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor) -> Tensor:
+        """The training loss: mean :meth:`nll` over the batch (a loss, >= 0; minimize it)."""
+        return self.nll(scores, distances, mask, gold).mean()

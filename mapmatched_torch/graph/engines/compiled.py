@@ -1,0 +1,411 @@
+"""The compiled engine: target-aware bounded Dijkstra for many sources, in numba (CPU).
+
+One call answers every pair of a batch. Sources are split into one block per thread
+(``numba.prange``); each thread owns its workspace (a distance array, settle stamps,
+target stamps and a binary heap), so a source costs only what its search touches:
+no O(N) initialisation per source (stamps and a touched list reset it), no Python per
+source, and the search stops as soon as every target of the source is settled, or the
+heap holds nothing within the bound. Pairs whose ends lie in different weakly
+connected components (labelled once per graph) are answered ``inf`` without a search:
+one would have to exhaust the source's whole bounded ball to prove them unreachable.
+
+Values: ``dist[v] = min(dist[v], dist[u] + w)`` in float64, popping the smallest
+tentative distance first (lazy deletion). Float addition is monotone and the arc
+distances positive, so a node's value when it is settled is the minimum over paths of
+the left-fold ``((w1 + w2) + w3) + ...`` within the bound: bit for bit what the
+standalone graph and scipy compute (the tests check ``==``). numba compiles without
+``fastmath``, so no reassociation or FMA contraction changes a sum.
+
+numba is optional (the ``numba`` extra): :func:`available` says whether it imports;
+the first call compiles the kernel (a few seconds, cached on disk afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ...core.optional import has_module
+from .._csr import CSRAdjacency
+from .._memory import rows_per_chunk
+
+__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows", "compiled_lookup", "compiled_lookup_grid"]
+
+
+def available() -> bool:
+    """Whether numba imports (the ``"compiled"`` engine can run)."""
+    return has_module("numba")
+
+
+#: Serializes kernel calls: numba's fallback threading layer (workqueue, used when no
+#: OpenMP or TBB runtime is found) aborts the process on concurrent parallel calls, and
+#: each call already uses every thread.
+_KERNEL_LOCK = threading.Lock()
+
+
+#: Below this many searches a call runs on the calling thread: starting a parallel
+#: region costs more than it saves, and far more when the cores are busy elsewhere.
+SERIAL_BELOW = 32
+
+
+class _Kernels:
+    """The numba kernels, each call holding :data:`_KERNEL_LOCK`; the last argument,
+    ``blocks``, is the thread count (1: the serial variant).
+
+    numba's OpenMP layer sets the process's OpenMP thread count, which torch shares:
+    a parallel call restores torch's count afterwards, so that searching a graph never
+    changes the threads of the caller's tensor code."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def pairs(self, *args: Any) -> None:
+        self._call(self._module.pairs, self._module.pairs_serial, args)
+
+    def balls(self, *args: Any) -> None:
+        self._call(self._module.balls, self._module.balls_serial, args)
+
+    def lookup(self, *args: Any) -> None:
+        self._call(self._module.lookup, self._module.lookup_serial, args)
+
+    def lookup_grid(self, *args: Any) -> None:
+        self._call(self._module.lookup_grid, self._module.lookup_grid_serial, args)
+
+    @staticmethod
+    def _call(parallel: Any, serial: Any, args: tuple) -> None:
+        with _KERNEL_LOCK:
+            if args[-1] <= 1:
+                serial(*args[:-1])
+                return
+            with _torch_threads_kept():
+                parallel(*args)
+
+
+@contextlib.contextmanager
+def _torch_threads_kept() -> Iterator[None]:
+    """Restore torch's intra-op thread count on exit (numba's OpenMP layer resets the
+    shared OpenMP count when it starts and on each parallel call)."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def _blocks(threads: Optional[int], searches: int) -> int:
+    """Threads for ``searches`` searches (``threads``: at most this many; None or 0:
+    numba's thread count): 1 below :data:`SERIAL_BELOW`."""
+    if searches < SERIAL_BELOW:
+        return 1
+    if not threads:
+        import numba
+
+        with _torch_threads_kept():  # the first call starts numba's thread pool
+            threads = numba.get_num_threads()
+    return max(1, min(int(threads), searches))
+
+
+def _kernels() -> _Kernels:
+    """The numba kernels (compiled on first use; numba's disk cache keeps them)."""
+    from . import compiled_kernels as _compiled_kernels
+
+    return _Kernels(_compiled_kernels)
+
+
+def _csr_arrays(adjacency: CSRAdjacency, reverse: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indptr, indices, weights)`` numpy arrays of the arcs (reversed: of the transpose),
+    made once per adjacency."""
+    key = "compiled_reverse" if reverse else "compiled"
+    if key not in adjacency.derived:
+        adjacency.derived[key] = _make_csr_arrays(adjacency, reverse)
+    return adjacency.derived[key]
+
+
+def _make_csr_arrays(adjacency: CSRAdjacency, reverse: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    matrix = adjacency.scipy_matrix()
+    if reverse:
+        matrix = matrix.T.tocsr()
+        matrix.sort_indices()
+    return (
+        np.ascontiguousarray(matrix.indptr, dtype=np.int64),
+        np.ascontiguousarray(matrix.indices, dtype=np.int64),
+        np.ascontiguousarray(matrix.data, dtype=np.float64),
+    )
+
+
+def _heuristic_scale(adjacency: CSRAdjacency, bound: float) -> Optional[float]:
+    """``1 - alpha``: the factor that makes a backward-distance heuristic strictly consistent.
+
+    A* with ``key = g + (1 - alpha) h`` settles every node with its exact left-fold
+    distance when each arc raises the key by more than the rounding of the sums
+    involved (a few ulps of ``bound``): ``alpha * w_min`` must exceed them, with room.
+    None when the smallest arc is too small for any useful ``alpha`` (guidance off).
+    """
+    if not adjacency.edge_count:
+        return None
+    smallest = float(adjacency.weights.min())
+    alpha = max(1e-12, 64.0 * math.ulp(max(bound, 1.0)) / smallest)
+    return 1.0 - alpha if alpha <= 0.5 else None
+
+
+def _ptr(sorted_keys: np.ndarray, count: int) -> np.ndarray:
+    """``(count + 1,)`` int64 offsets of the runs of 0..count-1 in ``sorted_keys``."""
+    return np.searchsorted(sorted_keys, np.arange(count + 1)).astype(np.int64)
+
+
+def compiled_pairs(
+    adjacency: CSRAdjacency,
+    row_sources: torch.Tensor,
+    pair_row: torch.Tensor,
+    pair_target: torch.Tensor,
+    bound: float,
+    *,
+    pair_group: Optional[torch.Tensor] = None,
+    settle_limit: Optional[int] = None,
+    ball_limit: Optional[int] = None,
+    memory_budget: Optional[int] = None,
+    threads: Optional[int] = None,
+) -> torch.Tensor:
+    """``(P,)`` distances of grouped pairs (see :func:`~.shortest_paths.source_target_distances`).
+
+    Args:
+        adjacency: the graph.
+        row_sources: ``(S,)`` distinct source nodes.
+        pair_row: ``(P,)`` sorted source row of each pair.
+        pair_target: ``(P,)`` target node of each pair.
+        bound: the bound (a path exactly at it counts).
+        pair_group: ``(P,)`` int64 group of each pair (its trellis turn pair), or None
+            for one complete search per source.
+        settle_limit: nodes the first search of a source may settle before its far
+            pairs are left to the guided pass (default ``max(64, N // 64)``).
+        ball_limit: nodes of each group's backward ball (default ``max(256, N // 8)``).
+        memory_budget: bytes of balls per round (``16 * ball_limit`` per group).
+        threads: parallel blocks (default numba's thread count).
+
+    Returns:
+        ``(P,)`` float64 on the graph's device, ``inf`` beyond the bound; the same
+        values with or without groups.
+    """
+    kernels = _kernels()
+    arrays = _csr_arrays(adjacency)
+    nodes = adjacency.num_nodes
+    sources = row_sources.cpu().numpy().astype(np.int64, copy=False)
+    rows = pair_row.cpu().numpy().astype(np.int64, copy=False)
+    targets = pair_target.cpu().numpy().astype(np.int64, copy=False)
+    out = np.full(targets.size, np.inf)
+    # Pairs in different weakly connected components are unreachable: answered here,
+    # never searched (a search for one would exhaust its source's whole bounded ball).
+    labels = _component_labels(adjacency)
+    # shape: (P',) the pairs that need a search
+    searched = np.flatnonzero(labels[sources[rows]] == labels[targets])
+    if searched.size:
+        rows, targets = rows[searched], targets[searched]
+        values = np.empty(searched.size, dtype=np.float64)
+        found = np.zeros(searched.size, dtype=np.bool_)
+        scale = _heuristic_scale(adjacency, bound)
+        guided = pair_group is not None and scale is not None
+        limit = (max(64, nodes // 64) if settle_limit is None else int(settle_limit)) if guided else 0
+        no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
+        _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
+                   1.0, bound, limit, values, found, threads)
+        if guided and not found.all():
+            ball_limit = max(256, nodes // 8) if ball_limit is None else int(ball_limit)
+            _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy()[searched], bound,
+                         scale, min(ball_limit, nodes), memory_budget, threads, values, found)
+        out[searched] = values
+    return torch.from_numpy(out).to(adjacency.device)
+
+
+def _component_labels(adjacency: CSRAdjacency) -> np.ndarray:
+    """``(N,)`` int32 weakly connected component of every node, computed once per adjacency."""
+    if "components" not in adjacency.derived:
+        from scipy.sparse.csgraph import connected_components
+
+        _, labels = connected_components(adjacency.scipy_matrix(), directed=True, connection="weak")
+        adjacency.derived["components"] = labels
+    return adjacency.derived["components"]
+
+
+#: (ball_start, ball_end, ball_nodes, ball_values, ball_radius) of no balls (unguided units).
+_NO_BALLS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64),
+             np.empty(0, np.float64))
+
+
+def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, balls, scale, bound, limit,
+               out, found, threads) -> None:
+    """Run :func:`._compiled_kernels.pairs` over the units on at most ``threads``
+    threads; ``unit_groups`` is ``(unit_group_ptr, groups)`` (all-zero offsets for
+    unguided units)."""
+    unit_group_ptr, unit_groups = unit_groups
+    kernels.pairs(*arrays, unit_source, unit_ptr, targets, unit_group_ptr, unit_groups, *balls, scale, float(bound),
+                  limit, out, found, _blocks(threads, unit_source.size))
+
+
+def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, bound, scale, ball_limit,
+                 memory_budget, threads, out, found) -> None:
+    """Answer the pairs not ``found`` yet: per group, a backward ball from its pending
+    targets; per source, one A* search guided by the balls of its pending groups."""
+    nodes = adjacency.num_nodes
+    reverse = _csr_arrays(adjacency, reverse=True)
+    # A ball sums from the targets' end, the answer from the source's: a path within the
+    # bound can sum to a little more backwards (by at most (bound / w_min) ulps of the
+    # bound, far below alpha * bound). A complete ball must still hold every node of
+    # such a path, or its missing nodes (h = inf) would be pruned: search it wider.
+    ball_bound = float(bound) * (1.0 + 2.0 * (1.0 - scale))
+    # shape: (R,) the pending pairs; their groups renumbered 0..G-1
+    pending = np.flatnonzero(~found)
+    groups, group_of = np.unique(pair_group[pending], return_inverse=True)
+    per_round = rows_per_chunk(ball_limit, groups.size, memory_budget, bytes_per_entry=16)
+    for first in range(0, groups.size, per_round):
+        last = min(first + per_round, groups.size)
+        in_round = (group_of >= first) & (group_of < last)
+        chunk, chunk_group = pending[in_round], group_of[in_round] - first
+        count = last - first
+        # the balls, from each group's distinct pending targets
+        target_keys = np.unique(chunk_group * nodes + targets[chunk])
+        ball_nodes = np.empty((count, ball_limit), dtype=np.int64)
+        ball_values = np.empty((count, ball_limit), dtype=np.float64)
+        ball_count = np.empty(count, dtype=np.int64)
+        ball_radius = np.empty(count, dtype=np.float64)
+        kernels.balls(*reverse, _ptr(target_keys // nodes, count), target_keys % nodes, ball_bound, ball_limit,
+                      ball_nodes, ball_values, ball_count, ball_radius, _blocks(threads, count))
+        # flat views: group g's entries are [g * ball_limit, g * ball_limit + ball_count[g])
+        ball_start = np.arange(count, dtype=np.int64) * ball_limit
+        # one unit per source: its pending pairs of this round, ordered by source
+        order = np.argsort(pair_source[chunk], kind="stable")
+        chunk, chunk_group = chunk[order], chunk_group[order]
+        sources_of = pair_source[chunk]
+        starts = np.flatnonzero(np.r_[True, sources_of[1:] != sources_of[:-1]])
+        unit_ptr = np.r_[starts, chunk.size].astype(np.int64)
+        # each unit's distinct groups
+        unit_of = np.repeat(np.arange(starts.size), np.diff(unit_ptr))
+        unit_group_keys = np.unique(unit_of * count + chunk_group)
+        unit_group_ptr = _ptr(unit_group_keys // count, starts.size)
+        values = np.empty(chunk.size, dtype=np.float64)
+        done = np.zeros(chunk.size, dtype=np.bool_)
+        _run_units(kernels, arrays, sources_of[starts].astype(np.int64), unit_ptr, targets[chunk],
+                   (unit_group_ptr, (unit_group_keys % count).astype(np.int64)),
+                   (ball_start, ball_start + ball_count, ball_nodes.reshape(-1), ball_values.reshape(-1), ball_radius),
+                   scale, bound, 0, values, done, threads)
+        out[chunk] = values
+        found[chunk] = done
+
+
+def _ball_chunks(
+    adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int]
+) -> Iterator[Tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Complete bounded balls of the centres, a round at a time: ``(first, nodes,
+    values, counts)`` with row ``r`` holding centre ``first + r``'s ``counts[r]``
+    nodes in settle order (nondecreasing distance)."""
+    kernels = _kernels()
+    arrays = _csr_arrays(adjacency)
+    nodes = adjacency.num_nodes
+    sources = centres.cpu().numpy().astype(np.int64, copy=False)
+    per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
+    for first in range(0, sources.size, per_round):
+        chunk = sources[first:first + per_round]
+        ball_nodes = np.empty((chunk.size, nodes), dtype=np.int64)
+        ball_values = np.empty((chunk.size, nodes), dtype=np.float64)
+        ball_count = np.empty(chunk.size, dtype=np.int64)
+        ball_radius = np.empty(chunk.size, dtype=np.float64)
+        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
+                      ball_values, ball_count, ball_radius, _blocks(None, chunk.size))
+        yield first, ball_nodes, ball_values, ball_count
+
+
+def compiled_balls(
+    adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int] = None
+) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The bounded ball of each centre: every node within ``limit``, by one search each.
+
+    Args:
+        adjacency: the graph.
+        centres: ``(C,)`` int64 node indices.
+        limit: the search bound (a node exactly at it counts).
+        memory_budget: bytes of ball storage per round (``16 N`` per centre at most).
+
+    Returns:
+        Per centre, ``(nodes, distances)``: int64 and float64 numpy arrays of every
+        node within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
+        Cost O(ball) per centre, not O(N).
+    """
+    result: List[Tuple[np.ndarray, np.ndarray]] = []
+    for _, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, centres, limit, memory_budget):
+        for row, count in enumerate(ball_count.tolist()):
+            result.append((ball_nodes[row, :count], ball_values[row, :count]))
+    return result
+
+
+def compiled_rows(
+    adjacency: CSRAdjacency, sources: torch.Tensor, limit: float, memory_budget: Optional[int] = None
+) -> torch.Tensor:
+    """``(S, N)`` float64 bounded rows (``inf`` past ``limit``) on the graph's device,
+    from complete ball searches on every thread (e.g. a dense table's N rows)."""
+    rows = np.full((sources.numel(), adjacency.num_nodes), np.inf)
+    for first, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, sources, limit, memory_budget):
+        for row, count in enumerate(ball_count.tolist()):
+            rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
+    return torch.from_numpy(rows).to(adjacency.device)
+
+
+#: Below this many queries a cache lookup runs on the calling thread.
+LOOKUP_SERIAL_BELOW = 1 << 16
+
+
+def compiled_lookup(
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
+    nodes: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`~.cache.DistanceCache` lookup on the CPU: per query, a binary search
+    within its source's run of the sorted keys.
+
+    Args:
+        keys: ``(K,)`` sorted int64 ``source * nodes + target``; ``values``: ``(K,)``.
+        row_start: ``(nodes + 1,)`` int64 start of each source's run in ``keys``.
+        sources, targets: ``(Q,)`` int64 node indices.
+
+    Returns:
+        ``(values, found)``: ``(Q,)`` float64 (``inf`` where not found) and bool.
+    """
+    out = np.empty(sources.numel(), dtype=np.float64)
+    found = np.empty(sources.numel(), dtype=np.bool_)
+    blocks = 1 if sources.numel() < LOOKUP_SERIAL_BELOW else _blocks(None, sources.numel())
+    _kernels().lookup(keys.numpy(), values.numpy(), row_start.numpy(), sources.numpy(), targets.numpy(), int(nodes),
+                      out, found, blocks)
+    return torch.from_numpy(out), torch.from_numpy(found)
+
+
+def compiled_lookup_grid(
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, complete: torch.Tensor, sources: torch.Tensor,
+    targets: torch.Tensor, nodes: int, bound: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A :class:`~.cache.DistanceCache` lookup of every pair of index codes
+    ``(sources[g, j], targets[g, i])``, with SPEC's distances of codes filled in.
+
+    Args:
+        keys, values, row_start: as for :func:`compiled_lookup`.
+        complete: ``(nodes,)`` bool, rows cached whole (a target absent is beyond the bound).
+        sources: ``(G, M)`` int64 index codes; ``targets``: ``(G, M')``.
+        bound: the maximum distance.
+
+    Returns:
+        ``(values, answered, row_needed, row_hit)``: ``(G, M, M')`` float64 distances
+        (``inf`` where not answered) and bool; ``(G, M)`` bool, whether row ``j`` of
+        group ``g`` has a node pair (one that needs the cache), and whether all of
+        them were answered.
+    """
+    groups, width, columns = sources.shape[0], sources.shape[1], targets.shape[1]
+    out = np.empty((groups, width, columns), dtype=np.float64)
+    answered = np.empty((groups, width, columns), dtype=np.bool_)
+    row_needed = np.empty((groups, width), dtype=np.bool_)
+    row_hit = np.empty((groups, width), dtype=np.bool_)
+    blocks = 1 if out.size < LOOKUP_SERIAL_BELOW else _blocks(None, groups)
+    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), sources.numpy(),
+                           targets.numpy(), int(nodes), float(bound), out, answered, row_needed, row_hit, blocks)
+    return torch.from_numpy(out), torch.from_numpy(answered), torch.from_numpy(row_needed), torch.from_numpy(row_hit)

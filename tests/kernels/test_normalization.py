@@ -1,0 +1,78 @@
+"""The batched normalization equals normalize_scores bit for bit (sign of zero included)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from mapmatched_torch.core.scoring import normalize_scores
+from mapmatched_torch.kernels.normalization import normalize_score_rows
+
+
+def random_row(rng: random.Random, width: int):
+    kind = rng.randrange(8)
+    count = rng.randint(1, width)
+    if kind == 0:
+        return [rng.choice([1.0, -0.0, 0.0])] * count  # constant: std exactly 0
+    if kind == 1:
+        return [rng.choice([1e300, -1e300, 3.0]) for _ in range(count)]  # squares overflow to inf
+    if kind == 2:
+        return [rng.choice([5e-324, -5e-324, 1e-310, 0.0]) for _ in range(count)]  # subnormals
+    if kind == 3:
+        return [float(rng.randint(-3, 3)) for _ in range(count)]  # exact ties
+    if kind == 4:
+        return [rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8) for _ in range(count)]  # mixed magnitudes
+    return [rng.gauss(0, 1) for _ in range(count)]
+
+
+def bits(values):
+    return torch.tensor(values, dtype=torch.float64).view(torch.int64).tolist()
+
+
+@pytest.mark.parametrize("method", ["zscore", "center", "none"])
+def test_rows_equal_normalize_scores_bit_for_bit(method):
+    rng = random.Random(method)
+    width = 9
+    rows = [random_row(rng, width) for _ in range(400)] + [[2.5], [-0.0]]
+    padded = torch.tensor([row + [rng.choice([0.0, 7.0])] * (width - len(row)) for row in rows], dtype=torch.float64)
+    out = normalize_score_rows(padded, [len(row) for row in rows], method)
+    for row, got in zip(rows, out.tolist()):
+        assert bits(got[: len(row)]) == bits(normalize_scores(row, method)), row
+        assert got[len(row):] == [0.0] * (width - len(row))
+
+
+def test_empty_rows_and_overflowing_sums():
+    raw = torch.tensor([[1e308, 1e308, 0.0], [1.0, 2.0, 3.0], [4.0, 4.0, 4.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="exact sum overflows"):
+        normalize_scores([1e308, 1e308], "zscore")  # the reference raises; the batch marks the row NaN
+    out = normalize_score_rows(raw, [2, 0, 3])
+    assert all(math.isnan(value) for value in out[0, :2].tolist()) and out[0, 2] == 0.0
+    assert out[1].tolist() == [0.0, 0.0, 0.0] and out[2].tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="unsupported score normalization"):
+        normalize_score_rows(raw, [1, 1, 1], "minmax")
+
+
+@pytest.mark.parametrize("method", ["zscore", "center", "none"])
+def test_exact_candidate_normalization_keeps_every_candidate_in_its_slot(method):
+    # the evaluation's (B, T, M) normalization packs each turn's real candidates (holes
+    # allowed), normalizes them exactly and puts them back: == normalize_scores per turn
+    from mapmatched_torch.eval.candidates import normalize_candidate_scores
+
+    rng = random.Random(method + "slots")
+    generator = torch.Generator().manual_seed(5)
+    scores = torch.randn(4, 3, 7, generator=generator, dtype=torch.float64) * 10 ** rng.randint(-3, 3)
+    mask = torch.rand(4, 3, 7, generator=generator) < 0.6
+    mask[0, 0] = False  # a turn without candidates
+    scores[~mask] = math.nan  # padding values are never read
+    out = normalize_candidate_scores(scores, mask, method)
+    for b in range(4):
+        for t in range(3):
+            slots = mask[b, t].nonzero().flatten().tolist()
+            expected = normalize_scores([scores[b, t, m].item() for m in slots], method)
+            assert bits([out[b, t, m].item() for m in slots]) == bits(expected)
+            assert all(out[b, t, m].item() == 0.0 for m in range(7) if m not in slots)
+    with pytest.raises(ValueError, match="overflow"):
+        normalize_candidate_scores(torch.tensor([[[1e308, 1e308]]], dtype=torch.float64), torch.ones(1, 1, 2, dtype=torch.bool))
