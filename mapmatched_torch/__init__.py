@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import _compat
 from ._lazy import lazy_attributes
+from ._version import __version__
 from .core.errors import (
     FAISSNotInstalledError,
     MapMatchedError,
@@ -39,8 +40,6 @@ from .core.scoring import normalize_candidates, normalize_scores, softmax_entrop
 from .core.trace import render_trace
 from .retrieval.session import MapMatchedRetriever, MapMatchedSession
 from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
-
-__version__ = "0.1.0"
 
 _compat.install()  # the flat layout's module paths (mapmatched_torch.kernels.decode, ...) keep importing
 

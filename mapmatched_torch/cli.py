@@ -108,10 +108,12 @@ def _nonnegative_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mapmatched-torch`` argument parser (subcommand ``eval``)."""
+    from ._version import __version__
     from .eval.embedders import EMBEDDERS
     from .eval.methods import DEFAULT_METHODS
 
     parser = argparse.ArgumentParser(prog=PROG, description="Map-matched retrieval on tensors.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     ev = commands.add_parser(

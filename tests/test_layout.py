@@ -23,6 +23,7 @@ PACKAGE = "mapmatched_torch"
 RANKS = {
     "_compat": 0,  # package plumbing (the flat layout's paths, lazy attributes):
     "_lazy": 0,  # they import nothing of the package, and every part may use them
+    "_version": 0,
     "core": 1,
     "standalone": 2,
     "kernels": 3,
@@ -38,7 +39,7 @@ RANKS = {
     "__main__": 12,
 }
 #: Root modules every part may import, private names or not.
-PLUMBING = ("_compat", "_lazy")
+PLUMBING = ("_compat", "_lazy", "_version")
 #: Parts that are plain Python: no torch, numpy or scipy anywhere in them.
 PLAIN_PYTHON = ("core", "standalone")
 HEAVY = ("torch", "numpy", "scipy", "torch_geometric", "numba")

@@ -8,6 +8,7 @@
 
 from . import fitting
 from .fitting import *  # noqa: F401,F403  (the old fit module's public names)
+from .fitting import NDCG_K  # noqa: F401  (public in the old module, not in its __all__)
 from .model import MapMatchedModel
 
 __all__ = ["MapMatchedModel", *fitting.__all__]

@@ -4,7 +4,7 @@
 - :mod:`.step_results`: what a step keeps per session, and its lazily built results.
 """
 
-from .server import MapMatchedServer
+from .server import MapMatchedServer, SessionId
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
 
-__all__ = ["MapMatchedServer", "StepResults", "ServedTurn", "StepRecord", "NeighborhoodCache"]
+__all__ = ["MapMatchedServer", "SessionId", "StepResults", "ServedTurn", "StepRecord", "NeighborhoodCache"]

@@ -87,3 +87,10 @@ def test_command_is_required_and_help_exits_0(capsys):
     assert main(["eval", "--help"]) == 0
     assert "--maximal-marginal-relevance-lambda" in capsys.readouterr().out
     assert build_parser().prog == "mapmatched-torch"
+
+
+def test_version_prints_the_package_version(capsys):
+    import mapmatched_torch
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mapmatched-torch {mapmatched_torch.__version__}"
