@@ -20,6 +20,13 @@ def test_ci_runs_the_readme_test_command():
     assert command in (ROOT / ".ci" / "run").read_text()
 
 
+def test_ci_works_in_a_copy_and_leaves_the_checkouts_venv_alone():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "rm -rf .venv" not in script
+    copy = script.index("mktemp -d")
+    assert copy < script.index('cd "$work/repo"') < script.index("python3 -m venv .venv")
+
+
 def test_qdrant_snippet_runs_and_prints_its_claim(capsys):
     import pytest
 
