@@ -7,7 +7,7 @@ three ways, in one process, and prints seconds and ratios:
 - ``knn_edges``: :func:`mapmatched_torch.graph.knn_edges`, the exact engine (coarse
   GEMM + exact column-order re-scoring + tie rule, then the undirected min-union;
   the two steps are timed apart and summed): the answer is bit-identical to the
-  pure-Python reference rules of SPEC.md section 4.
+  pure-Python reference rules of docs/spec.md section 4.
 - ``faiss IndexFlatIP``: ``normalize_L2`` + ``add`` + ``search(k + 1)`` on a flat
   inner-product index (float32 sums in BLAS order: approximate ties, no tie rule).
 - ``numpy blockwise``: normalize, then per block of 1024 rows a float32 GEMM against

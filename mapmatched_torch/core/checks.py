@@ -1,4 +1,4 @@
-"""Argument checks shared by every public entry point (SPEC.md section 8).
+"""Argument checks shared by every public entry point (docs/spec.md section 8).
 
 Each check raises :class:`~mapmatched_torch.core.errors.MapMatchedValueError` (a
 ``ValueError``) with the offending name and value in the message, and returns the
@@ -104,7 +104,7 @@ def check_radius(value: Any, name: str = "radius") -> float:
 
 
 def check_trellis(trellis: Any) -> tuple:
-    """Validate a Python trellis (SPEC.md section 5) and return it as a tuple of tuples.
+    """Validate a Python trellis (docs/spec.md section 5) and return it as a tuple of tuples.
 
     A trellis is a non-empty sequence of turns; each turn a non-empty sequence of
     candidates with ``chunk_id`` (non-empty str, unique within the turn),

@@ -1,4 +1,4 @@
-"""The frozen value types of SPEC.md (sections 5-7).
+"""The frozen value types of docs/spec.md (sections 5-7).
 
 Every type is a frozen, slotted dataclass that validates itself in ``__post_init__``
 and raises ``ValueError`` (:class:`~mapmatched_torch.core.errors.MapMatchedValueError`)
@@ -131,7 +131,7 @@ def _check_step_fields(step: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DecodedStep:
-    """One turn of a decoded path (SPEC.md section 5, "Reported path").
+    """One turn of a decoded path (docs/spec.md section 5, "Reported path").
 
     ``graph_distance`` is 0.0 at turn 0 (and everywhere when ``transition_weight`` is
     0, since distances are then never computed); ``cumulative_score`` is the running
@@ -158,7 +158,7 @@ class DecodedPath:
 
     Attributes:
         steps: one :class:`DecodedStep` per turn, in turn order.
-        total_score: the last step's cumulative score (the objective of SPEC.md 1).
+        total_score: the last step's cumulative score (the objective of docs/spec.md 1).
         fixed_lag: the lag used, or None for full decoding.
         committed_through_index: last committed turn (``T - lag - 1`` when >= 0),
             None without a lag or before anything is committed.
@@ -186,7 +186,7 @@ class DecodedPath:
 
 @dataclass(frozen=True, slots=True)
 class TraceStep:
-    """A :class:`DecodedStep` plus the diagnostics of SPEC.md section 3.
+    """A :class:`DecodedStep` plus the diagnostics of docs/spec.md section 3.
 
     Attributes (beyond DecodedStep's):
         emission_entropy: entropy (nats) of softmax(lambda * normalized scores) of the

@@ -1,4 +1,4 @@
-"""From chosen candidate indices to the reported path (SPEC.md section 5).
+"""From chosen candidate indices to the reported path (docs/spec.md section 5).
 
 Shared by every decoder (standalone and tensor) so that the reported numbers are
 computed by one piece of code, in one order, and agree bit for bit.

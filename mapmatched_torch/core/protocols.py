@@ -1,4 +1,4 @@
-"""The seams of the library (SPEC.md sections 4-6), as runtime-checkable Protocols.
+"""The seams of the library (docs/spec.md sections 4-6), as runtime-checkable Protocols.
 
 Any object with these methods plugs in; tests pass plain fixture classes.
 """
@@ -17,7 +17,7 @@ Trellis = Sequence[Sequence[DecoderCandidate]]
 
 @runtime_checkable
 class CorpusGraph(Protocol):
-    """A corpus graph with bounded shortest-path distances (SPEC.md section 4)."""
+    """A corpus graph with bounded shortest-path distances (docs/spec.md section 4)."""
 
     @property
     def maximum_distance(self) -> float:
@@ -36,7 +36,7 @@ class CorpusGraph(Protocol):
 
 @runtime_checkable
 class Decoder(Protocol):
-    """Decodes a trellis into the best path (SPEC.md section 5)."""
+    """Decodes a trellis into the best path (docs/spec.md section 5)."""
 
     def decode(
         self,

@@ -1,4 +1,4 @@
-"""Per-turn score normalization and the per-turn diagnostics of SPEC.md sections 2-3.
+"""Per-turn score normalization and the per-turn diagnostics of docs/spec.md sections 2-3.
 
 Plain Python (``math.fsum`` for every sum, so results do not depend on summation order).
 """

@@ -1,8 +1,8 @@
-"""Building, serializing and rendering retrieval traces (SPEC.md section 7).
+"""Building, serializing and rendering retrieval traces (docs/spec.md section 7).
 
 A trace explains a decoded path turn by turn: the decoder's scores
 (:class:`~mapmatched_torch.core.models.DecodedStep`) plus the candidate diagnostics of
-SPEC.md section 3 (emission entropy, margin), the runner-up and the kind of move.
+docs/spec.md section 3 (emission entropy, margin), the runner-up and the kind of move.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ score). It comes either from the synthetic benchmark's precomputed tensors
 the corpus (:func:`retrieve_candidates`, with the query texts of
 :func:`query_texts`: the raw queries, the rewrites, or the history concatenation).
 
-Layout (SPEC.md section 10): real turns come first in every conversation; real
+Layout (docs/spec.md section 10): real turns come first in every conversation; real
 candidates fill each turn from slot 0; ``index`` holds -1 and ``scores`` 0.0 at
 padding. Flattening the real turns of a ``(B, T)`` tensor in row-major order gives the
 flat turn order of :meth:`Dataset.iter_turns <mapmatched_torch.eval.data.Dataset.iter_turns>`.
@@ -210,7 +210,7 @@ def retrieve_candidates(
 def normalize_candidate_scores(
     scores: Tensor, mask: Tensor, method: str = "zscore", *, exact: bool = True
 ) -> Tensor:
-    """Normalize every turn's raw scores over its real candidates (SPEC.md section 2).
+    """Normalize every turn's raw scores over its real candidates (docs/spec.md section 2).
 
     Args:
         scores: (B, T, M) float raw scores.

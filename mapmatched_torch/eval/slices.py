@@ -3,7 +3,7 @@
 Map-matching should lift the *follow-up* turns (ambiguous candidates: high emission
 entropy) without hurting the *standalone* ones. A turn's emission entropy is the
 Shannon entropy (nats) of ``softmax(lambda * normalized scores)`` over its candidates
-(SPEC.md section 3); :func:`emission_entropy` computes it in a batch.
+(docs/spec.md section 3); :func:`emission_entropy` computes it in a batch.
 
 Rules of :func:`entropy_slices`:
 

@@ -1,6 +1,6 @@
 """Fitting lambda and beta by gradient descent on labelled conversations.
 
-The model is the Gibbs distribution of the decoder's objective (SPEC.md section 1)::
+The model is the Gibbs distribution of the decoder's objective (docs/spec.md section 1)::
 
     p(x) ∝ exp( sum_t lambda * s_t(x_t) - sum_{t>=1} beta * d(x_{t-1}, x_t) )
 

@@ -31,7 +31,7 @@ class MapMatchedModel(nn.Module):
     """Map-matched decoding with learnable emission and transition weights.
 
     The objective of a path is ``sum_t lambda * s_t(x_t) - sum_{t>=1} beta * d(x_{t-1}, x_t)``
-    (SPEC.md section 1). The effective weights are ``param.clamp_min(0)``: the identity on
+    (docs/spec.md section 1). The effective weights are ``param.clamp_min(0)``: the identity on
     valid values (exact), and still >= 0 after an unconstrained optimizer step; call
     :meth:`project_` after the step to clamp the stored values too.
 

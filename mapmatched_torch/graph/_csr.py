@@ -1,7 +1,7 @@
 """The compressed sparse row (CSR) adjacency behind a tensor corpus graph.
 
 :func:`build_csr` turns a torch_geometric-style ``(edge_index, edge_weight)`` into a
-:class:`CSRAdjacency` with SPEC.md section 4's rules: edge distances must be positive
+:class:`CSRAdjacency` with docs/spec.md section 4's rules: edge distances must be positive
 and finite (checked before anything else, naming the first bad edge), self-loops are
 dropped (a positive loop never shortens a path), an undirected graph stores both
 directions, and parallel arcs keep the smallest distance (coalesced with

@@ -1,4 +1,4 @@
-"""A precomputed dense ``(N, N)`` table of SPEC.md distances, for small graphs.
+"""A precomputed dense ``(N, N)`` table of docs/spec.md distances, for small graphs.
 
 With the table, trellis distances are one gather: no search at all. It costs
 ``8 * N**2`` bytes (float64) and N bounded searches to build:
@@ -62,7 +62,7 @@ def build_dense_table(
     engine: str = "auto",
     search_budget: Optional[int] = None,
 ) -> torch.Tensor:
-    """Every pair's SPEC.md distance.
+    """Every pair's docs/spec.md distance.
 
     Args:
         adjacency: the graph (N nodes).

@@ -1,4 +1,4 @@
-"""kNN corpus graphs on tensors, bit-identical to the reference rules (SPEC.md section 4).
+"""kNN corpus graphs on tensors, bit-identical to the reference rules (docs/spec.md section 4).
 
 The rules are those of :mod:`mapmatched_torch.standalone.knn` (the oracle): rows are
 L2-normalized with a column-order float64 sum, the cosine similarity of two unit rows
@@ -148,7 +148,7 @@ def knn_edges(
     candidate_dtype: Optional[torch.dtype] = None,
     progress: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The kNN graph's edges (SPEC.md section 4): the undirected min-union of all picks.
+    """The kNN graph's edges (docs/spec.md section 4): the undirected min-union of all picks.
 
     Args:
         embeddings, chunk_ids, k: as for :func:`knn_neighbors_tensor`; node ``i`` is

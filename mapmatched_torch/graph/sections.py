@@ -29,7 +29,7 @@ of 10.0. On the cosine scale of a kNN graph (distances in [0, 2]) 1.0 is
 Pass ``None`` as a distance to switch that rule off.
 
 The graph is undirected; a pair linked by several rules keeps the smallest distance
-(SPEC.md section 4's parallel-edge rule). Every passage is a node, in input order,
+(docs/spec.md section 4's parallel-edge rule). Every passage is a node, in input order,
 even without edges. E <= 3 N undirected edges; building costs O(N log N).
 """
 

@@ -1,4 +1,4 @@
-"""Exact bounded shortest paths for batches of sources (SPEC.md section 4).
+"""Exact bounded shortest paths for batches of sources (docs/spec.md section 4).
 
 Every engine returns, for a pair ``(s, t)``, the minimum over paths from ``s`` to ``t``
 of the path's float64 left-fold length ``((w1 + w2) + w3) + ...``, among paths no
@@ -250,7 +250,7 @@ def pair_distances(
     groups: Optional[torch.Tensor] = None,
     **search: Any,
 ) -> torch.Tensor:
-    """SPEC.md distances ``d(sources[...], targets[...])`` of index codes, elementwise.
+    """docs/spec.md distances ``d(sources[...], targets[...])`` of index codes, elementwise.
 
     Args:
         adjacency: the graph.

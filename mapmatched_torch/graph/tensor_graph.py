@@ -2,7 +2,7 @@
 
 :class:`TensorCorpusGraph` implements the
 :class:`~mapmatched_torch.core.protocols.CorpusGraph` protocol with exactly the values of
-:class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph` (SPEC.md section 4),
+:class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph` (docs/spec.md section 4),
 and adds the batched API the tensor decoders use: :meth:`TensorCorpusGraph.trellis_distances`
 fills the ``(B, T-1, M, M)`` distances of a padded trellis with one search per
 distinct source (see :mod:`.shortest_paths` for the engines).
@@ -15,7 +15,7 @@ Conventions:
 - Index codes in tensors: ``>= 0`` a node, ``-1`` padding, ``<= -2`` an unknown chunk
   ID (equal codes = equal IDs). :meth:`TensorCorpusGraph.index_trellis` produces them
   from chunk IDs. Distances: 0.0 between equal non-padding codes (so an unknown ID is
-  0.0 from itself, as SPEC.md asks), ``maximum_distance`` for any other pair with a
+  0.0 from itself, as docs/spec.md asks), ``maximum_distance`` for any other pair with a
   negative code. Padding gets ``maximum_distance`` everywhere (the decoder masks it).
 - Single-pair :meth:`TensorCorpusGraph.distance` always reads the source's row (never
   the target's), so values never depend on the cache.
@@ -450,7 +450,7 @@ class TensorCorpusGraph:
         use_cache: bool = True,
         groups: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """SPEC.md distances between index codes, elementwise.
+        """docs/spec.md distances between index codes, elementwise.
 
         Args:
             sources: int64 index codes (any shape) on the graph's device.
@@ -558,7 +558,7 @@ class TensorCorpusGraph:
     # ------------------------------------------------------------------ CorpusGraph protocol
 
     def distance(self, source_chunk_id: str, target_chunk_id: str) -> float:
-        """The bounded shortest-path distance from source to target (SPEC.md section 4).
+        """The bounded shortest-path distance from source to target (docs/spec.md section 4).
 
         Returns:
             0.0 when the IDs are equal (even unknown ones); the shortest path length

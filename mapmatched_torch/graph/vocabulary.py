@@ -1,7 +1,7 @@
 """The chunk-ID vocabulary of a tensor graph: string IDs <-> int64 node indices.
 
 Chunk IDs are strings at the edges of the system and int64 node indices inside it
-(DESIGN.md, "Data flow"). A :class:`ChunkVocabulary` numbers N unique, non-empty IDs
+(docs/design.md, "Data flow"). A :class:`ChunkVocabulary` numbers N unique, non-empty IDs
 0..N-1 in their given order.
 
 Index codes used throughout :mod:`mapmatched_torch.graph`:
@@ -10,7 +10,7 @@ Index codes used throughout :mod:`mapmatched_torch.graph`:
 - ``-1``: padding, or an unknown ID when distinct codes were not asked for.
 - ``<= -2`` (only with ``distinct_unknown=True``): an ID the graph does not know.
   Equal unknown IDs share one code (``-2`` for the first one met, ``-3`` for the next,
-  ...), so distance code can honour SPEC.md's ``d(a, a) = 0`` for unknown IDs while
+  ...), so distance code can honour docs/spec.md's ``d(a, a) = 0`` for unknown IDs while
   keeping two *different* unknown IDs apart (they are ``maximum_distance`` apart).
 """
 

@@ -13,7 +13,7 @@ the ``[langchain]`` extra.
 
 Decisions:
 
-- Scores are "higher is better" (SPEC.md 9). A vector store's
+- Scores are "higher is better" (docs/spec.md 9). A vector store's
   ``similarity_search_with_relevance_scores`` is LangChain's own higher-is-better
   score (in [0, 1]) and is the default; many stores do not implement it (e.g.
   ``InMemoryVectorStore``), which is an error naming the two other modes:

@@ -1,6 +1,6 @@
 """The one linear-chain dynamic program, written once and run in any semiring.
 
-Conventions (SPEC.md section 10): ``B`` conversations, ``T`` turns, ``M`` candidates
+Conventions (docs/spec.md section 10): ``B`` conversations, ``T`` turns, ``M`` candidates
 per turn, ``V`` the semiring's value shape (``()`` or ``(2,)``, see
 :mod:`mapmatched_torch.kernels.semiring`).
 
@@ -215,7 +215,7 @@ def forward(
     conversation that has turn t commits turn t-L to the candidate that the decode of
     its prefix 0..t (under the locks committed so far) chose, and the forward scores of
     turns t-L+1..t are recomputed under the new lock (:func:`commit_tail`): scores before
-    the locked turn cannot change. This is SPEC.md section 5's lock procedure in
+    the locked turn cannot change. This is docs/spec.md section 5's lock procedure in
     O(B T L M^2) instead of O(B T^2 M^2).
 
     Args:

@@ -1,6 +1,6 @@
 """Batched decoding of conversational retrieval trellises: the functional tensor API.
 
-Every function takes a padded batch (SPEC.md section 10):
+Every function takes a padded batch (docs/spec.md section 10):
 
 - ``emissions``: ``(B, T, M)`` float, already weighted (``lambda * normalized score``).
 - ``transitions``: ``(B, T-1, M, M)``, same dtype and device, indexed
@@ -25,7 +25,7 @@ Outputs live on the inputs' device; inputs are never modified. The checks cost o
 host-device synchronization per call (plus one for the overflow check); the dynamic
 programs themselves never synchronize (loops over T only, backtracking on the device).
 
-Choices made where SPEC.md is silent:
+Choices made where docs/spec.md is silent:
 
 - Index tensors (``paths``, ``locks``, ``gold``) are checked at real turns only; their
   entries after a conversation's end are ignored.
@@ -171,7 +171,7 @@ def viterbi(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Decoded:
 
 
 def fixed_lag_viterbi(emissions: Tensor, transitions: Tensor, mask: Tensor, lag: int) -> FixedLagDecoded:
-    """Fixed-lag decoding (SPEC.md section 5) of a batch of trellises.
+    """Fixed-lag decoding (docs/spec.md section 5) of a batch of trellises.
 
     For each turn t: decode the prefix 0..t with every committed turn locked to its
     committed candidate; if t >= lag, commit turn t-lag to what that decode chose.
@@ -286,7 +286,7 @@ def forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, locks: 
 
     Returns:
         ``(B, T, M)``: forward scores, -inf at masked, locked-out and padding positions.
-        ``forward_scores(...)[b, length - 1]`` ranks the final candidates (SPEC.md
+        ``forward_scores(...)[b, length - 1]`` ranks the final candidates (docs/spec.md
         "decode_ranked"), under the locks if given.
 
     Cost: O(B T M^2).

@@ -1,4 +1,4 @@
-"""SPEC.md section 2's per-turn score normalization for many turns at once, bit for bit.
+"""docs/spec.md section 2's per-turn score normalization for many turns at once, bit for bit.
 
 :func:`~mapmatched_torch.core.scoring.normalize_scores` normalizes one turn in plain Python
 (``math.fsum`` sums). A server normalizing a thousand turns per step spends most of

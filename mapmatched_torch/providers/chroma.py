@@ -10,7 +10,7 @@ without it, and :class:`ChromaProvider` fails at construction with
 Chroma returns distances, smaller is nearer, in the collection's space (read from
 the collection's configuration -- ``{"hnsw": {"space": ...}}`` or ``{"spann": {...}}``
 -- or, for Chroma versions without one, the ``"hnsw:space"`` metadata key; Chroma's
-default is ``"l2"``). They become "higher is better" scores here (SPEC.md 9 does the
+default is ``"l2"``). They become "higher is better" scores here (docs/spec.md 9 does the
 same for FAISS):
 
 - ``"l2"``: ``d`` is the squared Euclidean distance; score ``0.0 - d`` (a zero
@@ -22,7 +22,7 @@ same for FAISS):
 Both maps are monotone, so Chroma's order is kept; the recovered similarities equal
 the exact ones up to Chroma's float32 rounding.
 
-Decisions where SPEC.md is silent:
+Decisions where docs/spec.md is silent:
 
 - Ties are sorted by Chroma's rank (its result order); which of several equally close
   records make it into the top ``limit`` is Chroma's choice. Chroma's HNSW index is

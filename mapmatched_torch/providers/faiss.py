@@ -1,10 +1,10 @@
-"""A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a FAISS index (SPEC.md 9).
+"""A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a FAISS index (docs/spec.md 9).
 
 faiss is an optional dependency (the ``[faiss]`` extra, or ``[faiss-gpu]``): this
 module imports without it, and :class:`FAISSProvider` fails at construction with
 :class:`~mapmatched_torch.core.errors.FAISSNotInstalledError` when it is missing.
 
-Decisions where SPEC.md is silent:
+Decisions where docs/spec.md is silent:
 
 - Ties are sorted by index position among the hits FAISS returns; which of several
   equally scored vectors make it into the top ``limit`` is FAISS's choice.

@@ -7,7 +7,7 @@ without it, and :class:`QdrantProvider` fails at construction with
 or local mode (``QdrantClient(":memory:")`` or ``QdrantClient(path=...)``), which
 needs no server.
 
-Scores are "higher is better" (SPEC.md 9 does the same for FAISS). What Qdrant returns
+Scores are "higher is better" (docs/spec.md 9 does the same for FAISS). What Qdrant returns
 as ``score`` depends on the collection's distance, read from the collection when the
 provider is built:
 
@@ -18,7 +18,7 @@ provider is built:
 
 ``0.0 - d`` (not ``-d``) keeps a zero distance at ``+0.0``.
 
-Decisions where SPEC.md is silent:
+Decisions where docs/spec.md is silent:
 
 - Ties are sorted by Qdrant's rank (its result order); which of several equally scored
   points make it into the top ``limit`` is Qdrant's choice. Qdrant's HNSW search is

@@ -1,4 +1,4 @@
-"""Conversational sessions over any retriever (SPEC.md section 6).
+"""Conversational sessions over any retriever (docs/spec.md section 6).
 
 :class:`MapMatchedRetriever` holds the configuration (graph, provider, decoder,
 weights, normalization, lag, context); :meth:`MapMatchedRetriever.session` opens one
@@ -85,7 +85,7 @@ def _check_graph(graph: Any) -> CorpusGraph:
 
 
 class MapMatchedRetriever:
-    """Map-matched retrieval over any candidate provider (SPEC.md section 6).
+    """Map-matched retrieval over any candidate provider (docs/spec.md section 6).
 
     Args:
         graph: the corpus graph (``CorpusGraph`` protocol).

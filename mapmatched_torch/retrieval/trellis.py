@@ -1,4 +1,4 @@
-"""Packing ragged Python trellises into padded tensors, and back (SPEC.md section 10).
+"""Packing ragged Python trellises into padded tensors, and back (docs/spec.md section 10).
 
 A batch of B conversations, each a list of turns of
 :class:`~mapmatched_torch.core.models.DecoderCandidate`, becomes padded (B, T, M) tensors

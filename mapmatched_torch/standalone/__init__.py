@@ -1,6 +1,6 @@
 """The pure-Python reference: bounded-Dijkstra graph, kNN rules, StandaloneDecoder.
 
-This subpackage is the behaviour spec in code (SPEC.md sections 4-5): no torch, no
+This subpackage is the behaviour spec in code (docs/spec.md sections 4-5): no torch, no
 numpy. Every tensor path of mapmatched_torch is tested against it.
 """
 

@@ -1,4 +1,4 @@
-"""The pure-Python reference decoder: SPEC.md section 5, literally.
+"""The pure-Python reference decoder: docs/spec.md section 5, literally.
 
 :class:`StandaloneDecoder` is the oracle every tensor path is tested against. It is
 written for clarity, not speed: a full decode costs O(T M^2) Python operations and
@@ -89,7 +89,7 @@ def _backtrack(scores: List[List[Optional[float]]], backpointers: List[List[int]
 
 
 class StandaloneDecoder:
-    """Reference implementation of the ``Decoder`` protocol (SPEC.md section 5).
+    """Reference implementation of the ``Decoder`` protocol (docs/spec.md section 5).
 
     Stateless; weights and the lag are passed per call, so one decoder serves any
     number of retrievers.

@@ -1,4 +1,4 @@
-"""The pure-Python reference corpus graph (SPEC.md section 4).
+"""The pure-Python reference corpus graph (docs/spec.md section 4).
 
 :class:`InMemoryCorpusGraph` is the oracle every tensor graph engine is tested against
 bit for bit: a bounded Dijkstra over a dict-of-dicts adjacency, with float64 path
@@ -51,7 +51,7 @@ def _unit_edge(pair: Any, position: int) -> GraphEdge:
 
 
 class InMemoryCorpusGraph:
-    """A corpus graph in memory with bounded shortest-path distances (SPEC.md section 4).
+    """A corpus graph in memory with bounded shortest-path distances (docs/spec.md section 4).
 
     Implements the :class:`~mapmatched_torch.core.protocols.CorpusGraph` protocol. See the
     module docstring for the exact semantics (bound, node order, self-loops).

@@ -1,4 +1,4 @@
-"""The pure-Python reference kNN graph (SPEC.md section 4, "kNN graph").
+"""The pure-Python reference kNN graph (docs/spec.md section 4, "kNN graph").
 
 The exact rules, which tensor engines must reproduce bit for bit:
 
@@ -120,7 +120,7 @@ class KNNGraph(InMemoryCorpusGraph):
         minimum_edge_distance: float = 1e-6,
         distance_cache_size: int = 256,
     ) -> "KNNGraph":
-        """The kNN graph of a set of embeddings (SPEC.md section 4).
+        """The kNN graph of a set of embeddings (docs/spec.md section 4).
 
         Args:
             chunk_ids: n unique, non-empty chunk IDs, one per row (n >= 1).

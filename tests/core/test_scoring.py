@@ -1,4 +1,4 @@
-"""Normalization, entropy and margin (SPEC.md sections 2-3)."""
+"""Normalization, entropy and margin (docs/spec.md sections 2-3)."""
 
 from __future__ import annotations
 

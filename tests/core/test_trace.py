@@ -1,4 +1,4 @@
-"""Trace building, JSON and rendering (SPEC.md section 7)."""
+"""Trace building, JSON and rendering (docs/spec.md section 7)."""
 
 from __future__ import annotations
 

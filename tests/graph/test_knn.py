@@ -1,4 +1,4 @@
-"""kNN construction on tensors: bit-for-bit parity with the reference rules (SPEC.md section 4)."""
+"""kNN construction on tensors: bit-for-bit parity with the reference rules (docs/spec.md section 4)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def one(emissions, transitions, mask, b):
 
 
 def literal_fixed_lag(emissions, transitions, mask, lag):
-    """SPEC.md section 5's lock procedure, literally, by enumeration (one conversation)."""
+    """docs/spec.md section 5's lock procedure, literally, by enumeration (one conversation)."""
     length = lengths_of(mask.unsqueeze(0))[0]
     allowed = mask.clone()
     for t in range(length):

@@ -1,4 +1,4 @@
-"""Tests of mapmatched_torch.providers.faiss (SPEC.md 9) and mapmatched_torch.core.optional."""
+"""Tests of mapmatched_torch.providers.faiss (docs/spec.md 9) and mapmatched_torch.core.optional."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MapMatchedRetriever and its session (SPEC.md section 6)."""
+"""MapMatchedRetriever and its session (docs/spec.md section 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""StandaloneDecoder: SPEC.md section 5, by hand-computed fixtures and brute force."""
+"""StandaloneDecoder: docs/spec.md section 5, by hand-computed fixtures and brute force."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the pure-Python reference corpus graph (SPEC.md section 4)."""
+"""Tests of the pure-Python reference corpus graph (docs/spec.md section 4)."""
 
 from __future__ import annotations
 

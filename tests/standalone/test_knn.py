@@ -1,4 +1,4 @@
-"""Tests of the pure-Python reference kNN graph (SPEC.md section 4, "kNN graph")."""
+"""Tests of the pure-Python reference kNN graph (docs/spec.md section 4, "kNN graph")."""
 
 from __future__ import annotations
 
