@@ -11,7 +11,7 @@ minimum: every engine agrees bit for bit with
 Engines (``engine=``):
 
 - ``"torch"``: batched frontier relaxation with ``scatter_reduce("amin")`` on the
-  graph's device (:mod:`._frontier`). Work is proportional to the arcs relaxed (no
+  graph's device (:mod:`.engines.frontier`). Work is proportional to the arcs relaxed (no
   O(N) per source); on CPU each relaxed arc costs ~10x what it costs in scipy's C
   loop, on a GPU it runs thousands of sources at once.
 - ``"scipy"``: ``scipy.sparse.csgraph.dijkstra`` on CPU for many sources per call.
@@ -25,12 +25,12 @@ Engines (``engine=``):
   pass cannot pay for itself and scipy runs alone.
 - ``"compiled"`` (CPU, needs numba: the ``[numba]`` extra): a target-aware
   Dijkstra per source in compiled code, sources spread over the CPU threads, no O(N)
-  set-up per source (:mod:`._compiled`). Given pair groups (a trellis's turn pairs,
+  set-up per source (:mod:`.engines.compiled`). Given pair groups (a trellis's turn pairs,
   whose targets lie close together), the pairs a source's search does not reach
   within ``settle_limit`` nodes are answered by A* searches guided by a backward ball
   around each group's targets, which settle a small fraction of what a full bounded
   search settles. Values are unchanged by the guidance (the heuristic is made
-  strictly consistent; see :func:`._compiled._heuristic_scale`).
+  strictly consistent; see :func:`.engines.compiled._heuristic_scale`).
 - ``"dense"``: gathers from a precomputed ``(N, N)`` table (:mod:`.dense`).
 - ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator,
   and on CPU ``"compiled"`` when numba is installed, else ``"hybrid"``. In
@@ -208,7 +208,7 @@ def source_target_distances(
             pairs of one group have targets close together), or None. Only the
             compiled engine uses it, to guide the searches for far pairs.
         settle_limit, ball_limit: the compiled engine's guided-search sizes (see
-            :func:`._compiled.compiled_pairs`).
+            :func:`.engines.compiled.compiled_pairs`).
 
     Returns:
         ``(Q,)`` float64: the shortest path length when ``<= bound``, else ``inf``.

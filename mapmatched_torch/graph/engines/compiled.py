@@ -239,7 +239,7 @@ _NO_BALLS = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.empty(0, np.int64)
 
 def _run_units(kernels, arrays, unit_source, unit_ptr, targets, unit_groups, balls, scale, bound, limit,
                out, found, threads) -> None:
-    """Run :func:`._compiled_kernels.pairs` over the units on at most ``threads``
+    """Run :func:`.compiled_kernels.pairs` over the units on at most ``threads``
     threads; ``unit_groups`` is ``(unit_group_ptr, groups)`` (all-zero offsets for
     unguided units)."""
     unit_group_ptr, unit_groups = unit_groups

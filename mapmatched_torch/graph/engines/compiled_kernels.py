@@ -1,6 +1,6 @@
 """numba kernels of the compiled engine (imported only when numba is installed).
 
-See :mod:`._compiled` for the algorithm and why its values are exact. Every kernel
+See :mod:`.compiled` for the algorithm and why its values are exact. Every kernel
 takes the CSR as ``(indptr, indices, weights)`` int64/int64/float64 numpy arrays and
 works on per-thread workspaces, so nothing here costs O(N) per source.
 """
@@ -72,7 +72,7 @@ def workspace(nodes, arcs):
 @numba.njit(cache=True, nogil=True)
 def search(indptr, indices, weights, starts, targets, guided, floor, scale, bound, settle_limit, work, stamp,
            values, found):
-    """One search from ``starts`` (all at 0.0); see :mod:`._compiled`.
+    """One search from ``starts`` (all at 0.0); see :mod:`.compiled`.
 
     Settles nodes by key ``g`` (unguided) or ``g + scale * min(h[v], floor)`` (guided,
     ``h`` = the workspace's heuristic array). Stops when every target is settled, the
