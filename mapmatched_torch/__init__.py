@@ -41,7 +41,7 @@ from .core.trace import render_trace
 from .retrieval.session import MapMatchedRetriever, MapMatchedSession
 from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
 
-_compat.install()  # the flat layout's module paths (mapmatched_torch.kernels.decode, ...) keep importing
+_compat.install()  # the flat layout's module paths (mapmatched_torch.decode, ...) keep importing
 
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {

@@ -62,7 +62,11 @@ def knn_neighbors(
     Cost: O(n^2 D) time, O(n^2) memory, pure Python (the reference, not for large n).
     """
     count = check_positive_int(neighbor_count, "neighbor_count")
-    ids = check_embedding_ids(chunk_ids)
+    return _picks(check_embedding_ids(chunk_ids), embeddings, count)
+
+
+def _picks(ids: Tuple[str, ...], embeddings: Any, count: int) -> List[List[Tuple[str, float]]]:
+    """:func:`knn_neighbors` of already-checked IDs and a checked ``count``."""
     distances = _cosine_distance_matrix(normalized_rows(ids, embeddings))
     k = min(count, len(ids) - 1)
     return [_pick(index, ids, row, k) for index, row in enumerate(distances)]
@@ -158,7 +162,7 @@ class KNNGraph(InMemoryCorpusGraph):
         count, maximum, minimum = check_knn_options(neighbor_count, maximum_distance, minimum_edge_distance)
         check_positive_int(distance_cache_size, "distance_cache_size")
         ids = check_embedding_ids(chunk_ids)
-        picks = knn_neighbors(ids, embeddings, count)
+        picks = _picks(ids, embeddings, count)
         edges = [
             GraphEdge(source, target, min(max(distance, minimum), maximum))
             for source, row in zip(ids, picks)
