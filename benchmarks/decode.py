@@ -4,7 +4,13 @@ Prints conversations per second for ``viterbi``, ``fixed_lag_viterbi`` (lag 2) a
 ``log_partition`` at B in {1, 64, 1024, 4096} conversations of T=12 turns and M=32
 candidates, in float32 and float64, next to
 
+- the torch path (``use_fused_kernels(False)``: the eager chain DP that the fused
+  kernels replace by default on the CPU, see ``mapmatched_torch/kernels/fused.py``),
 - a plain numpy Viterbi (vectorized over B and M, loop over T; the same tie rule),
+- peers when installed: torch-struct 0.5's ``LinearChainCRF`` (``argmax`` in the max
+  semiring for viterbi, ``partition`` in the log semiring for log_partition; its log
+  potentials are built outside the timed call) and pytorch-crf's ``CRF.decode`` (the
+  time-invariant special case: one M x M transition matrix shared by all turns),
 - the pure-Python ``StandaloneDecoder`` (float64; run on a few conversations only, and
   through a dict-backed graph holding the same distances),
 
@@ -22,6 +28,7 @@ Usage::
     python benchmarks/decode.py            # full table
     python benchmarks/decode.py --quick    # B in {1, 64, 1024}, one repeat
     python benchmarks/decode.py --device cuda
+    pip install torch-struct==0.5 pytorch-crf   # optional peers (not project dependencies)
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mapmatched_torch.kernels.decode import fixed_lag_viterbi, log_partition, viterbi  # noqa: E402
+from mapmatched_torch.kernels.fused import fused_kernels_enabled, use_fused_kernels  # noqa: E402
 from mapmatched_torch.testing import random_trellis  # noqa: E402
 
 TURNS, CANDIDATES, LAG = 12, 32, 2
@@ -126,6 +134,51 @@ def standalone_baseline(
 # ------------------------------------------------------------------- measuring
 
 
+def torch_path(call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` with the fused kernels off (the eager chain DP)."""
+
+    def run() -> object:
+        before = fused_kernels_enabled()
+        use_fused_kernels(False)
+        try:
+            return call()
+        finally:
+            use_fused_kernels(before)
+
+    return run
+
+
+def torch_struct_calls(emissions: torch.Tensor, transitions: torch.Tensor) -> Dict[str, Callable[[], object]]:
+    """torch-struct's LinearChainCRF on the same trellis (unpadded), or {} without it.
+
+    Its log potentials are ``(B, T-1, C_next, C_prev)``: turn 0's emission is folded into
+    the first step, each later emission into the step that enters it."""
+    try:
+        from torch_struct import LinearChainCRF
+    except ImportError:
+        return {}
+    potentials = transitions.transpose(-1, -2) + emissions[:, 1:, :, None]
+    potentials[:, 0] += emissions[:, 0, None, :]
+    return {
+        "viterbi": lambda: LinearChainCRF(potentials).argmax,  # max semiring + autograd backtrack
+        "log_partition": lambda: LinearChainCRF(potentials).partition,
+    }
+
+
+def pytorch_crf_call(emissions: torch.Tensor, transitions: torch.Tensor) -> Optional[Callable[[], object]]:
+    """pytorch-crf's Viterbi with turn 0's transition matrix for every turn, or None."""
+    try:
+        from torchcrf import CRF
+    except ImportError:
+        return None
+    crf = CRF(emissions.shape[2], batch_first=True).to(emissions.device, emissions.dtype)
+    with torch.no_grad():
+        crf.transitions.copy_(transitions[0, 0])
+        crf.start_transitions.zero_()
+        crf.end_transitions.zero_()
+    return lambda: crf.decode(emissions)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -204,7 +257,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         f"T={TURNS} M={CANDIDATES} lag={LAG} repeats={repeats}"
     )
     header = (
-        f"{'op':<16}{'dtype':<9}{'B':>6}{'torch conv/s':>15}{'baseline':>12}{'base conv/s':>14}{'ratio':>9}"
+        f"{'op':<16}{'dtype':<9}{'B':>6}{'ours conv/s':>15}{'baseline':>14}{'base conv/s':>14}{'ratio':>9}"
         f"{'peak MB':>10}"
     )
     print(header)
@@ -238,10 +291,18 @@ def main(argv: Optional[List[str]] = None) -> None:
                 "log_partition": lambda: log_partition(emissions, transitions, on_device),
             }
             numpy_inputs = (emissions.cpu().numpy(), transitions.cpu().numpy(), mask.numpy())
+            peers = torch_struct_calls(emissions, transitions)
+            crf = pytorch_crf_call(emissions, transitions)
             for op, call in calls.items():
                 rate = batch / _seconds(call, device, repeats)
                 peak = peak_extra_mb(call, device)
                 baselines: List[Tuple[str, Optional[float]]] = []
+                if op != "log_partition":
+                    baselines.append(("torch path", batch / _seconds(torch_path(call), device, repeats)))
+                if op in peers:
+                    baselines.append(("torch-struct", batch / _seconds(peers[op], device, repeats)))
+                if op == "viterbi" and crf is not None:
+                    baselines.append(("pytorch-crf", batch / _seconds(crf, device, repeats)))
                 if op == "viterbi":
                     numpy_seconds = _seconds(lambda: numpy_viterbi(*numpy_inputs), torch.device("cpu"), repeats)
                     baselines.append(("numpy", batch / numpy_seconds))
@@ -255,7 +316,7 @@ def _print_row(op, dtype, batch, rate, baseline, base_rate, peak) -> None:
     ratio = f"{rate / base_rate:.1f}x" if base_rate else "-"
     base = f"{base_rate:,.0f}" if base_rate else "-"
     dtype_name = str(dtype).replace("torch.", "")
-    print(f"{op:<16}{dtype_name:<9}{batch:>6}{rate:>15,.0f}{baseline:>12}{base:>14}{ratio:>9}{peak:>10}")
+    print(f"{op:<16}{dtype_name:<9}{batch:>6}{rate:>15,.0f}{baseline:>14}{base:>14}{ratio:>9}{peak:>10}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 __all__ = ["build_parser", "main"]
@@ -106,6 +108,30 @@ def _nonnegative_float(text: str) -> float:
 # --------------------------------------------------------------------------- parser
 
 
+def _as_typed(value: Any) -> str:
+    """A default as a user types it: lists comma-separated, 1.0 as 1, a None lag as ``full``."""
+    if isinstance(value, (list, tuple)):
+        return ",".join("full" if item is None else _as_typed(item) for item in value)  # None only in --lags
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: ...)`` once, as typed, to options with a default to show.
+
+    Not for defaults of None or False (nothing to show) or help that already says its
+    default in words (e.g. "default: knn for data, ...").
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        hidden = any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))  # not 0 == False
+        if not action.option_strings or "(default" in text or hidden:
+            return text
+        return f"{text} (default: {_as_typed(action.default)})".replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mapmatched-torch`` argument parser (subcommand ``eval``)."""
     from ._version import __version__
@@ -121,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="offline evaluation: methods x slices, intervals, verdict, reports",
         description="Evaluate map-matched retrieval against pointwise retrieval and baselines. "
                     "Without a data option: the built-in deterministic synthetic benchmark.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     data = ev.add_argument_group("data (at most one; none = the synthetic benchmark)")
     source = data.add_mutually_exclusive_group()
@@ -176,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
     run.add_argument("--markdown", metavar="PATH", help="write the markdown report here")
     run.add_argument("--plots", metavar="DIR", help="write the PNG plots into this directory")
-    run.add_argument("--quiet", action="store_true", help="no progress bars or status lines (the table is printed)")
+    run.add_argument("--quiet", action="store_true", help="no progress bars or status lines (the table and "
+                     "warnings are printed)")
     return parser
 
 
@@ -184,8 +211,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _status(args: argparse.Namespace, message: str) -> None:
-    if not args.quiet:
+    from .eval.runner import main_process
+
+    if not args.quiet and main_process():
         print(message, file=sys.stderr, flush=True)
+
+
+def _unwritable(folder: Path) -> Optional[str]:
+    """None when ``folder`` is a writable directory or can be created as one, else why not."""
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        where = "" if existing == folder else f"{folder} does not exist and cannot be created: "
+        return f"{where}cannot write in {existing} ({error.strerror or error})"
+    return None
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse report paths that could not be written, before any work (they used to fail after the run)."""
+    for option, value in (("--json", args.json), ("--markdown", args.markdown)):
+        if value is None:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            parser.error(f"{option} {value}: is a directory (give the path of the file to write)")
+        problem = _unwritable(path.parent)
+        if problem is not None:
+            parser.error(f"{option} {value}: {problem}")
+    if args.json and args.markdown and Path(args.json).resolve() == Path(args.markdown).resolve():
+        parser.error(f"--json and --markdown name the same file: {args.json}")
+    if args.plots is not None:
+        path = Path(args.plots)
+        if path.exists() and not path.is_dir():
+            parser.error(f"--plots {args.plots}: is an existing file (give a directory to write the PNGs into)")
+        problem = _unwritable(path)
+        if problem is not None:
+            parser.error(f"--plots {args.plots}: {problem}")
 
 
 def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -212,18 +279,44 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--methods must include pointwise (the baseline of every lift)")
 
 
+#: What labels a turn, per data option (the message of a data set without labels).
+_LABELS = {
+    "data": 'a turn is labelled by its "qrels" ({"<passage id>": grade}) with a grade > 0',
+    "inscit": "a turn is labelled by the evidence passages of its labels (labels[].evidence[].passage_id)",
+    "topiocqa": "a turn is labelled by its Gold_passage",
+    "cast_topics": "a turn is labelled by --cast-qrels lines 'qid Q0 docid rel' with rel > 0 and qid "
+                   "'<topic number>_<turn number>'",
+}
+
+
 def _load_dataset(args: argparse.Namespace) -> Any:
+    from .core.errors import MapMatchedValueError
     from .eval import data
 
-    if args.data:
-        return data.load_directory(args.data)
-    if args.inscit:
-        return data.load_inscit(args.inscit)
-    if args.topiocqa:
-        return data.load_topiocqa(args.topiocqa)
-    if args.cast_topics:
-        return data.load_trec_cast(args.cast_topics, args.cast_qrels, args.cast_passages)
-    return None
+    loaders = {
+        "data": lambda: data.load_directory(args.data),
+        "inscit": lambda: data.load_inscit(args.inscit),
+        "topiocqa": lambda: data.load_topiocqa(args.topiocqa),
+        "cast_topics": lambda: data.load_trec_cast(args.cast_topics, args.cast_qrels, args.cast_passages),
+    }
+    option = next((name for name in loaders if getattr(args, name)), None)
+    if option is None:
+        return None
+    path = getattr(args, option)
+    _status(args, f"{PROG} eval: loading {path}")
+    dataset = loaders[option]()
+    if dataset.labelled_turn_count == 0:
+        where = (args.cast_qrels or f"{path} (no --cast-qrels given)") if option == "cast_topics" else path
+        raise MapMatchedValueError(f"no labelled turns in {where}: nothing to score; {_LABELS[option]}")
+    return dataset
+
+
+def _compile_notice(args: argparse.Namespace, device: Any) -> None:
+    """Say so before numba compiles the graph kernels (seconds of silence otherwise)."""
+    from .eval.distances import kernels_need_compiling
+
+    if kernels_need_compiling(device):
+        _status(args, f"{PROG} eval: compiling graph kernels (first run only; cached on disk)")
 
 
 def _device(args: argparse.Namespace) -> Any:
@@ -241,36 +334,41 @@ def _device(args: argparse.Namespace) -> Any:
 
 def _inputs(args: argparse.Namespace, device: Any) -> Any:
     from .eval.embedders import make_embedder
-    from .eval.runner import inputs_from_dataset, inputs_from_synthetic
+    from .eval.runner import inputs_from_dataset, inputs_from_synthetic, progress_enabled
 
     dataset = _load_dataset(args)
+    progress = False if args.quiet else None
     make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
-                                 seed=args.seed)
+                                 seed=args.seed, progress=progress_enabled(progress))
     if dataset is not None:
         _status(args, f"{PROG} eval: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
-                      f"{len(dataset.passages)} passages; embedding with {args.embedder}")
+                      f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
         return inputs_from_dataset(
             dataset, make(), graph=args.graph or "knn", k=args.k, candidates=args.candidates or 20,
-            maximum_distance=args.maximum_distance, device=device, progress=False if args.quiet else None,
+            maximum_distance=args.maximum_distance, device=device, progress=progress,
         )
     from .eval.candidates import passage_embedding_text
     from .eval.distances import build_corpus_graph
     from .eval.synthetic import make_synthetic
 
+    _status(args, f"{PROG} eval: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
     bench = make_synthetic(args.conversations, args.turns, args.candidates or 16, args.seed)
     graph = None
     if args.graph is not None:
         texts = [passage_embedding_text(p) for p in bench.dataset.passages]
+        _status(args, f"{PROG} eval: building the {args.graph} graph of {len(texts)} passages")
         embeddings = make().encode(texts).to(device) if args.graph == "knn" else None
         graph = build_corpus_graph(args.graph, bench.dataset.passages, embeddings, k=args.k,
-                                   maximum_distance=args.maximum_distance, device=device)
-    _status(args, f"{PROG} eval: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
+                                   maximum_distance=args.maximum_distance, device=device, progress=progress)
+    else:
+        _status(args, f"{PROG} eval: building the topic graph and its distance table")
+        _compile_notice(args, device)
     return inputs_from_synthetic(bench, graph=graph, device=device, maximum_distance=args.maximum_distance)
 
 
 def _run(args: argparse.Namespace) -> int:
     from .eval.plots import write_plots
-    from .eval.report import to_markdown, write_json, write_markdown
+    from .eval.report import report_warnings, to_markdown, write_json, write_markdown
     from .eval.runner import EvalConfig, evaluate
 
     started = time.perf_counter()
@@ -283,7 +381,10 @@ def _run(args: argparse.Namespace) -> int:
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )
+    _compile_notice(args, device)
     result = evaluate(inputs, config)
+    for note in report_warnings(result):  # also with --quiet: they qualify the numbers
+        print(f"{PROG} {args.command}: warning: {note}", file=sys.stderr, flush=True)
     report = to_markdown(result)
     sys.stdout.write(report)
     sys.stdout.flush()
@@ -292,6 +393,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         _status(args, f"wrote {write_json(result, args.json)}")
     if args.plots:
+        _status(args, f"{PROG} eval: drawing the plots")
         for path in write_plots(result, args.plots):
             _status(args, f"wrote {path}")
     _status(args, f"{PROG} eval: done in {time.perf_counter() - started:.1f} s")
@@ -310,11 +412,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
         _check_sources(parser, args)
+        _check_outputs(parser, args)
     except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return value
         return stop.code if isinstance(stop.code, int) else 2
     try:
         return _run(args)
-    except (MapMatchedError, FileNotFoundError, IsADirectoryError) as error:
+    except (MapMatchedError, OSError) as error:  # an input error, or a file that cannot be read or written
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return 2
 

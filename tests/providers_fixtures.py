@@ -377,7 +377,7 @@ def check_server_parity(session_provider: Any, server_provider: Any, monkeypatch
 
 def missing_extra_errors(module: str, extra: str, *builds: Callable[[], Any]) -> List[MissingDependencyError]:
     """Run each build with ``module`` (and its submodules) unimportable; each must raise
-    a MissingDependencyError (an ImportError) naming ``pip install mapmatched-torch[extra]``.
+    a MissingDependencyError (an ImportError) naming ``pip install 'mapmatched-torch[extra]'`` (and ``pip install -e '.[extra]'``).
     The errors are returned for further checks."""
     errors = []
     _optional.clear_cache()
@@ -390,7 +390,8 @@ def missing_extra_errors(module: str, extra: str, *builds: Callable[[], Any]) ->
                 with pytest.raises(MissingDependencyError) as caught:
                     build()
                 assert isinstance(caught.value, ImportError)
-                assert f"`pip install mapmatched-torch[{extra}]`" in str(caught.value)
+                assert f"`pip install 'mapmatched-torch[{extra}]'`" in str(caught.value)
+                assert f"`pip install -e '.[{extra}]'`" in str(caught.value)
                 assert caught.value.extra == extra
                 errors.append(caught.value)
     finally:

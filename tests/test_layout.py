@@ -193,3 +193,14 @@ def test_the_plain_python_parts_import_without_torch() -> None:
         "import mapmatched_torch.core.embeddings, mapmatched_torch.core.graph_types\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_eval_surface_is_the_handful_a_user_calls_and_former_names_still_resolve():
+    import mapmatched_torch.eval as evaluation
+
+    assert len(evaluation.__all__) <= 16 and "evaluate" in evaluation.__all__
+    for name in evaluation.__all__:
+        assert getattr(evaluation, name) is not None
+    for name, module in evaluation._LAZY.items():
+        assert name not in evaluation.__all__
+        assert getattr(evaluation, name) is getattr(importlib.import_module(module, "mapmatched_torch.eval"), name)

@@ -7,13 +7,15 @@ value normalized to its Python type.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, TypeVar
 
-from .errors import MapMatchedValueError
+from .errors import MapMatchedTypeError, MapMatchedValueError
 
 __all__ = [
+    "check_choice",
     "check_chunk_id",
     "check_finite",
     "check_weight",
@@ -28,7 +30,51 @@ __all__ = [
     "duplicate_ids_error",
     "check_positive_finite",
     "check_not_a_string",
+    "check_sequence",
+    "describe",
 ]
+
+_Choice = TypeVar("_Choice")
+
+
+def check_choice(name: str, value: Any, choices: Iterable[_Choice]) -> _Choice:
+    """``value`` must equal one of ``choices`` (an option naming a mode, engine, metric ...).
+
+    The one message of every such check: ``unsupported {name}: {value!r} (expected one
+    of 'a', 'b')``, plus ``; did you mean 'a'?`` when a string value is close to a
+    string choice (a typo). A value matches a choice only when it is an instance of the
+    choice's type (so ``1`` is not ``"1"``, and ``True`` is not ``1``).
+
+    Args:
+        name: what the option is, as the message should call it, e.g. ``"metric"`` or
+            ``"Chroma space of collection 'docs'"``.
+        value: the caller's value (any object; unhashable ones are fine).
+        choices: the accepted values, in the order the message lists them.
+
+    Returns:
+        The matching choice.
+
+    Raises:
+        MapMatchedValueError: (a ``ValueError``) ``value`` is not one of ``choices``.
+    """
+    choices = tuple(choices)
+    for choice in choices:
+        if (
+            isinstance(value, type(choice))
+            and (isinstance(choice, bool) or not isinstance(value, bool))
+            and value == choice
+        ):
+            return choice
+    hint = ""
+    if isinstance(value, str):
+        words = [choice for choice in choices if isinstance(choice, str)]
+        close = difflib.get_close_matches(value, words, n=1) or [
+            word for word in words if word.lower() == value.lower()
+        ]
+        if close:
+            hint = f"; did you mean {close[0]!r}?"
+    expected = ", ".join(map(repr, choices))
+    raise MapMatchedValueError(f"unsupported {name}: {value!r} (expected one of {expected}{hint})")
 
 
 def check_chunk_id(value: Any, what: str = "chunk ID") -> str:
@@ -108,16 +154,14 @@ def check_trellis(trellis: Any) -> tuple:
 
     A trellis is a non-empty sequence of turns; each turn a non-empty sequence of
     candidates with ``chunk_id`` (non-empty str, unique within the turn),
-    ``raw_score`` and ``normalized_score`` (finite). Raises ValueError before any work.
+    ``raw_score`` and ``normalized_score`` (finite). Raises ValueError before any work
+    (:class:`~mapmatched_torch.core.errors.MapMatchedTypeError`, also a TypeError, for
+    a trellis, turn or candidate of the wrong type).
     """
-    if isinstance(trellis, (str, bytes)):
-        raise MapMatchedValueError("trellis must be a sequence of turns")
-    turns = tuple(tuple(turn) for turn in trellis)
+    turns = check_sequence(trellis, "trellis", "a sequence of turns (each a sequence of DecoderCandidate)")
     if not turns:
         raise MapMatchedValueError("trellis must contain at least one turn")
-    for turn_index, turn in enumerate(turns):
-        check_turn(turn, turn_index)
-    return turns
+    return tuple(check_turn(turn, turn_index) for turn_index, turn in enumerate(turns))
 
 
 def empty_turn_error(turn_index: int) -> MapMatchedValueError:
@@ -132,22 +176,42 @@ def duplicate_ids_error(where: str, chunk_id: str) -> MapMatchedValueError:
 
 def check_turn(turn: Any, turn_index: int) -> tuple:
     """Validate one trellis turn (see :func:`check_trellis`); ``turn_index`` names it."""
-    turn = tuple(turn)
+    turn = check_sequence(turn, f"trellis turn {turn_index}", "a sequence of DecoderCandidate")
     if not turn:
         raise empty_turn_error(turn_index)
     seen = set()
     for candidate_index, candidate in enumerate(turn):
-        chunk_id = getattr(candidate, "chunk_id", None)
+        chunk_id = getattr(candidate, "chunk_id", _MISSING)
+        if chunk_id is _MISSING:
+            raise _not_a_decoder_candidate(candidate, turn_index, candidate_index)
         check_chunk_id(chunk_id, f"trellis turn {turn_index} candidate {candidate_index} chunk ID")
         if chunk_id in seen:
             raise duplicate_ids_error(f"trellis turn {turn_index}", chunk_id)
         seen.add(chunk_id)
         for name in ("raw_score", "normalized_score"):
-            check_finite(
-                getattr(candidate, name, None),
-                f"trellis turn {turn_index} candidate {chunk_id!r} {name}",
-            )
+            value = getattr(candidate, name, _MISSING)
+            if value is _MISSING:
+                raise _not_a_decoder_candidate(candidate, turn_index, candidate_index)
+            check_finite(value, f"trellis turn {turn_index} candidate {chunk_id!r} {name}")
     return turn
+
+
+_MISSING = object()
+
+
+def _not_a_decoder_candidate(candidate: Any, turn_index: int, candidate_index: int) -> MapMatchedTypeError:
+    """The error for a trellis entry without ``chunk_id``, ``raw_score`` and ``normalized_score``."""
+    where = f"trellis turn {turn_index} candidate {candidate_index}"
+    if hasattr(candidate, "chunk_id") and hasattr(candidate, "score"):  # a provider's ScoredCandidate
+        return MapMatchedTypeError(
+            f"{where} is a {type(candidate).__name__} (chunk_id, score), but a trellis holds normalized "
+            "DecoderCandidate (chunk_id, raw_score, normalized_score): convert each turn with "
+            "normalize_candidates(turn, score_normalization) first, or hand raw candidates to "
+            "MapMatchedSession.retrieve_candidates / MapMatchedServer.step, which normalize them"
+        )
+    return MapMatchedTypeError(
+        f"{where} must be a DecoderCandidate (chunk_id, raw_score, normalized_score), got {describe(candidate)}"
+    )
 
 
 def check_decode_options(emission_weight: Any, transition_weight: Any, fixed_lag: Any) -> tuple:
@@ -167,6 +231,42 @@ def check_positive_finite(value: Any, what: str) -> float:
     if not (math.isfinite(number) and number > 0.0):
         raise MapMatchedValueError(f"{what} must be positive and finite, got {number!r}")
     return number
+
+
+def describe(value: Any, width: int = 60) -> str:
+    """``value`` for an error message: its type and a ``repr`` cut at ``width`` characters
+    (``"None"``, ``"int 42"``, ``"str 'a'"``)."""
+    text = repr(value)
+    if len(text) > width:
+        text = text[: width - 3] + "..."
+    return text if value is None else f"{type(value).__name__} {text}"
+
+
+def check_sequence(values: Any, what: str, expected: str) -> tuple:
+    """A non-string iterable argument (list, tuple, generator ...), returned as a tuple.
+
+    Args:
+        values: the caller's value.
+        what: what it is, for the message (e.g. ``"trellis turn 3"``).
+        expected: what it should be (e.g. ``"a sequence of DecoderCandidate"``).
+
+    Returns:
+        ``tuple(values)``.
+
+    Raises:
+        MapMatchedTypeError: (a ValueError and a TypeError) ``values`` is a ``str`` or
+            ``bytes`` (it would split into characters) or is not iterable (None, a
+            number): ``"{what} must be {expected}, got {describe(values)}"``.
+    """
+    if type(values) is tuple:  # the common case
+        return values
+    if isinstance(values, (str, bytes)):
+        raise MapMatchedTypeError(f"{what} must be {expected}, got {describe(values)}")
+    try:
+        iterator = iter(values)
+    except TypeError:
+        raise MapMatchedTypeError(f"{what} must be {expected}, got {describe(values)}") from None
+    return tuple(iterator)
 
 
 def check_not_a_string(values: Any, name: str) -> Any:

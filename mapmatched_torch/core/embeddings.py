@@ -16,7 +16,14 @@ from typing import Any, Dict, Iterable, List, Tuple
 from .checks import check_chunk_id, check_positive_finite, check_positive_int
 from .errors import MapMatchedValueError
 
-__all__ = ["check_knn_options", "check_embedding_ids", "normalized_rows", "column_sum"]
+__all__ = [
+    "check_knn_options",
+    "check_embedding_ids",
+    "normalized_rows",
+    "column_sum",
+    "zero_vector_error",
+    "norm_overflow_error",
+]
 
 
 def check_knn_options(
@@ -34,7 +41,11 @@ def check_knn_options(
 
 
 def check_embedding_ids(chunk_ids: Any) -> Tuple[str, ...]:
-    """At least one chunk ID; each non-empty; no duplicates (the message names both positions)."""
+    """The chunk ID of every row of an embedding matrix or index position, as a tuple.
+
+    At least one chunk ID; each a non-empty string; no duplicates (the message names
+    both positions). Shared by the kNN graphs and the providers (dense, FAISS).
+    """
     if isinstance(chunk_ids, (str, bytes)):
         raise MapMatchedValueError(f"chunk_ids must be a sequence of chunk IDs, not a string: {chunk_ids!r}")
     ids = tuple(chunk_ids)
@@ -98,12 +109,24 @@ def _normalize(values: List[float], label: str) -> List[float]:
     """``x / norm`` for every entry, ``norm = sqrt(left-fold sum of x * x)``; a zero norm is an error."""
     norm = math.sqrt(column_sum(value * value for value in values))
     if norm == 0.0:
-        raise MapMatchedValueError(
-            f"{label} is a zero vector (its norm is 0, or its entries are too small to square in float64)"
-        )
+        raise zero_vector_error(label)
     if not math.isfinite(norm):
-        raise MapMatchedValueError(f"{label} has a norm too large for float64")
+        raise norm_overflow_error(label)
     return [value / norm for value in values]
+
+
+def zero_vector_error(label: str, dtype: str = "float64") -> MapMatchedValueError:
+    """The error for an embedding row (``label``, e.g. ``"embeddings row 3 (chunk 'x')"``)
+    whose norm is 0 in ``dtype``: it has no direction, so its cosine is undefined."""
+    return MapMatchedValueError(
+        f"{label} is a zero vector (its norm is 0, or its entries are too small to square in {dtype})"
+    )
+
+
+def norm_overflow_error(label: str, dtype: str = "float64") -> MapMatchedValueError:
+    """The error for an embedding row whose norm overflows ``dtype`` (normalizing it would
+    silently give zeros)."""
+    return MapMatchedValueError(f"{label} has a norm too large for {dtype}")
 
 
 def normalized_rows(ids: Tuple[str, ...], embeddings: Any) -> List[List[float]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "MapMatchedError",
     "MapMatchedValueError",
+    "MapMatchedTypeError",
     "MapMatchedRuntimeError",
     "MissingDependencyError",
     "FAISSNotInstalledError",
@@ -26,12 +27,23 @@ class MapMatchedValueError(MapMatchedError, ValueError):
     """Invalid input: bad shapes, non-finite scores, bad options, unknown enum values."""
 
 
+class MapMatchedTypeError(MapMatchedValueError, TypeError):
+    """Invalid input of the wrong type: None, a number or a string where a candidate, a
+    list of candidates, a trellis or a mapping belongs.
+
+    Both a ``ValueError`` (the spec's class for bad input, so ``except ValueError`` keeps
+    working) and a ``TypeError`` (what Python raised there before, so ``except
+    TypeError`` keeps working too).
+    """
+
+
 class MapMatchedRuntimeError(MapMatchedError, RuntimeError):
     """A broken invariant at run time (e.g. a decoder revised a committed turn)."""
 
 
 class MissingDependencyError(MapMatchedError, ImportError):
-    """An optional dependency is missing; the message names the pip extra to install.
+    """An optional dependency is missing; the message names the pip extra to install,
+    quoted for every shell (zsh expands unquoted brackets), from PyPI and from a clone.
 
     Args:
         package: the importable package that is missing (e.g. ``"faiss"``).
@@ -44,8 +56,8 @@ class MissingDependencyError(MapMatchedError, ImportError):
         what = f" for {feature}" if feature else ""
         more = f" ({hint})" if hint else ""
         super().__init__(
-            f"{package} is required{what}; install it with "
-            f"`pip install mapmatched-torch[{extra}]`{more}"
+            f"{package} is required{what}; install it with `pip install 'mapmatched-torch[{extra}]'`, "
+            f"or from a clone of the repository with `pip install -e '.[{extra}]'`{more}"
         )
         self.package = package
         self.extra = extra

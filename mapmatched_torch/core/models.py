@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
-from .checks import check_chunk_id, check_finite, check_nonnegative_int
+from .checks import check_choice, check_chunk_id, check_finite, check_nonnegative_int
 from .errors import MapMatchedValueError
 
 __all__ = [
@@ -221,8 +221,7 @@ class TraceStep:
         )
         if self.runner_up_chunk_id is not None:
             check_chunk_id(self.runner_up_chunk_id, "runner_up_chunk_id")
-        if self.move not in MOVES:
-            raise MapMatchedValueError(f"unsupported move: {self.move!r} (expected one of {', '.join(MOVES)})")
+        check_choice("move", self.move, MOVES)
 
 
 @dataclass(frozen=True, slots=True)

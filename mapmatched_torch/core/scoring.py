@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from .checks import check_choice
 from .errors import MapMatchedValueError
 from .models import DecoderCandidate, ScoredCandidate
 
@@ -28,11 +29,10 @@ SCORE_NORMALIZATIONS = ("zscore", "center", "none")
 def check_score_normalization(method: object) -> str:
     """Return ``method`` if it names a normalization, else raise ValueError.
 
-    The message is SPEC's: ``"unsupported score normalization: X"``.
+    The message is SPEC's, listing the choices (:func:`~mapmatched_torch.core.checks.check_choice`):
+    ``"unsupported score normalization: 'X' (expected one of 'zscore', 'center', 'none')"``.
     """
-    if not isinstance(method, str) or method not in SCORE_NORMALIZATIONS:
-        raise MapMatchedValueError(f"unsupported score normalization: {method}")
-    return method
+    return check_choice("score normalization", method, SCORE_NORMALIZATIONS)
 
 
 def normalize_scores(scores: Sequence[float], method: str = "zscore") -> List[float]:
@@ -46,8 +46,10 @@ def normalize_scores(scores: Sequence[float], method: str = "zscore") -> List[fl
 
     Returns:
         A list of floats, one per score, in input order. ``mean = fsum(r) / n`` and
-        ``std = sqrt(fsum((r - mean)**2) / n)``. ValueError when an exact sum
-        overflows (finite scores near the float range).
+        ``std = sqrt(fsum((r - mean)**2) / n)``. ValueError ("scores too large to
+        normalize") when a sum overflows the float range: the exact sum of the scores,
+        or (``"zscore"``) that of their squared deviations, including a square that is
+        itself too large (deviations beyond about 1.3e154); never a silent all-zero turn.
     """
     method = check_score_normalization(method)
     values = [float(value) for value in scores]
@@ -57,21 +59,29 @@ def normalize_scores(scores: Sequence[float], method: str = "zscore") -> List[fl
     centered = [value - mean for value in values]
     if method == "center":
         return centered
-    std = math.sqrt(_exact_sum([value * value for value in centered]) / len(values))
+    squares = _exact_sum([value * value for value in centered], "the sum of their squared deviations")
+    if math.isinf(squares):  # a square overflowed to inf: the std would be inf, every z-score 0
+        raise _too_large("the sum of their squared deviations")
+    std = math.sqrt(squares / len(values))
     if std == 0.0:
         return [0.0] * len(values)
     return [value / std for value in centered]
 
 
-def _exact_sum(values: List[float]) -> float:
-    """``math.fsum``, whose overflow (finite scores summing past the float range) is
-    SPEC section 8's ValueError rather than a bare OverflowError."""
+def _exact_sum(values: List[float], what: str = "their exact sum") -> float:
+    """``math.fsum``, whose overflow (finite values summing past the float range) is
+    SPEC section 8's ValueError rather than a bare OverflowError (``what`` names the sum)."""
     try:
         return math.fsum(values)
     except OverflowError:
-        raise MapMatchedValueError(
-            "scores too large to normalize: their exact sum overflows the float range"
-        ) from None
+        raise _too_large(what) from None
+
+
+def _too_large(what: str) -> MapMatchedValueError:
+    return MapMatchedValueError(
+        f"scores too large to normalize: {what} overflows the float range "
+        "(scale the retriever's scores down, or use score_normalization='none')"
+    )
 
 
 def normalize_candidates(

@@ -14,13 +14,13 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, TextIO, Tuple, Union
+from typing import Any, BinaryIO, Iterator, Mapping, Optional, Tuple, Union
 
 from ..core.errors import MapMatchedValueError
 
 __all__ = [
     "PathLike",
-    "open_text",
+    "iter_lines",
     "iter_jsonl",
     "read_json",
     "read_json_rows",
@@ -45,12 +45,39 @@ def _path(path: PathLike) -> Path:
     return path
 
 
-def open_text(path: PathLike) -> TextIO:
-    """Open ``path`` for reading as UTF-8 text (through gzip when it ends in ``.gz``)."""
+def _open_bytes(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _decode(path: Path, data: bytes, line: int = 1) -> str:
+    """``data`` (which starts on line ``line`` of ``path``) as UTF-8 text.
+
+    Raises:
+        MapMatchedValueError: ``"<path>:<line>: not UTF-8 (...)"`` naming the line and
+            the byte that does not decode.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        line += data.count(b"\n", 0, exc.start)
+        raise MapMatchedValueError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x} at byte {exc.start - line_start + 1} of the "
+            f"line: {exc.reason}); re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
+def iter_lines(path: PathLike) -> Iterator[Tuple[int, str]]:
+    """Yield ``(line number, text)`` (1-based) for every line of a UTF-8 text file (``.gz`` read through gzip).
+
+    Raises:
+        MapMatchedValueError: a missing file, or a line that is not UTF-8 (the message
+            names the file and line).
+    """
     path = _path(path)
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "r", encoding="utf-8")
+    with _open_bytes(path) as handle:
+        for number, raw in enumerate(handle, start=1):
+            yield number, _decode(path, raw, number)
 
 
 def iter_jsonl(path: PathLike) -> Iterator[Tuple[str, Any]]:
@@ -59,30 +86,30 @@ def iter_jsonl(path: PathLike) -> Iterator[Tuple[str, Any]]:
     ``where`` is ``"<path>:<line>"`` (1-based), ready to prefix an error message.
 
     Raises:
-        MapMatchedValueError: a missing file or a line that is not valid JSON (the
-            message names the file and line).
+        MapMatchedValueError: a missing file or a line that is not UTF-8 or not valid
+            JSON (the message names the file and line).
     """
     path = _path(path)
-    with open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MapMatchedValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
-            yield where, value
+    for number, line in iter_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MapMatchedValueError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+        yield where, value
 
 
 def read_json(path: PathLike) -> Any:
     """Parse a whole JSON file; a syntax error names the file, line and column."""
     path = _path(path)
-    with open_text(path) as handle:
-        try:
-            return json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise MapMatchedValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
+    with _open_bytes(path) as handle:
+        text = _decode(path, handle.read())
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MapMatchedValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from exc
 
 
 def read_json_rows(path: PathLike) -> Iterator[Tuple[str, Any]]:
@@ -96,9 +123,9 @@ def read_json_rows(path: PathLike) -> Iterator[Tuple[str, Any]]:
             JSON value that is neither an array nor one object per line.
     """
     path = _path(path)
-    with open_text(path) as handle:
+    with _open_bytes(path) as handle:
         head = handle.read(4096).lstrip()
-    if not head.startswith("["):
+    if not head.startswith(b"["):
         yield from iter_jsonl(path)
         return
     rows = read_json(path)

@@ -34,6 +34,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 
 __all__ = [
@@ -128,8 +129,7 @@ def _check_options(n_resamples: int, confidence: float, weighting: str) -> None:
         raise MapMatchedValueError(f"n_resamples must be a positive int, got {n_resamples!r}")
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 < confidence < 1.0:
         raise MapMatchedValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if weighting not in WEIGHTINGS:
-        raise MapMatchedValueError(f"unsupported weighting: {weighting!r} (expected one of {', '.join(WEIGHTINGS)})")
+    check_choice("weighting", weighting, WEIGHTINGS)
 
 
 def bootstrap_mean(

@@ -29,7 +29,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.scoring import check_score_normalization
 from ..kernels.normalization import normalize_score_rows
@@ -149,8 +149,7 @@ def query_texts(dataset: Dataset, mode: str = "query") -> List[List[str]]:
     Raises:
         MapMatchedValueError: an unknown mode.
     """
-    if mode not in QUERY_MODES:
-        raise MapMatchedValueError(f"unsupported query mode: {mode!r} (expected one of {', '.join(QUERY_MODES)})")
+    check_choice("query mode", mode, QUERY_MODES)
     texts: List[List[str]] = []
     for conversation in dataset.conversations:
         if mode == "query":

@@ -58,7 +58,7 @@ from ._jsonio import (
     as_optional_str,
     as_str,
     iter_jsonl,
-    open_text,
+    iter_lines,
     read_json,
     read_json_rows,
     require,
@@ -697,22 +697,21 @@ def load_topiocqa(path: PathLike, *, name: str = "topiocqa") -> Dataset:
 def _read_trec_qrels(path: PathLike) -> Dict[str, Dict[str, float]]:
     """``qid -> {docid: grade}`` from TREC qrels lines ``qid iter docid rel`` (last one wins)."""
     qrels: Dict[str, Dict[str, float]] = {}
-    with open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            fields = line.split()
-            if len(fields) != 4:
-                raise MapMatchedValueError(f"{where}: expected 4 columns 'qid Q0 docid rel', got {len(fields)}: {line.strip()!r}")
-            qid, _, docid, rel = fields
-            try:
-                grade = float(rel)
-            except ValueError:
-                raise MapMatchedValueError(f"{where}: relevance must be a number, got {rel!r}") from None
-            if not math.isfinite(grade):
-                raise MapMatchedValueError(f"{where}: relevance must be finite, got {rel!r}")
-            qrels.setdefault(qid, {})[docid] = grade
+    for number, line in iter_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        fields = line.split()
+        if len(fields) != 4:
+            raise MapMatchedValueError(f"{where}: expected 4 columns 'qid Q0 docid rel', got {len(fields)}: {line.strip()!r}")
+        qid, _, docid, rel = fields
+        try:
+            grade = float(rel)
+        except ValueError:
+            raise MapMatchedValueError(f"{where}: relevance must be a number, got {rel!r}") from None
+        if not math.isfinite(grade):
+            raise MapMatchedValueError(f"{where}: relevance must be finite, got {rel!r}")
+        qrels.setdefault(qid, {})[docid] = grade
     return qrels
 
 

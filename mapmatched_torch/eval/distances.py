@@ -12,23 +12,27 @@ indices, the two distance tensors of an evaluation batch:
 - :meth:`CorpusDistances.within_turn`: (B, T, M, M) between the candidates of one
   turn (the Maximal Marginal Relevance similarity when there are no embeddings).
 
-Any ``CorpusGraph`` works: a graph with ``index`` and ``pair_distances`` (the tensor
-graph) is queried in one batched call on its device; any other graph (e.g.
+Any ``CorpusGraph`` works: a :class:`~mapmatched_torch.graph.TensorGraph` (with
+``index`` and ``pair_distances``) is queried in one batched call on its device; any other graph (e.g.
 :class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph`) through
 :func:`~mapmatched_torch.retrieval.trellis.consecutive_distances` and ``distance``, pair by pair.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import TensorGraph
 from ..retrieval.trellis import consecutive_distances
 
-__all__ = ["GRAPH_KINDS", "build_corpus_graph", "synthetic_graph", "CorpusDistances"]
+__all__ = ["GRAPH_KINDS", "build_corpus_graph", "synthetic_graph", "CorpusDistances", "kernels_need_compiling"]
 
 #: The accepted values of ``kind`` in :func:`build_corpus_graph`.
 GRAPH_KINDS = ("knn", "section")
@@ -66,14 +70,13 @@ def build_corpus_graph(
     """
     from ..graph import knn_graph, section_graph
 
+    check_choice("graph", kind, GRAPH_KINDS)
     ids = [passage.id for passage in passages]
     if kind == "knn":
         if embeddings is None:
             raise MapMatchedValueError("a kNN graph needs passage embeddings (choose an embedder)")
         return knn_graph(embeddings, ids, k, maximum_distance=maximum_distance, device=device, progress=progress)
-    if kind == "section":
-        return section_graph(passages, maximum_distance=maximum_distance, device=device)
-    raise MapMatchedValueError(f"unsupported graph: {kind!r} (expected one of {', '.join(GRAPH_KINDS)})")
+    return section_graph(passages, maximum_distance=maximum_distance, device=device)
 
 
 def synthetic_graph(bench: Any, *, maximum_distance: float = 10.0, device: Device = None, dense: bool = True) -> Any:
@@ -115,11 +118,11 @@ class CorpusDistances:
         [[1.0, 10.0], [1.0, 10.0]]
     """
 
-    def __init__(self, graph: Any, passage_ids: Sequence[str]) -> None:
+    def __init__(self, graph: CorpusGraph, passage_ids: Sequence[str]) -> None:
         self.graph = graph
         self.passage_ids = tuple(passage_ids)
         self.maximum_distance = float(graph.maximum_distance)
-        self._tensor = hasattr(graph, "pair_distances") and hasattr(graph, "index")
+        self._tensor = implements(graph, TensorGraph)
         # shape: (P,) graph codes of the corpus passages (distinct codes <= -2 for unknown IDs)
         self._codes = graph.index(self.passage_ids, distinct_unknown=True) if self._tensor else None
         self.calls = 0  # consecutive() calls, for tests and progress reports
@@ -165,3 +168,33 @@ class CorpusDistances:
                             memo[key] = float(self.graph.distance(source, target))
                         out[b, t, j, i] = memo[key]
         return out.to(index.device)
+
+
+def kernels_need_compiling(device: Device = None) -> bool:
+    """Whether the next CPU graph search of this process will compile the numba kernels.
+
+    True when the compiled engine serves ``device`` (the CPU with numba installed),
+    none of its kernels is loaded in this process yet, and numba's disk cache holds no
+    index of them that is newer than their source (a first run, or the source changed).
+    For progress messages only: a wrong guess costs a line, never a result.
+    """
+    from ..graph.shortest_paths import resolve_engine
+
+    if resolve_engine("auto", torch.device(device if device is not None else "cpu")) != "compiled":
+        return False
+    try:
+        from numba.core.caching import FunctionCache
+
+        from ..graph.engines import compiled_kernels
+    except ImportError:  # pragma: no cover - resolve_engine said numba imports
+        return False
+    kernels = [value for value in vars(compiled_kernels).values() if hasattr(value, "py_func")]
+    if any(getattr(kernel, "signatures", None) for kernel in kernels):
+        return False  # loaded (compiled or read from the cache) earlier in this process
+    source = Path(compiled_kernels.__file__)
+    try:
+        folder = Path(FunctionCache(kernels[0].py_func).cache_path)
+        indexes = list(folder.glob(f"{source.stem}.*.nbi"))
+        return not any(index.stat().st_mtime >= source.stat().st_mtime for index in indexes)
+    except (IndexError, OSError, AttributeError, RuntimeError):
+        return True

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import torch
+from tqdm.auto import tqdm
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
 
@@ -129,17 +131,20 @@ class HashEmbedder:
         bigrams: also hash adjacent word pairs (default True; pairs are formed after
             stopword removal).
         stopwords: drop :data:`STOPWORDS` (default True).
+        progress: a progress bar on stderr while encoding (default False).
 
     Cost: O(total tokens) Python work (hashes are cached per (seed, dim, feature)).
     """
 
-    def __init__(self, dim: int = 256, seed: int = 0, *, bigrams: bool = True, stopwords: bool = True) -> None:
+    def __init__(self, dim: int = 256, seed: int = 0, *, bigrams: bool = True, stopwords: bool = True,
+                 progress: bool = False) -> None:
         self._dim = _check_dim(dim)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise MapMatchedValueError(f"seed must be an int, got {seed!r}")
         self._seed = seed
         self._bigrams = bool(bigrams)
         self._stopwords = bool(stopwords)
+        self._progress = bool(progress)
 
     @property
     def dim(self) -> int:
@@ -176,7 +181,8 @@ class HashEmbedder:
         rows: List[int] = []
         columns: List[int] = []
         signs: List[float] = []
-        for row, text in enumerate(texts):
+        bar = tqdm(texts, desc="embedding", unit="text", disable=not self._progress, leave=False)
+        for row, text in enumerate(bar):
             for feature in self.features(text):
                 column, sign = _bucket(self._seed, self._dim, feature)
                 rows.append(row)
@@ -212,9 +218,7 @@ class WordLlamaEmbedder:
     DIMS = (64, 128, 256, 512, 1024)
 
     def __init__(self, dim: int = 256, *, batch_size: int = 64) -> None:
-        dim = _check_dim(dim)
-        if dim not in self.DIMS:
-            raise MapMatchedValueError(f"unsupported wordllama dim: {dim} (expected one of {', '.join(map(str, self.DIMS))})")
+        dim = check_choice("wordllama dim", _check_dim(dim), self.DIMS)
         wordllama = import_optional("wordllama", "wordllama", "WordLlamaEmbedder")
         folder = Path(wordllama.__file__).parent
         try:
@@ -259,6 +263,7 @@ class SentenceTransformerEmbedder:
             choose. Embeddings come back on that device.
         batch_size: texts per forward pass.
         local_files_only: never reach the network (default True).
+        progress: sentence-transformers' progress bar while encoding (default False).
 
     Raises:
         MissingDependencyError: sentence-transformers is not installed (extra
@@ -272,6 +277,7 @@ class SentenceTransformerEmbedder:
         *,
         batch_size: int = 32,
         local_files_only: bool = True,
+        progress: bool = False,
     ) -> None:
         module = import_optional("sentence_transformers", "sentence-transformers", "SentenceTransformerEmbedder")
         self._model = module.SentenceTransformer(
@@ -280,6 +286,7 @@ class SentenceTransformerEmbedder:
         self._name = str(model_name_or_path)
         self._dim = int(self._model.get_sentence_embedding_dimension())
         self._batch_size = int(batch_size)
+        self._progress = bool(progress)
 
     @property
     def dim(self) -> int:
@@ -295,7 +302,7 @@ class SentenceTransformerEmbedder:
         if not texts:
             return torch.zeros((0, self._dim), dtype=torch.float32)
         vectors = self._model.encode(
-            texts, batch_size=self._batch_size, convert_to_tensor=True, show_progress_bar=False
+            texts, batch_size=self._batch_size, convert_to_tensor=True, show_progress_bar=self._progress
         )
         return l2_normalize(vectors).to(vectors.device)
 
@@ -307,6 +314,7 @@ def make_embedder(
     model: Optional[str] = None,
     device: Union[str, torch.device, None] = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> Embedder:
     """Build an embedder by name (what the command line's ``--embedder`` option maps to).
 
@@ -316,17 +324,18 @@ def make_embedder(
         model: the model folder or cached name (sentence-transformers only, required).
         device: sentence-transformers device.
         seed: hash seed.
+        progress: a progress bar while encoding (hash and sentence-transformers;
+            wordllama's static embeddings are fast without one).
 
     Raises:
         MapMatchedValueError: an unknown kind or a missing ``model``.
         MissingDependencyError: the kind's optional package is missing.
     """
+    check_choice("embedder", kind, EMBEDDERS)
     if kind == "hash":
-        return HashEmbedder(dim if dim is not None else 256, seed)
+        return HashEmbedder(dim if dim is not None else 256, seed, progress=progress)
     if kind == "wordllama":
         return WordLlamaEmbedder(dim if dim is not None else 256)
-    if kind == "sentence-transformers":
-        if not model:
-            raise MapMatchedValueError("the sentence-transformers embedder needs a model name or path")
-        return SentenceTransformerEmbedder(model, device)
-    raise MapMatchedValueError(f"unsupported embedder: {kind!r} (expected one of {', '.join(EMBEDDERS)})")
+    if not model:
+        raise MapMatchedValueError("the sentence-transformers embedder needs a model name or path")
+    return SentenceTransformerEmbedder(model, device, progress=progress)

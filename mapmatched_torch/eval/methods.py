@@ -72,8 +72,9 @@ from torch import Tensor
 from ..core.checks import check_decode_options
 from ..core.errors import MapMatchedValueError
 from ..kernels import chain
-from ..kernels.decode import fixed_lag_viterbi, forward_scores, pointwise_decode, viterbi
+from ..kernels.decode import fixed_lag_viterbi, forward_scores
 from ..kernels.semiring import LEXICOGRAPHIC
+from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
 from .candidates import Candidates
 
 __all__ = [
@@ -182,7 +183,7 @@ def weighted_trellis(
     normalized: Tensor, distances: Tensor, setting: Setting
 ) -> Tuple[Tensor, Tensor]:
     """Emissions ``lambda * s`` (B, T, M) and transitions ``-(beta * d)`` (B, T-1, M, M) [b, t, from, to]."""
-    return setting.emission_weight * normalized, -(setting.transition_weight * distances)
+    return setting.emission_weight * normalized, weighted_transitions(distances, setting.transition_weight)
 
 
 # --------------------------------------------------------------------------- map-matched
@@ -246,7 +247,7 @@ def map_matched_orders(
     out = torch.empty((len(settings), batch, turns, width), dtype=torch.long, device=mask.device)
     groups: Dict[Optional[int], List[int]] = {}
     for position, setting in enumerate(settings):
-        if setting.transition_weight == 0.0:
+        if not decoding_mode(setting.transition_weight, setting.fixed_lag).uses_distances:
             out[position] = pointwise_order(normalized, mask, setting)
         else:
             groups.setdefault(setting.fixed_lag, []).append(position)
@@ -260,7 +261,9 @@ def map_matched_orders(
         betas = lambdas.new_tensor([settings[p].transition_weight for p in members]).view(count, 1, 1, 1, 1)
         # shape: (S_g * B, T, M) and (S_g * B, T-1, M, M): the same arithmetic as weighted_trellis
         emissions = (lambdas * normalized.unsqueeze(0)).reshape(count * batch, turns, width)
-        transitions = (-(betas * distances.unsqueeze(0))).reshape(count * batch, max(turns - 1, 0), width, width)
+        transitions = weighted_transitions(distances.unsqueeze(0), betas).reshape(
+            count * batch, max(turns - 1, 0), width, width
+        )
         stacked = mask.unsqueeze(0).expand(count, -1, -1, -1).reshape(count * batch, turns, width)
         scores = online_forward_scores(emissions, transitions, stacked, lag)
         out[members] = rank_slots(scores, stacked).view(count, batch, turns, width)
@@ -279,15 +282,18 @@ def pointwise_order(normalized: Tensor, mask: Tensor, setting: Optional[Setting]
 def decode_setting(normalized: Tensor, distances: Optional[Tensor], mask: Tensor, setting: Setting) -> Tensor:
     """The whole-conversation decoded path of one setting (what the session's trace ends with).
 
+    Args:
+        normalized: (B, T, M) float64 normalized scores. mask: (B, T, M) bool.
+        distances: (B, T-1, M, M) raw graph distances ``[b, t, from, to]``; None only
+            when the setting's beta is 0 (pointwise; MapMatchedValueError otherwise).
+        setting: lambda, beta and lag, dispatched by
+            :func:`~mapmatched_torch.kernels.transitions.decode_weighted`.
+
     Returns:
         (B, T) long candidate slots, -1 after each conversation's end.
     """
-    if setting.transition_weight == 0.0 or distances is None:
-        return pointwise_decode(setting.emission_weight * normalized, mask, fixed_lag=setting.fixed_lag).paths
-    emissions, transitions = weighted_trellis(normalized, distances, setting)
-    if setting.fixed_lag is None:
-        return viterbi(emissions, transitions, mask).paths
-    return fixed_lag_viterbi(emissions, transitions, mask, setting.fixed_lag).paths
+    emissions = setting.emission_weight * normalized
+    return decode_weighted(emissions, distances, mask, setting.transition_weight, setting.fixed_lag).paths
 
 
 # --------------------------------------------------------------------------- baselines

@@ -7,6 +7,9 @@
 - :func:`to_json_dict` / :func:`to_json` / :func:`write_json`: everything except the
   per-turn tensors, with sorted keys; NaN and infinities become ``null`` (the output is
   strict JSON).
+- :func:`judge`: what both say of a method: ``baseline`` (pointwise, beta = 0),
+  ``PASS`` / ``FAIL`` (the interval verdict), or ``UNJUDGED`` when the intervals cannot
+  back a verdict; :func:`report_warnings`: the degenerate-data warnings both record.
 
 Example:
     >>> sanitize({"b": float("nan"), "a": (1, float("inf"))})
@@ -18,13 +21,25 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 from ..core.errors import MapMatchedValueError
 from .bootstrap import BootstrapResult
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult
 
-__all__ = ["SLICE_TITLES", "sanitize", "to_json_dict", "to_json", "write_json", "to_markdown", "write_markdown"]
+__all__ = [
+    "SLICE_TITLES",
+    "STATUSES",
+    "Judgement",
+    "judge",
+    "report_warnings",
+    "sanitize",
+    "to_json_dict",
+    "to_json",
+    "write_json",
+    "to_markdown",
+    "write_markdown",
+]
 
 #: Report titles of the slice names.
 SLICE_TITLES = {
@@ -34,6 +49,92 @@ SLICE_TITLES = {
     "topic-switch": "topic switch",
     "same-topic": "same topic",
 }
+
+
+#: The verdict words of a report.
+STATUSES = ("baseline", "PASS", "FAIL", "UNJUDGED")
+
+
+class Judgement(NamedTuple):
+    """What a report says of one method.
+
+    Attributes:
+        status: one of :data:`STATUSES`.
+        reason: a one-line explanation starting with the status (the bounds, or why
+            the intervals cannot judge).
+    """
+
+    status: str
+    reason: str
+
+
+#: Why ``--bootstrap 0`` verdicts are UNJUDGED (asked for: not a warning).
+_NO_BOOTSTRAP = "no intervals (--bootstrap 0)"
+
+
+def _slices_clause(names: List[str], singular: str, plural: str) -> str:
+    return f"the {' and '.join(names)} slice{'s ' + plural if len(names) > 1 else ' ' + singular}"
+
+
+def _unjudged(method: MethodResult) -> Optional[str]:
+    """Why the intervals cannot back the method's verdict, or None (a baseline has no verdict to back)."""
+    if method.verdict is None:
+        return None
+    lifts = {name: method.slices[name].lift for name in ("follow-up", "standalone")}
+    if any(lift is None or lift.n_resamples == 0 for lift in lifts.values()):
+        return _NO_BOOTSTRAP
+    empty = [name for name, lift in lifts.items() if lift.n == 0]
+    single = [name for name, lift in lifts.items() if lift.n == 1]
+    problems = []
+    if empty:
+        problems.append(f"no intervals: {_slices_clause(empty, 'is empty', 'are empty')}")
+    if single:
+        problems.append(f"cannot judge: {_slices_clause(single, 'has', 'have')} labelled turns in only 1 "
+                        "conversation (zero-width intervals)")
+    if not problems and not all(math.isfinite(v) for lift in lifts.values() for v in (lift.low, lift.high)):
+        problems.append("no intervals (not finite)")
+    if problems:
+        return "; ".join(problems)
+    followup = lifts["follow-up"]
+    if method.verdict.passed and followup.low == followup.high:
+        return (f"cannot judge: the follow-up lift interval is zero-width ({followup.low:+.4f}: every resample "
+                "gives the same lift), so it cannot show a lift")
+    return None
+
+
+def judge(method: MethodResult) -> Judgement:
+    """The report's verdict of one method (see :data:`STATUSES`).
+
+    - ``baseline``: pointwise and map-matching at beta = 0 (no verdict: they are
+      what the lifts are measured against);
+    - ``UNJUDGED``: the verdict's intervals are missing (``--bootstrap 0``, an empty
+      slice), rest on fewer than 2 conversations, or a PASS would rest on a
+      zero-width follow-up interval;
+    - else ``PASS`` / ``FAIL`` as :func:`~mapmatched_torch.eval.bootstrap.verdict` says.
+    """
+    verdict = method.verdict
+    if verdict is None:
+        return Judgement("baseline", "baseline: ranks as pointwise retrieval, the reference of every lift")
+    problem = _unjudged(method)
+    if problem is None:
+        return Judgement("PASS" if verdict.passed else "FAIL", verdict.reason)
+    followup, standalone = method.slices["follow-up"].lift, method.slices["standalone"].lift
+    estimates = (f"follow-up lift {_number(followup.mean if followup else math.nan, True)}, standalone change "
+                 f"{_number(standalone.mean if standalone else math.nan, True)} (point estimates)")
+    return Judgement("UNJUDGED", f"UNJUDGED: {problem}; {estimates}")
+
+
+def report_warnings(result: EvalResult) -> List[str]:
+    """The warnings a report records: the result's degenerate-data warnings, then one per
+    reason that leaves verdicts UNJUDGED (except ``--bootstrap 0``, which was asked for)."""
+    notes = list(result.warnings)
+    counts: Dict[str, int] = {}
+    for method in result.methods:
+        problem = _unjudged(method)
+        if problem is not None and problem != _NO_BOOTSTRAP:
+            counts[problem] = counts.get(problem, 0) + 1
+    notes += [f"{count} verdict{'s' if count > 1 else ''} UNJUDGED: {problem}" for problem, count in counts.items()]
+    return notes
 
 
 def sanitize(value: Any) -> Any:
@@ -59,14 +160,16 @@ def _interval(result: Optional[BootstrapResult]) -> Optional[Dict[str, Any]]:
 
 def _method_dict(method: MethodResult) -> Dict[str, Any]:
     verdict = method.verdict
+    judged = judge(method)
     return {
         "key": method.key,
         "method": method.method,
         "title": method.title,
         "params": method.params,
+        "status": judged.status,
         "verdict": None if verdict is None else {
-            "passed": verdict.passed, "followup_ok": verdict.followup_ok, "standalone_ok": verdict.standalone_ok,
-            "tolerance": verdict.tolerance, "reason": verdict.reason,
+            "status": judged.status, "passed": judged.status == "PASS", "followup_ok": verdict.followup_ok,
+            "standalone_ok": verdict.standalone_ok, "tolerance": verdict.tolerance, "reason": judged.reason,
         },
         "slices": {
             name: {
@@ -90,6 +193,7 @@ def to_json_dict(result: EvalResult) -> Dict[str, Any]:
         "primary": {"key": result.primary, "selected_on_data": result.primary_selected_on_data},
         "methods": [_method_dict(method) for method in result.methods],
         "skipped": result.skipped,
+        "warnings": report_warnings(result),
         "split": None if split is None else {
             "conversation_id": split.conversation_id, "setting": split.setting.to_dict(),
             "chunk_ids": split.chunk_ids, "relevant": split.relevant,
@@ -147,12 +251,6 @@ def _table(header: List[str], rows: List[List[str]]) -> List[str]:
     return lines
 
 
-def _verdict_word(method: MethodResult) -> str:
-    if method.verdict is None:
-        return "baseline"
-    return "PASS" if method.verdict.passed else "FAIL"
-
-
 def _header(result: EvalResult) -> List[str]:
     info, config = result.info, result.config
     facts = [f"{info.get('conversations', '?')} conversations", f"{info.get('turns', '?')} turns"]
@@ -177,8 +275,10 @@ def _header(result: EvalResult) -> List[str]:
     ]
     if result.primary is not None:
         how = "best nDCG@3 over all turns, chosen on this data" if result.primary_selected_on_data else "configured"
-        verdict = result.method(result.primary).verdict
-        lines += ["", f"**Verdict** for {result.primary} ({how}): {verdict.reason if verdict is not None else 'n/a'}."]
+        lines += ["", f"**Verdict** for {result.primary} ({how}): {judge(result.method(result.primary)).reason}."]
+    warnings = report_warnings(result)
+    if warnings:
+        lines += ["", "## Warnings", ""] + [f"- {note}" for note in warnings]
     return lines
 
 
@@ -188,14 +288,14 @@ def to_markdown(result: EvalResult) -> str:
     lines = _header(result)
 
     lines += ["", "## nDCG@3 by slice", ""]
-    rows = [[m.key] + [_with_interval(m.slices[s].interval) for s in slices] + [_verdict_word(m)]
+    rows = [[m.key] + [_with_interval(m.slices[s].interval) for s in slices] + [judge(m).status]
             for m in result.methods]
     lines += _table(["method"] + [SLICE_TITLES[s] for s in slices] + ["verdict"], rows)
 
     tolerance = result.config.get("tolerance", 0.0)
     lines += ["", f"## Verdict: follow-up lift > 0, standalone change >= -{tolerance:g} (nDCG@3 vs pointwise)", ""]
     rows = [[m.key, _with_interval(m.slices["follow-up"].lift, True), _with_interval(m.slices["standalone"].lift, True),
-             _verdict_word(m)] for m in result.methods if m.verdict is not None]
+             judge(m).status] for m in result.methods if m.slices["follow-up"].lift is not None]
     lines += _table(["method", "follow-up lift", "standalone change", "verdict"], rows)
 
     for name in slices:

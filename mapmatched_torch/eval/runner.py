@@ -19,7 +19,9 @@ Data flow (one direction):
 4. Per method and slice: the mean of every metric, a bootstrap interval of the
    primary metric (nDCG@3), and the paired bootstrap interval of its lift over
    pointwise, resampling conversations (seeded). Per method, the verdict: follow-up
-   lift interval above 0 and standalone change not below ``-tolerance``.
+   lift interval above 0 and standalone change not below ``-tolerance`` (none for
+   pointwise and beta = 0, the baseline). Degenerate data (one conversation, a slice
+   with fewer than 2 conversations, a constant entropy) adds :attr:`EvalResult.warnings`.
 5. For one conversation, the per-turn emission vs transition split of the decoded
    path of the primary map-matched setting (for the plot).
 
@@ -45,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,6 +59,7 @@ from tqdm.auto import tqdm
 
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedValueError
+from ..core.protocols import CorpusGraph
 from ..kernels.ranking_metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
 from .bootstrap import BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
 from .candidates import (
@@ -94,6 +98,8 @@ __all__ = [
     "inputs_from_synthetic",
     "inputs_from_dataset",
     "evaluate",
+    "progress_enabled",
+    "main_process",
 ]
 
 #: Slice names, in report order.
@@ -131,7 +137,7 @@ class EvalInputs:
     candidates: Candidates
     qrels: SparseQrels
     topic_switch: Tensor
-    graph: Any
+    graph: CorpusGraph
     passage_ids: Tuple[str, ...]
     conversation_ids: Tuple[str, ...]
     passage_embeddings: Optional[Tensor] = None
@@ -155,7 +161,7 @@ class EvalInputs:
 
 
 def inputs_from_synthetic(
-    bench: Any, *, graph: Any = None, device: Device = None, maximum_distance: float = 10.0
+    bench: Any, *, graph: Optional[CorpusGraph] = None, device: Device = None, maximum_distance: float = 10.0
 ) -> EvalInputs:
     """:class:`EvalInputs` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticBenchmark`.
 
@@ -208,7 +214,9 @@ def inputs_from_dataset(
             ``"section"``, or a ready ``CorpusGraph`` over the passage IDs.
         k: kNN neighbours. candidates: M per turn.
         maximum_distance: the graph bound. device: where tensors live.
-        progress: progress bars of the graph build.
+        progress: progress lines of the phases (embedding, retrieval, graph) and
+            the graph build's bars (None: lines only on a terminal, see
+            :func:`progress_enabled`; the kNN bars on large corpora).
     """
     from ..providers.dense import DenseProvider
 
@@ -218,17 +226,23 @@ def inputs_from_dataset(
         raise MapMatchedValueError(f"dataset {dataset.name!r} has no conversations")
     candidates = check_positive_int(candidates, "candidates")
     device = torch.device(device) if device is not None else torch.device("cpu")
+    show = progress_enabled(progress)
+    _phase(show, f"embedding {len(dataset.passages)} passages with {embedder!r}")
     # shape: (P, D)
     embeddings = embedder.encode([passage_embedding_text(p) for p in dataset.passages]).to(device)
     provider = DenseProvider(embeddings, dataset.passage_ids, metric="inner_product", device=device)
-    retrieve = lambda mode: retrieve_candidates(query_texts(dataset, mode), embedder, provider, candidates,
-                                                device=device)  # noqa: E731
+
+    def retrieve(mode: str) -> Candidates:
+        _phase(show, f"embedding and retrieving the top {candidates} passages of {dataset.num_turns} turns ({mode})")
+        return retrieve_candidates(query_texts(dataset, mode), embedder, provider, candidates, device=device)
+
     query = retrieve("query")
     alternatives = {"history": retrieve("history")}
     if any(turn.rewrite is not None for _, _, turn in dataset.iter_turns()):
         alternatives["rewrite"] = retrieve("rewrite")
     graph_name = graph if isinstance(graph, str) else type(graph).__name__
     if isinstance(graph, str):
+        _phase(show, f"building the {graph} graph of {len(dataset.passages)} passages")
         graph = build_corpus_graph(graph, dataset.passages, embeddings, k=k, maximum_distance=maximum_distance,
                                    device=device, progress=progress)
     table = dataset.turn_table()
@@ -378,7 +392,10 @@ class MethodResult:
     Attributes:
         key: unique report name. method: registry name. title: the method's title.
         params: its parameters. slices: slice name -> :class:`SliceResult`.
-        verdict: follow-up lift vs standalone tolerance (None for pointwise).
+        verdict: follow-up lift vs standalone tolerance (None for the baselines:
+            pointwise and map-matching at beta = 0, which ranks as pointwise). Whether
+            the intervals can back it (bootstrap on, enough conversations) is the
+            report's :func:`~mapmatched_torch.eval.report.judge`.
     """
 
     key: str
@@ -430,6 +447,9 @@ class EvalResult:
         per_turn: method key -> metric -> (N,) float64 per-turn values (not in JSON).
         slice_masks: slice name -> (N,) bool (not in JSON).
         conversation: (N,) long conversation index of each turn (not in JSON).
+        warnings: degenerate data that weakens the intervals or the slices (a single
+            conversation, a slice with fewer than 2 conversations, a follow-up split
+            that cannot separate the turns), one sentence each.
     """
 
     name: str
@@ -446,6 +466,7 @@ class EvalResult:
     per_turn: Dict[str, Dict[str, Tensor]] = field(repr=False, default_factory=dict)
     slice_masks: Dict[str, Tensor] = field(repr=False, default_factory=dict)
     conversation: Optional[Tensor] = field(repr=False, default=None)
+    warnings: Tuple[str, ...] = ()
 
     def method(self, key: str) -> MethodResult:
         """The result of one method key (KeyError naming the keys otherwise)."""
@@ -460,10 +481,32 @@ class EvalResult:
 # --------------------------------------------------------------------------- evaluate
 
 
-def _show_progress(progress: Optional[bool]) -> bool:
+def main_process() -> bool:
+    """Whether this process should print: not a worker of a distributed job (rank 0,
+    by ``torch.distributed`` when initialized, else by the ``RANK`` / ``LOCAL_RANK``
+    environment variables that launchers such as torchrun set)."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank() == 0
+    return all(os.environ.get(name, "0").strip() in ("", "0") for name in ("RANK", "LOCAL_RANK"))
+
+
+def progress_enabled(progress: Optional[bool]) -> bool:
+    """Whether to show progress bars and phase lines on stderr.
+
+    Args:
+        progress: True or False decide; None: only when stderr is a terminal and
+            this is the :func:`main_process`.
+    """
     if progress is not None:
         return bool(progress)
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) and main_process()
+
+
+def _phase(show: bool, message: str) -> None:
+    """One progress line on stderr (a phase without a bar of its own)."""
+    if show:
+        print(f"eval: {message}", file=sys.stderr, flush=True)
 
 
 def _chunk_size(config: EvalConfig, shape: Tuple[int, int, int]) -> int:
@@ -479,11 +522,13 @@ def _chunk_size(config: EvalConfig, shape: Tuple[int, int, int]) -> int:
     return max(1, config.memory_budget // per_conversation)
 
 
-def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOptions):
+def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOptions, show: bool):
     """The methods that can run (registry order), their prepared state, and the skipped ones with reasons."""
     active, state, skipped = [], {}, {}
     for name in config.methods:
         spec = METHODS[name]
+        if spec.prepare is not None:  # e.g. the cross-fitting of the fitted weights: long on large data
+            _phase(show, f"preparing {spec.title} ({name})")
         try:
             state[name] = spec.prepare(inputs, options) if spec.prepare is not None else None
         except MethodUnavailable as reason:
@@ -569,16 +614,21 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalRes
         The :class:`EvalResult`.
 
     Raises:
-        MapMatchedValueError: bad options or inputs (naming them).
+        MapMatchedValueError: bad options or inputs (naming them), e.g. no labelled
+            turn (nothing to score).
     """
     config = (config or EvalConfig()).check()
+    if not bool(labelled(inputs.qrels).any()):
+        raise MapMatchedValueError(
+            f"{inputs.name}: no labelled turns: every metric needs a turn with a qrel grade > 0 (a relevant passage)"
+        )
     device = torch.device(config.device) if config.device is not None else inputs.candidates.mask.device
-    show = _show_progress(config.progress)
+    show = progress_enabled(config.progress)
     started = time.perf_counter()
     lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
     options = MethodOptions(config.settings, config.relevance_weight, config.score_normalization, config.seed,
                             config.fit_folds)
-    active, state, skipped = _prepare_methods(inputs, config, options)
+    active, state, skipped = _prepare_methods(inputs, config, options, show)
     timings = {"prepare": time.perf_counter() - started}
     scored = _score_chunks(inputs, config, options, active, state, lookup, device, show)
     timings.update(scored.clock)
@@ -589,7 +639,7 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalRes
     valid = candidates.valid
     # shape: (N,) conversation of each real turn
     conversation = torch.arange(batch, device=device).unsqueeze(1).expand(batch, turns)[valid]
-    masks, slicing = _slices(inputs, config, candidates, scored.normalized, device)
+    masks, slicing, split_note = _slices(inputs, config, candidates, scored.normalized, device)
     results = _summaries(scored.metrics, scored.described, masks, conversation, config, show)
     timings["bootstrap"] = time.perf_counter() - tick
 
@@ -613,12 +663,14 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalRes
         per_turn=scored.metrics,
         slice_masks=masks,
         conversation=conversation,
+        warnings=_warnings(masks, conversation, split_note),
     )
 
 
 def _slices(inputs: EvalInputs, config: EvalConfig, candidates: Candidates, normalized: Tensor,
-            device: torch.device) -> Tuple[Dict[str, Tensor], Any]:
-    """(N,) masks of every slice over the labelled turns, and the entropy slicing (its threshold)."""
+            device: torch.device) -> Tuple[Dict[str, Tensor], Any, Optional[str]]:
+    """(N,) masks of every slice over the labelled turns, the entropy slicing (its threshold), and a
+    warning when every later labelled turn has the same entropy (no split can separate them)."""
     valid = candidates.valid
     batch, turns = valid.shape
     # shape: (N,)
@@ -630,7 +682,32 @@ def _slices(inputs: EvalInputs, config: EvalConfig, candidates: Candidates, norm
     masks = {"all": eligible, "follow-up": by_entropy.followup, "standalone": by_entropy.standalone}
     if bool(by_topic.switch.any() | by_topic.same.any()):
         masks.update({"topic-switch": by_topic.switch, "same-topic": by_topic.same})
-    return masks, by_entropy
+    later = entropy[eligible & (position > 0)]
+    note = None
+    if later.numel() >= 2 and bool((later == later[0]).all()):
+        note = (f"all {later.numel()} later labelled turns have the same emission entropy ({float(later[0]):.3f} "
+                "nats; identical turns or candidate scores?): the follow-up / standalone split cannot separate them")
+    return masks, by_entropy, note
+
+
+def _warnings(masks: Dict[str, Tensor], conversation: Tensor, split_note: Optional[str]) -> Tuple[str, ...]:
+    """Degenerate data: fewer than 2 labelled conversations overall or in a slice; a constant entropy."""
+    counts = {name: int(torch.unique(conversation[mask]).numel()) for name, mask in masks.items()}
+    notes = []
+    if counts["all"] < 2:
+        notes.append(f"only {counts['all']} conversation has labelled turns: the bootstrap resamples conversations, "
+                     "so every interval is zero-width and no verdict can be judged; evaluate more conversations")
+    else:
+        for name, count in counts.items():
+            if count == 0:
+                notes.append(f"the {name} slice is empty (no labelled turn): it has no interval, and verdicts "
+                             "that need it cannot be judged")
+            elif count < 2:
+                notes.append(f"the {name} slice has labelled turns in only {count} conversation: its intervals are "
+                             "zero-width, and verdicts that need it cannot be judged")
+    if split_note is not None:
+        notes.append(split_note)
+    return tuple(notes)
 
 
 def _summaries(metrics: Dict[str, Dict[str, Tensor]], described: Dict[str, Tuple[str, Dict[str, Any]]],
@@ -655,10 +732,15 @@ def _summaries(metrics: Dict[str, Dict[str, Tensor]], described: Dict[str, Tuple
                 lift = None if lift is None else _without_interval(lift)
             slices[name] = SliceResult(turns, interval.n, means, interval, lift)
         judged = None
-        if key != "pointwise":
+        if not _is_baseline(method, params):
             judged = verdict(slices["follow-up"].lift, slices["standalone"].lift, config.tolerance)
         results.append(MethodResult(key, method, METHODS[method].title, dict(params), slices, judged))
     return results
+
+
+def _is_baseline(method: str, params: Mapping[str, Any]) -> bool:
+    """Pointwise, and map-matching at beta = 0 (which ranks exactly as pointwise): no verdict."""
+    return method == "pointwise" or (method == "map-matched" and params.get("beta") == 0)
 
 
 def _without_interval(result: BootstrapResult) -> BootstrapResult:

@@ -55,6 +55,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checks import (
+    check_choice,
     check_chunk_id,
     check_finite,
     check_nonnegative_int,
@@ -64,6 +65,7 @@ from ..core.checks import (
 )
 from ..core.errors import MapMatchedValueError
 from ..core.models import DecoderCandidate, trusted_constructor
+from ..core.protocols import CorpusGraph
 from ..core.scoring import check_score_normalization, normalize_scores
 from ..kernels import decode
 from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
@@ -284,7 +286,7 @@ def _qrels_rows(checked: Sequence[_Checked], turns: int) -> SparseQrels:
                        torch.tensor(grades, dtype=torch.float64).reshape(len(rows), width))
 
 
-def _pack(checked: Sequence[_Checked], graph: Any, dtype: torch.dtype, device: torch.device) -> LabelledBatch:
+def _pack(checked: Sequence[_Checked], graph: CorpusGraph, dtype: torch.dtype, device: torch.device) -> LabelledBatch:
     """Pad validated conversations into a :class:`LabelledBatch` (one distance query)."""
     packed = pack_trellises([c.trellis for c in checked], dtype=dtype, device=device)
     batch, turns, width = packed.shape
@@ -310,7 +312,7 @@ def _pack(checked: Sequence[_Checked], graph: Any, dtype: torch.dtype, device: t
 
 def pack_conversations(
     conversations: Sequence[Any],
-    graph: Any,
+    graph: CorpusGraph,
     *,
     score_normalization: str = "zscore",
     dtype: torch.dtype = torch.float64,
@@ -469,12 +471,6 @@ def _check_dtype(dtype: Any) -> torch.dtype:
     return dtype
 
 
-def _check_choice(value: Any, name: str, choices: Tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise MapMatchedValueError(f"unsupported {name}: {value!r} (expected one of {', '.join(choices)})")
-    return value
-
-
 def _check_positive_number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise MapMatchedValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -505,7 +501,7 @@ def _split(checked: List[_Checked], fraction: float, generator: torch.Generator)
     )
 
 
-def _batches(checked: Sequence[_Checked], size: int, graph: Any, dtype: torch.dtype, device: torch.device,
+def _batches(checked: Sequence[_Checked], size: int, graph: CorpusGraph, dtype: torch.dtype, device: torch.device,
              keep: Any) -> List[LabelledBatch]:
     """Pack the conversations that ``keep`` accepts, grouped by length (less padding)."""
     kept = sorted((c for c in checked if keep(c)), key=lambda c: (len(c.trellis), max(len(t) for t in c.trellis)))
@@ -616,7 +612,7 @@ def _converged(previous: FitStep, current: FitStep, tolerance: float) -> bool:
 
 def fit_weights(
     conversations: Sequence[Any],
-    graph: Any,
+    graph: CorpusGraph,
     *,
     score_normalization: str = "zscore",
     init_emission_weight: float = 1.0,
@@ -709,11 +705,11 @@ def fit_weights(
     method = check_score_normalization(score_normalization)
     init = (check_weight(init_emission_weight, "init_emission_weight"),
             check_weight(init_transition_weight, "init_transition_weight"))
-    optimizer = _check_choice(optimizer, "optimizer", OPTIMIZERS)
+    optimizer = check_choice("optimizer", optimizer, OPTIMIZERS)
     lr = _DEFAULT_LR[optimizer] if lr is None else _check_positive_number(lr, "lr")
     max_iterations = check_positive_int(max_iterations, "max_iterations")
     l2 = check_weight(l2, "l2")
-    center = init if _check_choice(l2_center, "l2_center", L2_CENTERS) == "init" else (0.0, 0.0)
+    center = init if check_choice("l2_center", l2_center, L2_CENTERS) == "init" else (0.0, 0.0)
     batch_size = check_positive_int(batch_size, "batch_size")
     fraction = _check_fraction(validation_fraction)
     patience = check_positive_int(patience, "patience")

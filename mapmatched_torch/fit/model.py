@@ -21,10 +21,41 @@ from torch import Tensor, nn
 from ..core.checks import check_optional_lag, check_weight
 from ..core.errors import MapMatchedValueError
 from ..kernels import decode
-from ..kernels.checks import check_emissions, check_mask, check_pairwise, pair_mask
+from ..kernels.checks import check_emissions, check_mask, check_pairwise, first_true_index, pair_mask
 from ..kernels.decode import Decoded, FixedLagDecoded
+from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
 
 __all__ = ["MapMatchedModel"]
+
+
+def _check_distances(distances: Tensor, mask: Optional[Tensor] = None) -> None:
+    """Refuse graph distances that are negative or NaN where they are used.
+
+    Args:
+        distances: ``(B, T-1, M, M)`` raw graph distances ``[b, t, from, to]``.
+        mask: ``(B, T, M)`` bool or None; with it only moves between real candidates are
+            checked (padding may hold anything, even NaN).
+
+    A negative distance would reward a jump (``-(beta * d) > 0``), and NaN would poison
+    the partition function. ``+inf`` is not refused here: the decoders refuse the
+    ``-inf`` transition it makes (an unreachable pair costs the graph's
+    ``maximum_distance``, never inf). One pass and one synchronization.
+
+    Raises:
+        MapMatchedValueError: naming the first bad entry ``[b, t, from, to]`` and its value.
+    """
+    # shape: (B, T-1, M, M); NaN compares False
+    bad = ~(distances >= 0)
+    if mask is not None:
+        bad = bad & pair_mask(mask)
+    if bool(bad.any()):
+        index = first_true_index(bad)
+        where = ", ".join(f"{name}={value}" for name, value in zip(("b", "t", "from", "to"), index))
+        raise MapMatchedValueError(
+            f"distances must be nonnegative graph distances (not NaN) between real candidates: "
+            f"distances[{where}] = {distances[tuple(index)].item()!r}"
+            + (f" (the move from turn {index[1]} to turn {index[1] + 1})" if len(index) == 4 else "")
+        )
 
 
 class MapMatchedModel(nn.Module):
@@ -98,10 +129,13 @@ class MapMatchedModel(nn.Module):
         """Weighted transitions ``-(beta * distances)`` ``(B, T-1, M, M)`` ``[b, t, from, to]``.
 
         With ``mask`` ``(B, T, M)``, moves touching a masked candidate become 0 first.
+        Raises ValueError for a negative or NaN distance between real candidates
+        (see :func:`_check_distances`).
         """
+        _check_distances(distances, mask)
         if mask is not None:
             distances = torch.where(pair_mask(mask), distances, 0.0)
-        return -(self.effective_transition_weight * distances)
+        return weighted_transitions(distances, self.effective_transition_weight)
 
     def _weighted(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
         """Validate the shapes, then weight (padding zeroed)."""
@@ -120,7 +154,8 @@ class MapMatchedModel(nn.Module):
     ) -> Union[Decoded, FixedLagDecoded]:
         """Decode the best paths (full Viterbi, or fixed-lag with ``fixed_lag``).
 
-        When beta == 0 this is :func:`~mapmatched_torch.kernels.decode.pointwise_decode` (the
+        The decoder is chosen by :func:`~mapmatched_torch.kernels.transitions.decode_weighted`:
+        when beta == 0 it is :func:`~mapmatched_torch.kernels.decode.pointwise_decode` (the
         exact per-turn argmax, as in the standalone decoder) and ``distances`` may be
         None. Reads beta once (one synchronization).
 
@@ -134,16 +169,13 @@ class MapMatchedModel(nn.Module):
             :class:`~mapmatched_torch.kernels.decode.FixedLagDecoded` with a lag.
         """
         lag = check_optional_lag(fixed_lag)
-        if float(self.effective_transition_weight) == 0.0:
-            scores = check_emissions(scores, "scores")
-            mask = check_mask(mask, scores, "scores")
-            return decode.pointwise_decode(self.emissions(scores, mask), mask, fixed_lag=lag)
-        if distances is None:
-            raise MapMatchedValueError("distances are required when transition_weight > 0")
-        emissions, transitions = self._weighted(scores, distances, mask)
-        if lag is None:
-            return decode.viterbi(emissions, transitions, mask)
-        return decode.fixed_lag_viterbi(emissions, transitions, mask, lag)
+        beta = float(self.effective_transition_weight)  # the one synchronization
+        scores = check_emissions(scores, "scores")
+        mask = check_mask(mask, scores, "scores")
+        transitions = None  # decode_weighted refuses None when beta > 0
+        if distances is not None and decoding_mode(beta, lag).uses_distances:
+            transitions = self.transitions(check_pairwise(distances, scores, "distances", "scores"), mask)
+        return decode_weighted(self.emissions(scores, mask), None, mask, beta, lag, transitions=transitions)
 
     def log_partition(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
         """``(B,)`` log Z over all paths (differentiable in both weights)."""

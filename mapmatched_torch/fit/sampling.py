@@ -18,7 +18,9 @@ from ..core.checks import check_finite, check_positive_int, check_radius, check_
 from ..core.errors import MapMatchedValueError
 from ..core.graph_types import GraphEdge
 from ..core.models import ScoredCandidate
+from ..core.protocols import CorpusGraph
 from ..kernels.sampling import sample_paths
+from ..kernels.transitions import weighted_transitions
 from ..standalone import InMemoryCorpusGraph
 from .fitting import pack_conversations
 
@@ -80,11 +82,11 @@ class SampledConversations(NamedTuple):
     """
 
     conversations: List[List[LabelledTurn]]
-    graph: Any
+    graph: CorpusGraph
     paths: Tensor
 
 
-def _node_list(graph: Any) -> Tuple[str, ...]:
+def _node_list(graph: CorpusGraph) -> Tuple[str, ...]:
     nodes = tuple(getattr(graph, "nodes", ()) or ())
     if not nodes:
         raise MapMatchedValueError("sample_conversations needs a graph with a non-empty `nodes` sequence")
@@ -98,7 +100,8 @@ def _pick(pool: Sequence[str], count: int, generator: torch.Generator) -> List[s
 
 
 def _candidate_sets(
-    graph: Any, nodes: Tuple[str, ...], count: int, turns: int, width: int, radius: float, generator: torch.Generator
+    graph: CorpusGraph, nodes: Tuple[str, ...], count: int, turns: int, width: int, radius: float,
+    generator: torch.Generator,
 ) -> List[List[List[str]]]:
     """Chunk IDs ``[conversation][turn][candidate]`` with graph locality.
 
@@ -194,7 +197,7 @@ def sample_conversations(
                    for ids_t, scores_t in zip(ids_b, scores_b)] for ids_b, scores_b in zip(ids, scores)]
     batch = pack_conversations(unlabelled, graph, score_normalization=score_normalization)
     emissions = lam * batch.scores
-    transitions = -(beta * batch.distances)
+    transitions = weighted_transitions(batch.distances, beta)
     paths = sample_paths(emissions, transitions, batch.mask, 1, generator)[0]
     keep = (torch.rand((count, turns), generator=generator) < probability).tolist()
     conversations = [

@@ -8,10 +8,14 @@ Public names (import them from here; the modules behind them are implementation)
   protocol bit for bit like ``InMemoryCorpusGraph``, plus batched
   ``trellis_distances`` / ``pair_distances`` / ``neighborhoods``, PyG and networkx
   interop.
+- :class:`TensorGraph`, :class:`TrellisGraph`, :class:`NeighborhoodGraph`: the
+  Protocols of that batched API (what the decoders, the server and the evaluation
+  check for, with :func:`implements`).
 - :func:`bounded_rows`, :func:`source_target_distances`, :func:`pair_distances`,
   :func:`grid_distances` (every source of a turn pair to every target): the
   shortest-path engines (``"torch"`` frontier relaxation, ``"scipy"`` Dijkstra,
-  target-aware early stopping), on a :class:`CSRAdjacency`.
+  target-aware early stopping), on a :class:`CSRAdjacency`; :class:`SearchOptions`,
+  the engines' one validated set of tuning options.
 - :class:`DistanceCache`: the LRU of exact distance rows.
 - :func:`build_dense_table` and its size helpers: the optional ``(N, N)`` table.
 """
@@ -26,12 +30,14 @@ from .sections import SectionPassage, section_edges, section_graph
 from .shortest_paths import (
     DEFAULT_MEMORY_BUDGET,
     ENGINES,
+    SearchOptions,
     bounded_rows,
     grid_distances,
     pair_distances,
     resolve_engine,
     source_target_distances,
 )
+from .protocols import NeighborhoodGraph, TensorGraph, TrellisGraph, implements
 from .tensor_graph import TensorCorpusGraph
 from .vocabulary import PADDING_INDEX, ChunkVocabulary
 
@@ -39,6 +45,10 @@ __all__ = [
     "ChunkVocabulary",
     "PADDING_INDEX",
     "TensorCorpusGraph",
+    "TensorGraph",
+    "TrellisGraph",
+    "NeighborhoodGraph",
+    "implements",
     "CSRAdjacency",
     "build_csr",
     "ENGINES",
@@ -48,6 +58,7 @@ __all__ = [
     "source_target_distances",
     "pair_distances",
     "grid_distances",
+    "SearchOptions",
     "DistanceCache",
     "CacheInfo",
     "DEFAULT_DENSE_BUDGET",

@@ -14,11 +14,15 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
-from torch_geometric.utils import coalesce, to_undirected
 
 from ..core.errors import MapMatchedValueError
 
-__all__ = ["CSRAdjacency", "build_csr"]
+__all__ = ["CSRAdjacency", "build_csr", "infer_num_nodes", "INFERRED_NODES_FLOOR"]
+
+#: :func:`infer_num_nodes` accepts any N up to this many nodes; beyond it, only an N at
+#: most :data:`_INFERRED_NODES_PER_REFERENCED` times the distinct nodes the edges name.
+INFERRED_NODES_FLOOR = 1 << 20
+_INFERRED_NODES_PER_REFERENCED = 64
 
 
 class CSRAdjacency:
@@ -141,6 +145,10 @@ def build_csr(
     # shape: (E',) arcs that are not self-loops
     keep = edge_index[0] != edge_index[1]
     edge_index, weights = edge_index[:, keep], weights[keep]
+    # imported here: torch_geometric takes seconds to import, and importing the graph
+    # package (its protocols, for the decoders and the server) should not
+    from torch_geometric.utils import coalesce, to_undirected
+
     if directed:
         edge_index, weights = coalesce(edge_index, weights, num_nodes, reduce="min")
     else:
@@ -151,13 +159,53 @@ def build_csr(
     return CSRAdjacency(indptr, edge_index[1].contiguous(), weights.contiguous(), num_nodes)
 
 
-def _check_edge_tensors(edge_index: Any, edge_weight: Any, num_nodes: int) -> None:
-    """Shapes, dtypes, devices and node range of an ``(edge_index, edge_weight)`` pair."""
+def infer_num_nodes(edge_index: Any) -> int:
+    """N of an ``edge_index`` given without chunk IDs or a node count: its largest index + 1.
+
+    Args:
+        edge_index: ``(2, E)`` integer tensor of ``[sources; targets]``.
+
+    Returns:
+        ``edge_index.max() + 1`` (0 without edges; nodes below it that no edge names
+        are isolated nodes).
+
+    Raises:
+        ValueError: a malformed ``edge_index``, or an N above
+            :data:`INFERRED_NODES_FLOOR` that is more than 64 times the distinct nodes
+            the edges name: one stray index (say ``2**40``) would otherwise make
+            ``2**40`` node IDs and run out of memory. The message names the edge;
+            pass ``num_nodes`` (or ``chunk_ids``) to declare a sparse numbering.
+    """
+    _check_edge_index(edge_index)
+    if not edge_index.numel():
+        return 0
+    largest = int(edge_index.max())
+    count = max(largest + 1, 0)  # all negative: the range check names the bad node
+    if count > INFERRED_NODES_FLOOR:
+        distinct = int(torch.unique(edge_index).numel())
+        if count > _INFERRED_NODES_PER_REFERENCED * distinct:
+            position = int((edge_index == largest).any(0).nonzero()[0, 0])
+            source, target = (int(value) for value in edge_index[:, position])
+            raise MapMatchedValueError(
+                f"edge {position} ({source} -> {target}) of edge_index has node {largest}, so N would be {count}, "
+                f"but the edges name only {distinct} distinct nodes: a stray index? Fix the edge, or pass "
+                f"num_nodes (or chunk_ids) to declare the nodes"
+            )
+    return count
+
+
+def _check_edge_index(edge_index: Any) -> None:
+    """A ``(2, E)`` integer tensor."""
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
         shape = tuple(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index).__name__
         raise MapMatchedValueError(f"edge_index must be a (2, E) tensor, got {shape}")
     if edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or edge_index.dtype == torch.bool:
         raise MapMatchedValueError(f"edge_index must have an integer dtype, got {edge_index.dtype}")
+
+
+def _check_edge_tensors(edge_index: Any, edge_weight: Any, num_nodes: int) -> None:
+    """Shapes, dtypes, devices and node range of an ``(edge_index, edge_weight)`` pair."""
+    _check_edge_index(edge_index)
     if not isinstance(edge_weight, torch.Tensor) or tuple(edge_weight.shape) != (edge_index.shape[1],):
         shape = tuple(edge_weight.shape) if isinstance(edge_weight, torch.Tensor) else type(edge_weight).__name__
         raise MapMatchedValueError(
@@ -169,8 +217,13 @@ def _check_edge_tensors(edge_index: Any, edge_weight: Any, num_nodes: int) -> No
         raise MapMatchedValueError(
             f"edge_weight is on {edge_weight.device} but edge_index is on {edge_index.device}"
         )
-    if edge_index.numel():
-        low, high = int(edge_index.min()), int(edge_index.max())
-        if low < 0 or high >= num_nodes:
-            value = low if low < 0 else high
-            raise MapMatchedValueError(f"edge_index contains node {value}, outside [0, {num_nodes})")
+    # shape: (E,) edges with an endpoint outside [0, N)
+    outside = ((edge_index < 0) | (edge_index >= num_nodes)).any(0)
+    if bool(outside.any()):
+        position = int(outside.nonzero()[0, 0])
+        source, target = (int(value) for value in edge_index[:, position])
+        value = source if not 0 <= source < num_nodes else target
+        raise MapMatchedValueError(
+            f"edge {position} ({source} -> {target}) of edge_index has node {value}, outside [0, {num_nodes}); "
+            f"node indices must be below the number of nodes"
+        )

@@ -10,12 +10,21 @@ only answers the targets it holds.
 Rows are the unit of recency and eviction (least recently used first), bounded by a
 number of rows and a number of entries. All state is tensors on one device, lookups
 are vectorised (a sorted key array and ``searchsorted``), so a warm trellis batch is a
-handful of kernels on GPU. Not thread-safe.
+handful of kernels on GPU.
+
+Thread safety: every public method holds the cache's lock for its whole
+read-modify-write (a lookup also refreshes recency and counters; an insertion merges
+into new key and value arrays and swaps them in), so threads sharing one graph (a
+server's sessions) see one consistent state, and no method returns a view of the
+cache's storage. Searches run outside the lock (the graph looks up, searches, then
+inserts); two threads may then search the same pair, and the second insertion keeps
+the first entry (both are exact, hence equal).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import threading
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -40,6 +49,9 @@ class DistanceCache:
     Cost: a lookup of Q pairs is O(Q log K) for K cached entries; an insertion of Q
     new entries is O(K + Q log Q) (a merge of sorted keys, no full re-sort); memory is
     16 bytes per entry plus 9 bytes per node.
+
+    Thread-safe (see the module docstring); picklable (the lock is not pickled, a new
+    one is made on unpickling).
     """
 
     def __init__(
@@ -54,10 +66,26 @@ class DistanceCache:
         self.max_rows = check_positive_int(max_rows, "distance_cache_size")
         self.max_entries = check_positive_int(max_entries, "distance_cache_entries")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        #: guards every read-modify-write of the state below (reentrant: insert evicts)
+        self._lock = threading.RLock()
         self.clear()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        with self._lock:
+            state = dict(self.__dict__)
+        del state["_lock"]  # locks cannot be pickled
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def clear(self) -> None:
         """Drop every row and reset the hit and miss counters."""
+        with self._lock:
+            self._reset()
+
+    def _reset(self) -> None:
         # shape: (K,) sorted unique keys source * N + target, and their distances
         self._keys = torch.empty(0, dtype=torch.long, device=self.device)
         self._values = torch.empty(0, dtype=torch.float64, device=self.device)
@@ -72,12 +100,27 @@ class DistanceCache:
     def cache_info(self) -> CacheInfo:
         """Hits and misses (counted per distinct source of each lookup: a hit answers
         all of that source's targets), rows cached, and the row capacity."""
-        return CacheInfo(self._hits, self._misses, int((self._stamp > 0).sum()), self.max_rows)
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, int((self._stamp > 0).sum()), self.max_rows)
 
     @property
     def entry_count(self) -> int:
         """K, the number of cached ``(source, target)`` entries."""
-        return int(self._keys.numel())
+        with self._lock:
+            return int(self._keys.numel())
+
+    def entries(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every cached entry, sorted by (source, target).
+
+        Returns:
+            ``(sources, targets, values)``: ``(K,)`` int64, int64 and float64 on the
+            cache's device (``inf``: beyond the bound); new tensors, not views of the
+            cache's storage.
+        """
+        with self._lock:
+            keys, values = self._keys, self._values
+        sources = torch.div(keys, self.num_nodes, rounding_mode="floor")
+        return sources, keys - sources * self.num_nodes, values.clone()
 
     def lookup(self, sources: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Cached distances of node pairs.
@@ -95,23 +138,31 @@ class DistanceCache:
             ValueError: a node index outside ``[0, N)``.
         """
         self._check_range(sources, targets, smallest=0)
-        if self._keys.numel() and self.device.type == "cpu" and _compiled.available():
+        compiled = self.device.type == "cpu" and _compiled.available()
+        with self._lock:
+            # a consistent snapshot (these arrays are replaced, never written in place)
+            cached_keys, cached_values = self._keys, self._values
+            row_start = self._row_start() if compiled and cached_keys.numel() else None
+            # shape: (Q,) whether the source's row is cached whole
+            whole = (self._stamp[sources] > 0) & self._complete[sources]
+        if row_start is not None:
             # per query a search within its source's run: a few cache lines, not log K misses
             values, found = _compiled.compiled_lookup(
-                self._keys, self._values, self._row_start(), sources.contiguous(), targets.contiguous(), self.num_nodes
+                cached_keys, cached_values, row_start, sources.contiguous(), targets.contiguous(), self.num_nodes
             )
-        elif self._keys.numel():
+        elif cached_keys.numel():
             # shape: (Q,)
             keys = sources * self.num_nodes + targets
-            position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
-            found = self._keys[position] == keys
-            values = torch.where(found, self._values[position], torch.inf)
+            position = torch.searchsorted(cached_keys, keys).clamp_(max=cached_keys.numel() - 1)
+            found = cached_keys[position] == keys
+            values = torch.where(found, cached_values[position], torch.inf)
         else:
             keys = sources * self.num_nodes + targets
             found = torch.zeros_like(keys, dtype=torch.bool)
             values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
-        answered = found | ((self._stamp[sources] > 0) & self._complete[sources])
-        self._count(sources, answered)
+        answered = found | whole
+        with self._lock:
+            self._count(sources, answered)
         return values, answered
 
     @property
@@ -146,13 +197,17 @@ class DistanceCache:
         if not self.grid_lookup:
             raise MapMatchedRuntimeError("DistanceCache.lookup_grid needs a CPU cache and numba")
         self._check_range(sources, targets, smallest=None)
+        with self._lock:
+            # a consistent snapshot (the arrays are replaced, never written in place; the
+            # completeness mask is a new tensor)
+            snapshot = (self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete)
         values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
-            self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete,
-            sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
+            *snapshot, sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
         )
         # shape: (G * M,) rows with a node pair: hits and misses per distinct source
         needed = row_needed.view(-1)
-        self._count(sources.reshape(-1)[needed], row_hit.view(-1)[needed])
+        with self._lock:
+            self._count(sources.reshape(-1)[needed], row_hit.view(-1)[needed])
         return values, answered
 
     def _check_range(self, *codes: torch.Tensor, smallest: Optional[int]) -> None:
@@ -168,14 +223,15 @@ class DistanceCache:
 
     def _row_start(self) -> torch.Tensor:
         """``(N + 1,)`` int64 start of each source's run in the sorted keys (cached until
-        the keys change)."""
+        the keys change). Called with the lock held."""
         if self._starts is None:
             bounds = torch.arange(self.num_nodes + 1, dtype=torch.long, device=self.device) * self.num_nodes
             self._starts = torch.searchsorted(self._keys, bounds)
         return self._starts
 
     def _count(self, sources: torch.Tensor, answered: torch.Tensor) -> None:
-        """Count hits/misses per distinct source and refresh the cached rows' recency."""
+        """Count hits/misses per distinct source and refresh the cached rows' recency
+        (with the lock held)."""
         if not sources.numel():
             return
         # shape: (N,) which nodes were looked up, and whether all their targets were answered
@@ -216,19 +272,20 @@ class DistanceCache:
         values = values[order]
         first = torch.ones_like(keys, dtype=torch.bool)
         first[1:] = keys[1:] != keys[:-1]
-        if self._keys.numel():
-            position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
-            first &= self._keys[position] != keys
-        keys, values = keys[first], values[first]
-        self._merge(keys, values)
-        self._clock += 1
-        self._stamp[sources] = self._clock
-        if complete:
-            self._complete[sources] = True
-        self._evict()
+        with self._lock:  # the check for cached keys and the merge are one atomic step
+            if self._keys.numel():
+                position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
+                first &= self._keys[position] != keys
+            self._merge(keys[first], values[first])
+            self._clock += 1
+            self._stamp[sources] = self._clock
+            if complete:
+                self._complete[sources] = True
+            self._evict()
 
     def _merge(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Merge sorted new keys (none already cached) into the sorted key array."""
+        """Merge sorted new keys (none already cached) into new sorted key and value
+        arrays (with the lock held; the old arrays stay valid for snapshots)."""
         old = self._keys
         # shape: (K + Q',) final position of every old and every new key
         new_position = torch.searchsorted(old, keys) + torch.arange(keys.numel(), device=keys.device)
@@ -240,7 +297,7 @@ class DistanceCache:
         self._keys, self._values, self._starts = merged_keys, merged_values, None
 
     def _evict(self) -> None:
-        """Drop least recently used rows until both capacities hold."""
+        """Drop least recently used rows until both capacities hold (with the lock held)."""
         cached = (self._stamp > 0).nonzero().squeeze(1)
         if cached.numel() <= self.max_rows and self._keys.numel() <= self.max_entries:
             return

@@ -51,7 +51,6 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from torch_geometric.utils import to_undirected
 from tqdm.auto import tqdm
 
 from ..core.checks import check_positive_int
@@ -650,4 +649,6 @@ def _union_edges(
     source = torch.arange(size, device=neighbors.device).repeat_interleave(k)  # shape: (N k,)
     edge_index = torch.stack([source, neighbors.reshape(-1)])  # shape: (2, N k)
     edge_weight = distances.reshape(-1).clamp(min=minimum, max=maximum)  # shape: (N k,)
+    from torch_geometric.utils import to_undirected  # slow to import: on first use (see _csr.build_csr)
+
     return to_undirected(edge_index, edge_weight, num_nodes=size, reduce="min")

@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
-from torch_geometric.utils import to_undirected
 
 from ..core.checks import check_chunk_id, check_positive_finite, check_positive_int
 from ..core.errors import MapMatchedValueError
@@ -327,4 +326,6 @@ def _undirected_tensors(pairs: _PairDistances, size: int) -> Tuple[torch.Tensor,
     ordered = sorted(pairs.items())
     edge_index = torch.tensor([pair for pair, _ in ordered], dtype=torch.long).reshape(-1, 2).T  # shape: (2, E)
     edge_weight = torch.tensor([distance for _, distance in ordered], dtype=torch.float64)  # shape: (E,)
+    from torch_geometric.utils import to_undirected  # slow to import: on first use (see _csr.build_csr)
+
     return to_undirected(edge_index, edge_weight, num_nodes=size, reduce="min")

@@ -8,7 +8,8 @@ and frontier relaxation (Bellman-Ford style, the torch engine) compute exactly t
 minimum: every engine agrees bit for bit with
 :class:`~mapmatched_torch.standalone.graph.InMemoryCorpusGraph`.
 
-Engines (``engine=``):
+Engines (``engine=``), each implementing one contract (:mod:`.engines.base`: ``rows``
+and ``pairs`` methods taking one validated :class:`~.engines.base.SearchOptions`):
 
 - ``"torch"``: batched frontier relaxation with ``scatter_reduce("amin")`` on the
   graph's device (:mod:`.engines.frontier`). Work is proportional to the arcs relaxed (no
@@ -22,7 +23,7 @@ Engines (``engine=``):
   stays small (no O(N) set-up); a source whose search grows past ``work_limit``
   expanded entries (default ``N // 64``) is abandoned and gets scipy's full bounded
   search instead, where scipy's per-arc speed wins. Below 64 (N < 4096) the torch
-  pass cannot pay for itself and scipy runs alone.
+  pass cannot pay for itself and scipy runs alone (:mod:`.engines.hybrid`).
 - ``"compiled"`` (CPU, needs numba: the ``[numba]`` extra): a target-aware
   Dijkstra per source in compiled code, sources spread over the CPU threads, no O(N)
   set-up per source (:mod:`.engines.compiled`). Given pair groups (a trellis's turn pairs,
@@ -66,18 +67,18 @@ equal non-padding codes (SPEC's ``d(a, a) = 0``, unknown IDs included) and
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
 from ._csr import CSRAdjacency
 from ._memory import DEFAULT_MEMORY_BUDGET
 from .cache import DistanceCache
+from .engines import SEARCH_ENGINES, GroupedPairs, SearchOptions
 from .engines import compiled as _compiled
-from .engines.frontier import torch_pairs, torch_rows
-from .engines.scipy_dijkstra import scipy_pairs, scipy_rows
 
 __all__ = [
     "ENGINES",
@@ -87,14 +88,13 @@ __all__ = [
     "source_target_distances",
     "pair_distances",
     "grid_distances",
+    "SearchOptions",
 ]
 
 #: The accepted ``engine`` values.
 ENGINES = ("auto", "torch", "scipy", "hybrid", "compiled", "dense")
 #: The engines that search (the others resolve to one of these, or gather).
-_SEARCH_ENGINES = ("torch", "scipy", "hybrid", "compiled")
-#: The smallest default ``work_limit`` of the hybrid engine worth a torch pass.
-_MIN_WORK_LIMIT = 64
+_SEARCH_ENGINES = tuple(SEARCH_ENGINES)
 
 
 def resolve_engine(engine: str, device: torch.device, *, has_table: bool = False) -> str:
@@ -112,8 +112,7 @@ def resolve_engine(engine: str, device: torch.device, *, has_table: bool = False
         ValueError: an unknown engine, or ``"dense"`` without a table.
         MissingDependencyError: ``"compiled"`` without numba (the ``[numba]`` extra).
     """
-    if engine not in ENGINES:
-        raise MapMatchedValueError(f"unsupported distance engine: {engine!r} (expected one of {ENGINES})")
+    check_choice("distance engine", engine, ENGINES)
     if engine == "auto":
         if has_table:
             return "dense"
@@ -133,8 +132,7 @@ def _search_engine(engine: str, device: torch.device) -> str:
     """A search engine (never ``"dense"``): ``"auto"`` resolves as without a table."""
     resolved = resolve_engine(engine, device) if engine != "dense" else engine
     if resolved not in _SEARCH_ENGINES:
-        expected = ("auto",) + _SEARCH_ENGINES
-        raise MapMatchedValueError(f"unsupported search engine: {engine!r} (expected one of {expected})")
+        check_choice("search engine", engine, ("auto",) + _SEARCH_ENGINES)
     return resolved
 
 
@@ -163,14 +161,15 @@ def bounded_rows(
         ``(S, N)`` float64 on the graph's device: ``[s, v]`` = the shortest path length
         from ``sources[s]`` to ``v`` when it is ``<= limit``, else ``inf``.
 
+    Raises:
+        ValueError: an unknown engine, a bad ``limit`` or ``memory_budget`` (see
+            :class:`~.engines.base.SearchOptions`).
+
     Cost: O(S * N) memory for the result; one bounded search per source.
     """
     engine = _search_engine(engine, adjacency.device)
-    if engine == "torch":
-        return torch_rows(adjacency, sources, float(limit), memory_budget)
-    if engine == "compiled":
-        return _compiled.compiled_rows(adjacency, sources, float(limit), memory_budget)
-    return torch.from_numpy(scipy_rows(adjacency, sources.cpu().numpy(), limit)).to(adjacency.device)
+    options = SearchOptions(limit, memory_budget=memory_budget)
+    return SEARCH_ENGINES[engine].rows(adjacency, sources, options)
 
 
 def source_target_distances(
@@ -208,33 +207,43 @@ def source_target_distances(
             pairs of one group have targets close together), or None. Only the
             compiled engine uses it, to guide the searches for far pairs.
         settle_limit, ball_limit: the compiled engine's guided-search sizes (see
-            :func:`.engines.compiled.compiled_pairs`).
+            :meth:`.engines.compiled.CompiledEngine.pairs`).
 
     Returns:
         ``(Q,)`` float64: the shortest path length when ``<= bound``, else ``inf``.
         Identical for every engine, ``target_aware`` setting and grouping.
+
+    Raises:
+        ValueError: an unknown engine, a bad option (see
+            :class:`~.engines.base.SearchOptions`), ``groups`` of the wrong dtype or shape.
     """
     engine = _search_engine(engine, adjacency.device)
     _check_groups(groups, sources.shape)
+    options = SearchOptions(
+        bound, target_aware=target_aware, memory_budget=memory_budget, initial_radius=initial_radius,
+        work_limit=work_limit, settle_limit=settle_limit, ball_limit=ball_limit,
+    )
+    return _distances(adjacency, sources, targets, engine, options, groups)
+
+
+def _distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    engine: str,
+    options: SearchOptions,
+    groups: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """:func:`source_target_distances` after the checks: ``engine`` is a search engine's name."""
     # shape: (S,), (P,), (P,), (Q,): distinct sources, distinct pairs, pair of each query
     row_sources, pair_row, pair_target, inverse = _group_by_source(sources, targets, adjacency.num_nodes)
-    if engine == "compiled":
-        pair_group = None
-        if groups is not None:
-            pair_group = torch.empty(pair_row.shape, dtype=torch.long, device=groups.device)
-            pair_group[inverse.to(groups.device)] = groups.reshape(-1)  # any group of a repeated pair will do
-        values = _compiled.compiled_pairs(
-            adjacency, row_sources, pair_row, pair_target, bound, pair_group=pair_group,
-            settle_limit=settle_limit, ball_limit=ball_limit, memory_budget=memory_budget,
-        )
-    elif engine == "torch":
-        values, _ = torch_pairs(adjacency, row_sources, pair_row, pair_target, bound, target_aware, memory_budget)
-    elif engine == "hybrid" and target_aware:
-        values = _hybrid_pairs(adjacency, row_sources, pair_row, pair_target, bound, memory_budget, work_limit)
-    else:
-        values = scipy_pairs(
-            adjacency, row_sources, pair_row, pair_target, bound, target_aware, memory_budget, initial_radius
-        )
+    pair_group = None
+    if groups is not None:
+        # shape: (P,) any group of a repeated pair will do
+        pair_group = torch.empty(pair_row.shape, dtype=torch.long, device=groups.device)
+        pair_group[inverse.to(groups.device)] = groups.reshape(-1)
+    pairs = GroupedPairs(row_sources, pair_row, pair_target, pair_group)
+    values = SEARCH_ENGINES[engine].pairs(adjacency, pairs, options)
     return values[inverse]
 
 
@@ -248,7 +257,12 @@ def pair_distances(
     cache: Optional[DistanceCache] = None,
     table: Optional[torch.Tensor] = None,
     groups: Optional[torch.Tensor] = None,
-    **search: Any,
+    target_aware: bool = True,
+    memory_budget: Optional[int] = None,
+    initial_radius: Optional[float] = None,
+    work_limit: Optional[int] = None,
+    settle_limit: Optional[int] = None,
+    ball_limit: Optional[int] = None,
 ) -> torch.Tensor:
     """docs/spec.md distances ``d(sources[...], targets[...])`` of index codes, elementwise.
 
@@ -263,8 +277,9 @@ def pair_distances(
         table: an ``(N, N)`` dense table (:func:`~.dense.build_dense_table`).
         groups: int64 of the same shape, the group of each pair (see
             :func:`source_target_distances`), or None.
-        **search: the tuning options of :func:`source_target_distances`
-            (``target_aware``, ``memory_budget``, ``initial_radius``, ``work_limit``).
+        target_aware, memory_budget, initial_radius, work_limit, settle_limit,
+            ball_limit: the tuning options of :func:`source_target_distances` (one
+            :class:`~.engines.base.SearchOptions`; they never change a value).
 
     Returns:
         float64 tensor of the same shape on the graph's device: 0.0 for equal
@@ -273,13 +288,33 @@ def pair_distances(
 
     Raises:
         ValueError: mismatched shapes, a non-integer dtype, another device, a node
-            index ``>= N``, an unknown engine.
+            index ``>= N``, an unknown engine, a bad option.
 
     Cost: one search per distinct source among the pairs the cache does not hold.
     """
     _check_codes(sources, targets, adjacency)
     _check_groups(groups, sources.shape)
+    options = SearchOptions(
+        maximum_distance, target_aware=target_aware, memory_budget=memory_budget, initial_radius=initial_radius,
+        work_limit=work_limit, settle_limit=settle_limit, ball_limit=ball_limit,
+    )
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
+    return _code_distances(adjacency, sources, targets, engine, cache, table, options, groups)
+
+
+def _code_distances(
+    adjacency: CSRAdjacency,
+    sources: torch.Tensor,
+    targets: torch.Tensor,
+    engine: str,
+    cache: Optional[DistanceCache],
+    table: Optional[torch.Tensor],
+    options: SearchOptions,
+    groups: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """:func:`pair_distances` after the checks (``engine`` resolved, the bound
+    ``options.bound`` is the maximum distance)."""
+    maximum_distance = options.bound
     if engine == "dense":
         return table_distances(table, sources, targets, maximum_distance)
     # shape: (Q,)
@@ -290,9 +325,8 @@ def pair_distances(
     need = (flat_sources >= 0) & (flat_targets >= 0) & ~equal
     if bool(need.any()):
         node_sources, node_targets = flat_sources[need], flat_targets[need]
-        if groups is not None:
-            search = dict(search, groups=groups.reshape(-1)[need])
-        values = _cached_distances(adjacency, node_sources, node_targets, maximum_distance, engine, cache, search)
+        node_groups = None if groups is None else groups.reshape(-1)[need]
+        values = _cached_distances(adjacency, node_sources, node_targets, engine, cache, options, node_groups)
         result[need] = torch.where(torch.isinf(values), maximum_distance, values)
     return result.view(sources.shape)
 
@@ -306,14 +340,21 @@ def grid_distances(
     engine: str = "auto",
     cache: Optional[DistanceCache] = None,
     table: Optional[torch.Tensor] = None,
-    **search: Any,
+    target_aware: bool = True,
+    memory_budget: Optional[int] = None,
+    initial_radius: Optional[float] = None,
+    work_limit: Optional[int] = None,
+    settle_limit: Optional[int] = None,
+    ball_limit: Optional[int] = None,
 ) -> torch.Tensor:
     """:func:`pair_distances` of every source of a group to every target of it: one
     trellis turn pair per group.
 
     Args:
-        adjacency, maximum_distance, engine, cache, table, **search: as for
-            :func:`pair_distances` (the pairs of one group form one search group).
+        adjacency, maximum_distance, engine, cache, table: as for :func:`pair_distances`.
+        target_aware, memory_budget, initial_radius, work_limit, settle_limit,
+            ball_limit: as for :func:`pair_distances` (the pairs of one group form
+            one search group).
         sources: ``(G, M)`` int64 index codes.
         targets: ``(G, M')`` int64 index codes.
 
@@ -322,7 +363,7 @@ def grid_distances(
 
     Raises:
         ValueError: tensors that are not ``(G, M)`` and ``(G, M')`` int64 on the graph's
-            device, a node index ``>= N``, an unknown engine.
+            device, a node index ``>= N``, an unknown engine, a bad option.
 
     Cost: with a dense table one broadcast gather; with a CPU cache and numba one
     compiled pass answers the cached pairs and the codes that need no graph (no
@@ -330,6 +371,11 @@ def grid_distances(
     otherwise :func:`pair_distances` of the expanded pairs.
     """
     _check_grid(sources, targets, adjacency)
+    options = SearchOptions(
+        maximum_distance, target_aware=target_aware, memory_budget=memory_budget, initial_radius=initial_radius,
+        work_limit=work_limit, settle_limit=settle_limit, ball_limit=ball_limit,
+    )
+    maximum_distance = options.bound
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
     if engine == "dense":
         # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
@@ -339,16 +385,11 @@ def grid_distances(
     pair_sources, pair_targets = sources[:, :, None].expand(shape), targets[:, None, :].expand(shape)
     groups = torch.arange(shape[0], device=sources.device).view(-1, 1, 1).expand(shape)
     if cache is None or not cache.grid_lookup:
-        return pair_distances(
-            adjacency, pair_sources, pair_targets, maximum_distance=maximum_distance, engine=engine, cache=cache,
-            groups=groups, **search,
-        )
+        return _code_distances(adjacency, pair_sources, pair_targets, engine, cache, table, options, groups)
     values, answered = cache.lookup_grid(sources, targets, maximum_distance)
     missing = ~answered
     if bool(missing.any()):
-        computed = _searched_distances(
-            adjacency, pair_sources, pair_targets, missing, maximum_distance, engine, cache, dict(search, groups=groups)
-        )
+        computed = _searched_distances(adjacency, pair_sources, pair_targets, missing, engine, cache, options, groups)
         values[missing] = torch.where(torch.isinf(computed), maximum_distance, computed)
     return values
 
@@ -439,19 +480,19 @@ def _cached_distances(
     adjacency: CSRAdjacency,
     sources: torch.Tensor,
     targets: torch.Tensor,
-    bound: float,
     engine: str,
     cache: Optional[DistanceCache],
-    search: Dict[str, Any],
+    options: SearchOptions,
+    groups: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """``(Q,)`` distances (``inf`` beyond the bound) of node pairs: cache first, then search."""
     if cache is None:
-        return source_target_distances(adjacency, sources, targets, bound=bound, engine=engine, **search)
+        return _distances(adjacency, sources, targets, engine, options, groups)
     # shape: (Q,)
     values, answered = cache.lookup(sources, targets)
     missing = ~answered
     if bool(missing.any()):
-        values[missing] = _searched_distances(adjacency, sources, targets, missing, bound, engine, cache, search)
+        values[missing] = _searched_distances(adjacency, sources, targets, missing, engine, cache, options, groups)
     return values
 
 
@@ -460,17 +501,16 @@ def _searched_distances(
     sources: torch.Tensor,
     targets: torch.Tensor,
     missing: torch.Tensor,
-    bound: float,
     engine: str,
     cache: DistanceCache,
-    search: Dict[str, Any],
+    options: SearchOptions,
+    groups: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """``(P,)`` distances (``inf`` beyond the bound) of the node pairs the cache missed
-    (``missing``: bool, the pairs' shape; ``search["groups"]`` too), now stored in it."""
+    (``missing``: bool, the pairs' shape, as ``groups``), now stored in it."""
     missing_sources, missing_targets = sources[missing], targets[missing]
-    if search.get("groups") is not None:
-        search = dict(search, groups=search["groups"][missing])
-    computed = source_target_distances(adjacency, missing_sources, missing_targets, bound=bound, engine=engine, **search)
+    missing_groups = None if groups is None else groups[missing]
+    computed = _distances(adjacency, missing_sources, missing_targets, engine, options, missing_groups)
     cache.insert(missing_sources, missing_targets, computed)
     return computed
 
@@ -491,36 +531,3 @@ def _group_by_source(
     pair_target = keys - pair_source * nodes
     row_sources, pair_row = torch.unique_consecutive(pair_source, return_inverse=True)
     return row_sources, pair_row, pair_target, inverse
-
-
-# ---------------------------------------------------------------------- hybrid engine
-
-
-def _hybrid_pairs(
-    adjacency: CSRAdjacency,
-    row_sources: torch.Tensor,
-    pair_row: torch.Tensor,
-    pair_target: torch.Tensor,
-    bound: float,
-    memory_budget: Optional[int],
-    work_limit: Optional[int],
-) -> torch.Tensor:
-    """``(P,)`` distances: target-aware torch searches settle the sources whose search
-    stays small (no O(N) cost per source); a source is handed to scipy's full bounded
-    search once it has expanded more than ``work_limit`` entries (default ``N // 64``),
-    where scipy's O(N) set-up no longer dominates. With a default limit below
-    :data:`_MIN_WORK_LIMIT` (N < 4096) scipy runs alone."""
-    limit = adjacency.num_nodes // 64 if work_limit is None else int(work_limit)
-    if work_limit is None and limit < _MIN_WORK_LIMIT:
-        return scipy_pairs(adjacency, row_sources, pair_row, pair_target, bound, False, memory_budget, None)
-    values, abandoned = torch_pairs(
-        adjacency, row_sources, pair_row, pair_target, bound, True, memory_budget, limit
-    )
-    # shape: (P,) pairs of the abandoned sources
-    chosen = abandoned.index_select(0, pair_row)
-    if bool(chosen.any()):
-        sub_sources, sub_row = torch.unique_consecutive(row_sources[pair_row[chosen]], return_inverse=True)
-        values[chosen] = scipy_pairs(
-            adjacency, sub_sources, sub_row, pair_target[chosen], bound, False, memory_budget, None
-        )
-    return values

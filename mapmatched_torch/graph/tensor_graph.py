@@ -29,11 +29,12 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 import torch
 
-from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_radius
+from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int, check_radius
 from ..core.errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
 from ..core.graph_types import CacheInfo, EdgeLike, coerce_edge
 from ..core.optional import import_optional
-from ._csr import CSRAdjacency, build_csr
+from ..standalone.graph import InMemoryCorpusGraph
+from ._csr import CSRAdjacency, build_csr, infer_num_nodes
 from ._memory import rows_per_chunk
 from .cache import DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
@@ -63,10 +64,12 @@ class TensorCorpusGraph:
         memory_budget: bytes of search state per chunk of sources (default 1 GiB).
 
     Raises:
-        ValueError: a bad ``maximum_distance`` or cache size, or a vocabulary whose
-            size is not the adjacency's N.
+        ValueError: a bad ``maximum_distance``, cache size or ``memory_budget``, or a
+            vocabulary whose size is not the adjacency's N.
 
-    The graph is immutable after construction; its distance cache is not thread-safe.
+    The graph is immutable after construction, and safe to query from several threads
+    at once (a server's sessions): its distance cache guards every update with a lock
+    (see :mod:`.cache`), and searches share no mutable state. Pickling keeps the cache.
 
     Example:
         >>> graph = TensorCorpusGraph.from_edges([("a", "b", 0.5), ("b", "c", 0.25)], maximum_distance=1.0)
@@ -100,7 +103,7 @@ class TensorCorpusGraph:
         self._adjacency = adjacency
         self._vocabulary = vocabulary
         self._directed = bool(directed)
-        self._memory_budget = memory_budget
+        self._memory_budget = None if memory_budget is None else check_positive_int(memory_budget, "memory_budget")
         self._cache = DistanceCache(
             adjacency.num_nodes, max_rows=distance_cache_size, max_entries=distance_cache_entries,
             device=adjacency.device,
@@ -156,7 +159,7 @@ class TensorCorpusGraph:
         )
 
     @classmethod
-    def from_graph(cls, graph: Any, *, device: Device = None, **options: Any) -> "TensorCorpusGraph":
+    def from_graph(cls, graph: InMemoryCorpusGraph, *, device: Device = None, **options: Any) -> "TensorCorpusGraph":
         """The tensor twin of an :class:`InMemoryCorpusGraph` (or a :class:`KNNGraph`).
 
         Same nodes (vocabulary order = ``graph.nodes``), arcs, direction and
@@ -190,14 +193,17 @@ class TensorCorpusGraph:
             edge_index: ``(2, E)`` integer tensor ``[sources; targets]``.
             edge_weight: ``(E,)`` real distances (default all 1.0), converted to float64.
             chunk_ids: the N node IDs in index order (default ``"0"``, ``"1"``, ...).
-            num_nodes: N (default ``len(chunk_ids)``, else ``edge_index.max() + 1``).
+            num_nodes: N (default ``len(chunk_ids)``, else ``edge_index.max() + 1``,
+                refused when far beyond the distinct nodes the edges name: see
+                :func:`~._csr.infer_num_nodes`).
             directed: if False (default) every edge is stored in both directions.
             maximum_distance: the bound (default 10.0).
             **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
 
         Raises:
-            ValueError: bad shapes or dtypes, a node outside ``[0, N)``, ``num_nodes``
-                disagreeing with ``chunk_ids``, a bad distance (naming the edge).
+            ValueError: bad shapes or dtypes, a node outside ``[0, N)`` (naming the
+                edge), an inferred N far beyond the nodes named (a stray index),
+                ``num_nodes`` disagreeing with ``chunk_ids``, a bad distance (naming the edge).
         """
         maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         if not isinstance(edge_index, torch.Tensor):
@@ -208,7 +214,7 @@ class TensorCorpusGraph:
                 raise MapMatchedValueError(f"num_nodes={num_nodes!r} but {len(vocabulary)} chunk_ids were given")
         else:
             if num_nodes is None:
-                num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+                num_nodes = infer_num_nodes(edge_index)
             if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
                 raise MapMatchedValueError(f"num_nodes must be a nonnegative int, got {num_nodes!r}")
             vocabulary = ChunkVocabulary(str(index) for index in range(num_nodes))

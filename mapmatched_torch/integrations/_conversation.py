@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..core.models import DecoderCandidate, RetrievalResult, RetrievalTrace
 from ..providers.base import check_name
@@ -70,11 +71,7 @@ _NO_SESSION_ID = object()
 
 def check_missing_text(value: Any) -> str:
     """``missing_text`` must be one of :data:`MISSING_TEXT`."""
-    if not isinstance(value, str) or value not in MISSING_TEXT:
-        raise MapMatchedValueError(
-            f"unsupported missing_text: {value!r} (expected one of {', '.join(map(repr, MISSING_TEXT))})"
-        )
-    return value
+    return check_choice("missing_text", value, MISSING_TEXT)
 
 
 def check_metadata_key(value: Any) -> str:

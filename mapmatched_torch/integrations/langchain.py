@@ -88,6 +88,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any, AsyncIterator, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.models import RetrievalResult, ScoredCandidate
 from ..core.optional import import_optional
@@ -213,11 +214,7 @@ class LangChainProvider(FrameworkProvider):
         if isinstance(source, vectorstores.VectorStore):
             self._kind = "vector store"
             mode = "relevance" if score_mode is None else score_mode
-            if mode not in STORE_SCORE_MODES:
-                raise MapMatchedValueError(
-                    f"unsupported score mode for a vector store: {score_mode!r} "
-                    f"(expected one of {', '.join(map(repr, STORE_SCORE_MODES))})"
-                )
+            check_choice("score mode for a vector store", mode, STORE_SCORE_MODES)
             if self._score_field is not None:
                 raise MapMatchedValueError("score_field applies to a retriever; a vector store gives its own scores")
             relevance = (
@@ -238,11 +235,7 @@ class LangChainProvider(FrameworkProvider):
                         "score documents by rank (0, -1, -2, ...); or pass the vector store itself"
                     )
                 mode = "metadata"
-            if mode not in RETRIEVER_SCORE_MODES:
-                raise MapMatchedValueError(
-                    f"unsupported score mode for a retriever: {score_mode!r} "
-                    f"(expected one of {', '.join(map(repr, RETRIEVER_SCORE_MODES))})"
-                )
+            check_choice("score mode for a retriever", mode, RETRIEVER_SCORE_MODES)
             if mode == "metadata" and self._score_field is None:
                 raise MapMatchedValueError("score_mode='metadata' needs score_field= (the metadata key of the score)")
             if mode == "rank" and self._score_field is not None:

@@ -70,6 +70,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.models import RetrievalResult, ScoredCandidate
 from ..core.optional import import_optional
@@ -156,10 +157,7 @@ class LlamaIndexProvider(FrameworkProvider):
         self._schema = schema
         check_name(chunk_id_field, "chunk_id_field", optional=True)
         self._memory = TextMemory(check_remember(remember))
-        if not isinstance(score_mode, str) or score_mode not in SCORE_MODES:
-            raise MapMatchedValueError(
-                f"unsupported score mode: {score_mode!r} (expected one of {', '.join(map(repr, SCORE_MODES))})"
-            )
+        check_choice("score mode", score_mode, SCORE_MODES)
         if isinstance(source, core.VectorStoreIndex):
             self._kind = "index"
         elif isinstance(source, retrievers.BaseRetriever):
@@ -268,7 +266,8 @@ def _retriever_class() -> type:
         """A LlamaIndex ``BaseRetriever`` over one map-matched conversation.
 
         Built by :func:`as_llamaindex_retriever` (see there). ``retrieve(query)`` runs
-        one turn and returns ``NodeWithScore`` objects in context order.
+        one turn and returns ``NodeWithScore`` objects in context order; a graph
+        neighbour that was not a candidate this turn has ``score=None``.
         """
 
         def __init__(self, conversation: Conversation, lookup: Any, missing_text: str, metadata_key: str,
@@ -288,7 +287,10 @@ def _retriever_class() -> type:
         def to_nodes(self, result: RetrievalResult) -> List[Any]:
             """``NodeWithScore`` objects for a turn's context, in context order: the
             decoded chunk always (an empty ``TextNode`` when its text is unknown), the
-            others as ``missing_text`` says. Never raises for a chunk (see the module
+            others as ``missing_text`` says. ``score`` is the chunk's ``raw_score``
+            this turn, and None for a neighbour that was not a candidate (role
+            ``"neighbor"``: it has no retriever score, so a similarity cutoff after
+            this retriever drops it). Never raises for a chunk (see the module
             docstring)."""
             key = self._metadata_key
             out = []

@@ -6,8 +6,12 @@ No graph, session or chunk ID lives here:
   the log semiring (and its compiled variant);
 - :mod:`.checks`: the checks that prepare a padded trellis;
 - :mod:`.decode`: the functional API (``viterbi``, ``fixed_lag_viterbi``,
-  ``log_partition``, ``marginals``, ...) and the streaming states;
-- :mod:`.slot_decoder`: the incremental slot decoder behind sessions and the server;
+  ``log_partition``, ``marginals``, ...);
+- :mod:`.transitions`: the only place where distances and weights become transitions
+  (``weighted_transitions``), and the one choice of decoder (``decoding_mode``,
+  ``decode_weighted``: beta = 0 -> pointwise, a lag -> fixed lag);
+- :mod:`.slot_decoder`: the one incremental decoder, behind sessions and the server;
+- :mod:`.states`: the streaming states ``ViterbiState`` / ``FixedLagState``, views of it;
 - :mod:`.normalization`: exact batched score normalization;
 - :mod:`.sampling`: exact path sampling (forward filtering, backward sampling);
 - :mod:`.ranking_metrics`: nDCG, recall and reciprocal rank on tensors.

@@ -5,7 +5,8 @@ Every function takes a padded batch (docs/spec.md section 10):
 - ``emissions``: ``(B, T, M)`` float, already weighted (``lambda * normalized score``).
 - ``transitions``: ``(B, T-1, M, M)``, same dtype and device, indexed
   ``[b, t, from, to]``: the score of moving from candidate ``from`` of turn t to
-  candidate ``to`` of turn t+1, already weighted (``-(beta * distance)``).
+  candidate ``to`` of turn t+1, already weighted (``-(beta * distance)``, made by
+  :mod:`mapmatched_torch.kernels.transitions`, which also chooses among these decoders).
 - ``mask``: ``(B, T, M)`` bool, True at real candidates.
 
 A conversation's length is its number of turns with at least one real candidate, and
@@ -33,31 +34,29 @@ Choices made where docs/spec.md is silent:
 - An empty batch (B = 0) is valid and gives empty results.
 - :func:`pointwise_decode` (beta = 0) raises on overflow exactly when the standalone
   decoder does: when any real candidate's forward score ``e + cumulative`` overflows.
-- The streaming states report score -inf and an all -1 path for a conversation without
-  turns, and raise an overflow at :meth:`ViterbiState.backtrack` (steps never
-  synchronize beyond their input check).
+
+The streaming states :class:`ViterbiState` and :class:`FixedLagState` live in
+:mod:`mapmatched_torch.kernels.states` and are importable from here too.
 """
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from ..core.checks import check_nonnegative_int, check_positive_int
+from ..core.checks import check_nonnegative_int
 from ..core.errors import MapMatchedValueError
-from . import chain
+from . import chain, fused
 from .checks import (
     check_choices,
     check_emissions,
     check_mask,
+    check_pairwise,
     check_structure,
-    first_problem,
-    first_true_index,
     prepare,
     raise_if_nonfinite,
-    require_tensor,
     restrict,
     shape_tuple,
 )
@@ -141,6 +140,38 @@ def _committed_through(lengths: Tensor, lag: int) -> Tensor:
     return (lengths - lag - 1).clamp_min(-1)
 
 
+def _locked_to_path(paths: Tensor, scores: Tensor, lengths: Tensor, lag: int) -> FixedLagDecoded:
+    """A fixed-lag result whose committed turns are read off its own path.
+
+    Right wherever the path passes through every committed candidate: the beta = 0
+    decode (locks never change its path) and a decoder that keeps its locks in the path
+    (the streaming states).
+
+    Args:
+        paths: ``(B, T)`` long, -1 after the end. scores: ``(B,)``.
+        lengths: ``(B,)`` long turns per conversation. lag: L >= 0.
+
+    Returns:
+        :class:`FixedLagDecoded` with ``committed_through = length - L - 1`` (or -1) and
+        ``locks`` equal to ``paths`` on committed turns, -1 elsewhere.
+    """
+    committed = _committed_through(lengths, lag)
+    turns = torch.arange(paths.shape[1], device=paths.device)
+    locks = torch.where(turns.unsqueeze(0) <= committed.unsqueeze(1), paths, -1)
+    return FixedLagDecoded(paths, scores, committed, locks)
+
+
+def _fused_max_plus(
+    emissions: object, transitions: object, mask: object, lag: Optional[int]
+) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """The fused kernel's (paths, scores, locks, lengths), or None where none applies
+    (:mod:`.fused`); the shapes are checked first, with the torch path's messages."""
+    emissions = check_emissions(emissions)
+    mask = check_mask(mask, emissions)
+    transitions = check_pairwise(transitions, emissions, "transitions")
+    return fused.max_plus(emissions, transitions, mask, lag)
+
+
 # ------------------------------------------------------------------------ decoders
 
 
@@ -165,6 +196,9 @@ def viterbi(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Decoded:
         >>> viterbi(e, tr, torch.ones(1, 2, 2, dtype=torch.bool))
         Decoded(paths=tensor([[0, 0]]), scores=tensor([2.]))
     """
+    fused_result = _fused_max_plus(emissions, transitions, mask, None)
+    if fused_result is not None:
+        return Decoded(fused_result[0], fused_result[1])
     prepared = prepare(emissions, transitions, mask, max_plus=True)
     forward = chain.forward(MAX_PLUS, prepared.emissions, prepared.pairwise, mask)
     return Decoded(*_best_paths(MAX_PLUS, forward, prepared.active))
@@ -189,6 +223,10 @@ def fixed_lag_viterbi(emissions: Tensor, transitions: Tensor, mask: Tensor, lag:
     recomputed (forward scores before the locked turn cannot change).
     """
     lag = check_nonnegative_int(lag, "fixed_lag")
+    fused_result = _fused_max_plus(emissions, transitions, mask, lag)
+    if fused_result is not None:
+        paths, scores, locks, lengths = fused_result
+        return FixedLagDecoded(paths, scores, _committed_through(lengths, lag), locks)
     prepared = prepare(emissions, transitions, mask, max_plus=True)
     forward = chain.forward(MAX_PLUS, prepared.emissions, prepared.pairwise, mask, lag=lag)
     paths, scores = _best_paths(MAX_PLUS, forward, prepared.active)
@@ -239,10 +277,7 @@ def pointwise_decode(
     raise_if_nonfinite(nonfinite)
     if lag is None:
         return Decoded(paths, score)
-    committed = _committed_through(active.sum(dim=1), lag)
-    turns = torch.arange(emissions.shape[1], device=emissions.device)
-    locks = torch.where(turns.unsqueeze(0) <= committed.unsqueeze(1), paths, -1)
-    return FixedLagDecoded(paths, score, committed, locks)
+    return _locked_to_path(paths, score, active.sum(dim=1), lag)
 
 
 def geodesic_viterbi(emissions: Tensor, distances: Tensor, mask: Tensor) -> GeodesicDecoded:
@@ -424,301 +459,16 @@ def path_score(emissions: Tensor, transitions: Tensor, mask: Tensor, paths: Tens
 
 # ---------------------------------------------------------------------- streaming
 
-
-class _StreamingState:
-    """Shared bookkeeping of the incremental decoders: validation and lengths.
-
-    Each :meth:`step` adds one turn to every conversation whose ``mask_t`` row has a
-    real candidate; the others do not advance. Turn indices are per conversation.
-    """
-
-    def __init__(
-        self,
-        batch_size: int,
-        num_candidates: int,
-        *,
-        dtype: torch.dtype = torch.float64,
-        device: Optional[Union[str, torch.device]] = None,
-    ) -> None:
-        batch_size = check_nonnegative_int(batch_size, "batch_size")
-        num_candidates = check_positive_int(num_candidates, "num_candidates")
-        if not dtype.is_floating_point:
-            raise MapMatchedValueError(f"dtype must be a floating-point dtype, got {dtype}")
-        self._dtype = dtype
-        # an allocation resolves "cuda" to "cuda:<current>", so device checks compare equal
-        self._device = torch.empty(0, device=device).device
-        self._shape = (batch_size, num_candidates)
-        #: (B,) long: turns so far per conversation.
-        self._lengths = torch.zeros(batch_size, dtype=torch.long, device=self._device)
-        #: (B, M) bool: the real candidates of each conversation's last turn.
-        self._last_mask = torch.zeros(self._shape, dtype=torch.bool, device=self._device)
-        self._nonfinite = torch.zeros(batch_size, dtype=torch.bool, device=self._device)
-        self._steps = 0
-
-    @property
-    def lengths(self) -> Tensor:
-        """``(B,)`` long: number of turns of each conversation so far."""
-        return self._lengths.clone()
-
-    @property
-    def steps(self) -> int:
-        """Number of :meth:`step` calls so far (the width of the returned paths)."""
-        return self._steps
-
-    def step(self, emissions_t: Tensor, transitions_t: Optional[Tensor], mask_t: Tensor) -> None:
-        """Add one turn (one M x M step per conversation).
-
-        Args:
-            emissions_t: ``(B, M)`` weighted emissions of the new turn.
-            transitions_t: ``(B, M, M)`` weighted transitions ``[b, from, to]`` from each
-                conversation's previous turn (ignored for a conversation's first turn),
-                or None when no advancing conversation has a previous turn.
-            mask_t: ``(B, M)`` bool; an all-False row means "no new turn".
-        """
-        emissions_t, transitions_t, advanced = self._prepare_step(emissions_t, transitions_t, mask_t)
-        self._advance(emissions_t, transitions_t, mask_t, advanced)
-        self._last_mask = torch.where(advanced.unsqueeze(1), mask_t, self._last_mask)
-        self._lengths = self._lengths + advanced
-        self._steps += 1
-
-    def _advance(self, emissions_t: Tensor, transitions_t: Tensor, mask_t: Tensor, advanced: Tensor) -> None:
-        raise NotImplementedError
-
-    def _prepare_step(
-        self, emissions_t: object, transitions_t: object, mask_t: object
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        """Validate one turn (one synchronization when all values are finite); return
-        clean copies and advanced (B,)."""
-        emissions = require_tensor(emissions_t, "emissions_t", "(B, M)")
-        mask = require_tensor(mask_t, "mask_t", "(B, M)")
-        pairwise = (
-            torch.zeros(self._shape + self._shape[1:], dtype=self._dtype, device=self._device)
-            if transitions_t is None
-            else require_tensor(transitions_t, "transitions_t", "(B, M, M)")
-        )
-        for name, tensor, shape, dtype in (
-            ("emissions_t", emissions, self._shape, self._dtype),
-            ("mask_t", mask, self._shape, torch.bool),
-            ("transitions_t", pairwise, self._shape + self._shape[1:], self._dtype),
-        ):
-            if shape_tuple(tensor) != shape or tensor.dtype != dtype or tensor.device != self._device:
-                raise MapMatchedValueError(
-                    f"{name} must be {dtype} of shape {shape} on {self._device}, got {tensor.dtype} of shape "
-                    f"{shape_tuple(tensor)} on {tensor.device}"
-                )
-        # shape: (B,)
-        advanced = mask.any(dim=1)
-        problems = {
-            "emission": mask & ~torch.isfinite(emissions),
-            "missing": (self._lengths > 0) & advanced if transitions_t is None else torch.zeros_like(advanced),
-        }
-        problem, (nonfinite_sum,) = first_problem(problems, ~torch.isfinite(pairwise.sum()))
-        if problem is not None:
-            kind, where = problem
-            if kind == "emission":
-                raise MapMatchedValueError(
-                    f"emissions_t must be finite at real candidates: emissions_t[b={where[0]}, m={where[1]}] = "
-                    f"{emissions[tuple(where)].item()} (emissions_t shape {shape_tuple(emissions)})"
-                )
-            raise MapMatchedValueError(
-                f"transitions_t is None but conversation b={where[0]} already has a turn "
-                f"(transitions_t shape must be {self._shape + self._shape[1:]})"
-            )
-        if nonfinite_sum:  # max-plus: only non-finite garbage needs cleaning (see prepare)
-            # shape: (B, M, M)
-            pairs = self._last_mask.unsqueeze(2) & mask.unsqueeze(1)
-            bad = pairs & ~torch.isfinite(pairwise)
-            if bad.any():
-                b, j, i = first_true_index(bad)
-                raise MapMatchedValueError(
-                    f"transitions_t must be finite between real candidates: transitions_t[b={b}, from={j}, "
-                    f"to={i}] = {pairwise[b, j, i].item()} (transitions_t shape {shape_tuple(pairwise)})"
-                )
-            pairwise = torch.where(pairs, pairwise, 0.0)
-        return torch.where(mask, emissions, 0.0), pairwise, advanced
-
-    def _final(self) -> Tuple[Tensor, Tensor]:
-        """(scores (B,), last (B,)) of the newest forward scores; -inf without turns."""
-        raise_if_nonfinite(self._nonfinite)
-        best, last = MAX_PLUS.sum(self._newest_alpha(), dim=1)
-        return torch.where(self._lengths > 0, best, -_INF), last
-
-    def _newest_alpha(self) -> Tensor:
-        raise NotImplementedError
+#: The streaming states live in :mod:`.states` (views of the slot decoder); these names
+#: keep ``mapmatched_torch.kernels.decode.ViterbiState`` importing. Resolved on first
+#: access: :mod:`.states` imports this module (through the slot decoder), so an import
+#: here at load time would be circular.
+_STATES = ("ViterbiState", "FixedLagState")
 
 
-class ViterbiState(_StreamingState):
-    """Incremental full Viterbi over B conversations: one M x M step per new turn.
+def __getattr__(name: str) -> object:
+    if name in _STATES:
+        from . import states
 
-    Keeps the forward scores of each conversation's last turn and every step's
-    backpointers; :meth:`backtrack` gives exactly :func:`viterbi` of the turns so far.
-
-    Args:
-        batch_size: B. num_candidates: M (every turn is padded to M).
-        dtype, device: of the scores (inputs must match).
-
-    Example:
-        >>> state = ViterbiState(1, 2)
-        >>> state.step(torch.tensor([[1.0, 0.0]], dtype=torch.float64), None, torch.tensor([[True, True]]))
-        >>> state.backtrack().paths
-        tensor([[0]])
-
-    Cost: O(B M^2) per step; memory O(B S M) for S steps.
-    """
-
-    def __init__(
-        self,
-        batch_size: int,
-        num_candidates: int,
-        *,
-        dtype: torch.dtype = torch.float64,
-        device: Optional[Union[str, torch.device]] = None,
-    ) -> None:
-        super().__init__(batch_size, num_candidates, dtype=dtype, device=device)
-        self._alpha = torch.zeros(self._shape, dtype=self._dtype, device=self._device)
-        self._backpointers: List[Tensor] = []
-        self._advanced: List[Tensor] = []
-
-    def _advance(self, emissions_t: Tensor, transitions_t: Tensor, mask_t: Tensor, advanced: Tensor) -> None:
-        step = chain.chain_step(MAX_PLUS, self._alpha, self._lengths > 0, emissions_t, transitions_t, mask_t)
-        self._alpha = step.alpha
-        self._backpointers.append(step.backpointers)  # type: ignore[arg-type]
-        self._advanced.append(advanced)
-        self._nonfinite = self._nonfinite | step.nonfinite
-
-    def _newest_alpha(self) -> Tensor:
-        return self._alpha
-
-    def backtrack(self) -> Decoded:
-        """The best path of every conversation so far.
-
-        Returns:
-            :class:`Decoded` with paths ``(B, steps)`` (turn t of conversation b at
-            column t, -1 after its length) and scores ``(B,)`` (-inf without turns).
-            Raises the nonfinite-score ValueError if a forward score overflowed.
-        """
-        scores, last = self._final()
-        if not self._steps:
-            return Decoded(torch.empty(self._shape[0], 0, dtype=torch.long, device=self._device), scores)
-        advanced = torch.stack(self._advanced, dim=1)
-        per_step = chain.backtrack(torch.stack(self._backpointers, dim=1), advanced, last)
-        return Decoded(chain.compact(per_step, advanced), scores)
-
-
-class _Window(NamedTuple):
-    """Per-slot lists (oldest first) of each conversation's newest turns, right-aligned.
-
-    ``transitions[s]`` leads into slot s; ``allowed[0]`` carries the lock of a committed
-    slot 0.
-    """
-
-    alphas: List[Tensor]  # (B, M) each
-    backpointers: List[Tensor]  # (B, M) long each
-    emissions: List[Tensor]  # (B, M) each
-    transitions: List[Tensor]  # (B, M, M) each
-    allowed: List[Tensor]  # (B, M) bool each
-
-
-def _shift(slots: List[Tensor], new: Tensor, advanced: Tensor, capacity: int) -> List[Tensor]:
-    """Right-aligned per-conversation window: advancing rows move one slot left.
-
-    Rows of ``advanced`` conversations drop their oldest slot (once the window is at
-    ``capacity``) and take ``new`` in the newest slot; other rows keep their slots.
-    A growing window gets a zero/False slot on the left.
-    """
-    if len(slots) < capacity:
-        slots = [torch.zeros_like(new)] + slots
-    extended = slots + [new]
-    where = chain.lift(advanced, new)
-    return [torch.where(where, extended[i + 1], extended[i]) for i in range(len(slots))]
-
-
-class FixedLagState(_StreamingState):
-    """Incremental fixed-lag Viterbi: identical to :func:`fixed_lag_viterbi`.
-
-    Keeps a window of each conversation's ``lag + 1`` newest turns (forward scores
-    under all current locks, backpointers, emissions, transitions) and the committed
-    candidates. A step costs one M x M step for the new turn plus, when it commits a
-    turn, ``lag`` M x M steps to recompute the uncommitted tail under the new lock.
-
-    Args:
-        batch_size: B. num_candidates: M. lag: L >= 0.
-        dtype, device: of the scores.
-
-    Cost: O(B (L+1) M^2) per step; memory O(B (L+1) M^2 + B S).
-    """
-
-    def __init__(
-        self,
-        batch_size: int,
-        num_candidates: int,
-        lag: int,
-        *,
-        dtype: torch.dtype = torch.float64,
-        device: Optional[Union[str, torch.device]] = None,
-    ) -> None:
-        super().__init__(batch_size, num_candidates, dtype=dtype, device=device)
-        self._lag = check_nonnegative_int(lag, "fixed_lag")
-        self._window = _Window([], [], [], [], [])
-        #: (B, steps) long: committed candidate per turn, -1 where uncommitted.
-        self._locks = torch.empty(batch_size, 0, dtype=torch.long, device=self._device)
-
-    @property
-    def lag(self) -> int:
-        """The fixed lag L."""
-        return self._lag
-
-    def _advance(self, emissions_t: Tensor, transitions_t: Tensor, mask_t: Tensor, advanced: Tensor) -> None:
-        step = chain.chain_step(
-            MAX_PLUS, self._newest_alpha(), self._lengths > 0, emissions_t, transitions_t, mask_t
-        )
-        self._nonfinite = self._nonfinite | step.nonfinite
-        new = (step.alpha, step.backpointers, emissions_t, transitions_t, mask_t)
-        self._window = _Window(
-            *(_shift(slots, value, advanced, self._lag + 1) for slots, value in zip(self._window, new))
-        )
-        lengths = self._lengths + advanced
-        self._locks = torch.cat((self._locks, torch.full_like(lengths, -1).unsqueeze(1)), dim=1)
-        if len(self._window.alphas) == self._lag + 1:
-            self._commit(advanced & (lengths > self._lag), lengths)
-
-    def _commit(self, commit: Tensor, lengths: Tensor) -> None:
-        window = self._window
-        tail = chain.commit_tail(
-            MAX_PLUS, window.alphas, window.backpointers, window.emissions, window.transitions[1:], window.allowed, commit
-        )
-        self._window = window._replace(
-            alphas=tail.alphas, backpointers=tail.backpointers, allowed=[tail.allowed] + window.allowed[1:]
-        )
-        self._nonfinite = self._nonfinite | tail.nonfinite
-        # shape: (B, 1)
-        turn = (lengths - 1 - self._lag).clamp_min(0).unsqueeze(1)
-        current = self._locks.gather(1, turn).squeeze(1)
-        self._locks.scatter_(1, turn, torch.where(commit, tail.lock, current).unsqueeze(1))
-
-    def _newest_alpha(self) -> Tensor:
-        alphas = self._window.alphas
-        return alphas[-1] if alphas else torch.zeros(self._shape, dtype=self._dtype, device=self._device)
-
-    def backtrack(self) -> FixedLagDecoded:
-        """The fixed-lag path of every conversation so far (committed turns never change).
-
-        Returns:
-            :class:`FixedLagDecoded` with ``(B, steps)`` paths and locks (turn t of
-            conversation b at column t), scores (-inf without turns) and
-            committed_through.
-        """
-        scores, last = self._final()
-        batch, steps = self._locks.shape
-        committed = _committed_through(self._lengths, self._lag)
-        if not steps:
-            return FixedLagDecoded(self._locks.clone(), scores, committed, self._locks.clone())
-        width = len(self._window.allowed)
-        # shape: (B, W)
-        real = torch.stack([slot.any(dim=1) for slot in self._window.allowed], dim=1)
-        tail = chain.backtrack(torch.stack(self._window.backpointers, dim=1), real, last)
-        turn = self._lengths.unsqueeze(1) - width + torch.arange(width, device=self._device)
-        target = torch.where(real, turn, steps)  # column `steps` is a scratch column
-        paths = torch.cat((self._locks, torch.full_like(self._locks[:, :1], -1)), dim=1)
-        paths = paths.scatter(1, target, tail)[:, :steps]
-        return FixedLagDecoded(paths, scores, committed, self._locks.clone())
+        return getattr(states, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,8 +34,9 @@ def normalize_score_rows(raw: Tensor, counts: Sequence[int], method: str = "zsco
 
     Returns:
         ``(R, K)`` float64: ``normalize_scores(raw[r, :counts[r]], method)`` in each
-        row's first ``counts[r]`` entries, 0.0 after them. A row whose exact sum
-        overflows (where ``normalize_scores`` raises ValueError) is NaN: callers
+        row's first ``counts[r]`` entries, 0.0 after them. A row where
+        ``normalize_scores`` raises ValueError (an exact sum overflows: of the scores,
+        or of their squared deviations, a square overflowing included) is NaN: callers
         report it as a non-finite normalized score.
     """
     method = check_score_normalization(method)
@@ -60,11 +61,13 @@ def normalize_score_rows(raw: Tensor, counts: Sequence[int], method: str = "zsco
 
 
 def _row_sums(rows: List[List[float]], counts: List[int]) -> List[float]:
-    """``math.fsum`` of each row's leading ``count`` values (NaN where it overflows)."""
+    """``math.fsum`` of each row's leading ``count`` values; NaN where it overflows or
+    is infinite (a square that overflowed), the rows ``normalize_scores`` refuses."""
     sums = []
     for row, count in zip(rows, counts):
         try:
-            sums.append(math.fsum(row[:count]))
+            total = math.fsum(row[:count])
         except OverflowError:
-            sums.append(math.nan)
+            total = math.nan
+        sums.append(total if not math.isinf(total) else math.nan)
     return sums

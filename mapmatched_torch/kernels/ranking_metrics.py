@@ -46,6 +46,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
 import torch
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 
 __all__ = [
@@ -116,8 +117,7 @@ def pack_qrels(
         MapMatchedValueError: a bad ``unknown`` value, a non-finite grade, or (with
             ``unknown="error"``) an unknown ID (naming the turn).
     """
-    if unknown not in ("keep", "drop", "error"):
-        raise MapMatchedValueError(f"unsupported unknown-id policy: {unknown!r} (expected keep, drop or error)")
+    check_choice("unknown-id policy", unknown, ("keep", "drop", "error"))
     rows: list = []
     columns: list = []
     ids: list = []
@@ -244,8 +244,7 @@ def _grades_of(ranked: torch.Tensor, qrels: Qrels) -> torch.Tensor:
 
 
 def _gain(grades: torch.Tensor, gain: str) -> torch.Tensor:
-    if gain not in GAINS:
-        raise MapMatchedValueError(f"unsupported gain: {gain!r} (expected one of {', '.join(GAINS)})")
+    check_choice("gain", gain, GAINS)
     positive = grades.clamp(min=0.0)
     return positive if gain == "linear" else torch.expm1(positive * math.log(2.0))
 

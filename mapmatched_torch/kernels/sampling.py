@@ -81,7 +81,8 @@ def sample_paths(
     Args:
         emissions: ``(B, T, M)`` float weighted emissions (``lambda * s``).
         transitions: ``(B, T-1, M, M)`` weighted transitions ``[b, t, from, to]``
-            (``-(beta * d)``).
+            (``-(beta * d)``, from
+            :func:`~mapmatched_torch.kernels.transitions.weighted_transitions`).
         mask: ``(B, T, M)`` bool real candidates (real turns first, each non-empty).
         num_samples: S >= 1 independent paths per conversation.
         generator: a ``torch.Generator`` for reproducible draws (on any device; the

@@ -15,8 +15,16 @@ State per slot (``C`` slots, ``T`` turn capacity, ``M`` candidates, all on ``dev
   backpointer to it, so the distances along any decoded path are one gather (a decoded
   path always follows the backpointers, also with locks);
 - ``emissions`` (C, T, M), ``allowed`` (C, T, M) bool (real candidates and locks);
-- ``window`` (C, L+1, M, M) float64 (fixed lag only): distances into the newest L+1
-  turns, for the tail recomputation; ``argmax`` (C, T) long (beta = 0 only).
+- ``window`` (C, L+1, M, M) (fixed lag only): the weighted transitions into the newest
+  L+1 turns, for the tail recomputation, and ``window_distances`` (C, L+1, M, M)
+  float64 the distances they came from, for the rewritten turns' ``link_distances``;
+  ``argmax`` (C, T) long (beta = 0 only).
+
+Two ways in: :meth:`SlotDecoder.step` takes normalized scores and raw distances and
+weights them (lambda here, beta through
+:func:`~mapmatched_torch.kernels.transitions.weighted_transitions`);
+:meth:`SlotDecoder.step_weighted` takes emissions and transitions already weighted (any
+transition model; the streaming states of :mod:`mapmatched_torch.kernels.states`).
 
 Steps are transactional per conversation: a conversation whose forward scores overflow
 gets ``ok = False`` and its slot is left exactly as it was; the others commit.
@@ -33,6 +41,7 @@ from ..core.checks import check_decode_options, check_positive_int
 from ..core.errors import MapMatchedValueError
 from . import chain
 from .semiring import MAX_PLUS
+from .transitions import DecodingMode, decoding_mode, weighted_transitions
 
 __all__ = ["SlotDecoder", "SlotStep"]
 
@@ -40,16 +49,18 @@ _INF = float("inf")
 
 
 class SlotStep(NamedTuple):
-    """What :meth:`SlotDecoder.step` returns for S stepping conversations.
+    """The decode of S slots: what :meth:`SlotDecoder.step` and :meth:`SlotDecoder.current` return.
 
     Attributes:
-        ok: (S,) bool; False where a forward score overflowed (that slot is unchanged).
-        paths: (S, T) long decoded candidate index per turn, -1 after the end.
+        ok: (S,) bool; False where the step's forward scores overflowed (that slot is
+            unchanged, and the other fields describe it as it still is).
+        paths: (S, T) long decoded candidate index per turn, -1 after the end (T is the
+            table's turn capacity).
         path_distances: (S, T) float64 graph distance into each turn along the path
-            (0 at turn 0; 0 everywhere when beta = 0).
-        final_scores: (S, M) forward scores of the new turn under the locks (-inf at
+            (0 at turn 0; 0 everywhere when beta = 0 or without distances).
+        final_scores: (S, M) forward scores of the newest turn under the locks (-inf at
             padding and locked-out candidates): the ranking of the final candidates.
-        lengths: (S,) long number of turns after the step.
+        lengths: (S,) long number of turns of each slot.
     """
 
     ok: Tensor
@@ -59,7 +70,16 @@ class SlotStep(NamedTuple):
     lengths: Tensor
 
 
-_STATE_TENSORS = ("alphas", "backpointers", "link_distances", "emissions", "allowed", "argmax", "window", "lengths")
+_STATE_TENSORS = (
+    "alphas", "backpointers", "link_distances", "emissions", "allowed", "argmax", "window", "window_distances", "lengths"
+)
+#: The layout of :meth:`SlotDecoder.state_dict` (2: the window holds transitions and distances).
+_STATE_FORMAT = 2
+
+
+def _links(distances: Tensor, backpointers: Tensor) -> Tensor:
+    """(S, M) float64: ``distances[s, backpointers[s, i], i]``, the distance into each candidate."""
+    return distances.gather(1, backpointers.unsqueeze(1)).squeeze(1)
 
 
 class SlotDecoder:
@@ -72,6 +92,11 @@ class SlotDecoder:
         capacity: initial number of slots (grows by doubling).
         turn_capacity: initial turns per slot (grows by doubling).
         dtype: of the scores (float64 for exact parity). device: where the table lives.
+
+    Attributes:
+        mode: the :class:`~mapmatched_torch.kernels.transitions.DecodingMode` of
+            (beta, lag); ``mode.uses_distances`` is False at beta = 0 (pointwise: callers
+            need not compute distances).
 
     Cost: a step of S conversations is O(S (L+1) M^2) time and one host-device round
     trip; memory O(C T M) plus O(C (L+1) M^2) with a lag.
@@ -93,8 +118,10 @@ class SlotDecoder:
         self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
             emission_weight, transition_weight, fixed_lag
         )
+        self.mode = decoding_mode(self.transition_weight, self.fixed_lag)
         self.dtype = dtype
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # an allocation resolves "cuda" to "cuda:<current>", so device checks compare equal
+        self.device = torch.empty(0, device=device).device
         self._free: List[int] = []
         self._allocated = 0
         self._tensors: Dict[str, Tensor] = {}
@@ -119,7 +146,8 @@ class SlotDecoder:
             "emissions": ((capacity, turns, width), self.dtype, 0.0),
             "allowed": ((capacity, turns, width), torch.bool, False),
             "argmax": ((capacity, turns), torch.long, -1),
-            "window": ((capacity, max(window, 0), width, width), torch.float64, 0.0),
+            "window": ((capacity, window, width, width), self.dtype, 0.0),
+            "window_distances": ((capacity, window, width, width), torch.float64, 0.0),
             "lengths": ((capacity,), torch.long, 0),
         }
         shape, dtype, fill = shapes[name]
@@ -171,12 +199,16 @@ class SlotDecoder:
         """Number of turns decoded in ``slot``."""
         return int(self._tensors["lengths"][slot])
 
+    def lengths(self, slots: Tensor) -> Tensor:
+        """(S,) long: number of turns decoded in each of ``slots`` (no synchronization)."""
+        return self._tensors["lengths"][slots.to(self.device)].clone()
+
     # ------------------------------------------------------------------- a step
 
     def step(
         self, slots: Tensor, emissions: Tensor, mask: Tensor, distances: Optional[Tensor] = None
     ) -> SlotStep:
-        """Add one turn to each of S distinct slots.
+        """Add one turn to each of S distinct slots, weighting it with lambda and beta.
 
         Args:
             slots: (S,) long distinct allocated slots.
@@ -184,10 +216,59 @@ class SlotDecoder:
             mask: (S, M) bool real candidates; every row needs at least one.
             distances: (S, M, M) float64 graph distances ``[s, from, to]`` from the
                 slot's previous turn to the new one (None when beta = 0 or when no slot
-                has a previous turn).
+                has a previous turn); beta is applied by
+                :func:`~mapmatched_torch.kernels.transitions.weighted_transitions`.
 
         Returns:
             A :class:`SlotStep`. Slots whose scores overflowed are left unchanged.
+        """
+        # shape: (S, M)
+        weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
+        transitions = None
+        if distances is not None and self.mode.uses_distances:
+            # shape: (S, M, M)
+            distances = distances.to(self.device, torch.float64)
+            transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
+        else:
+            distances = None
+        ok = self.advance(slots, weighted, mask, transitions, distances)
+        return self.current(slots)._replace(ok=ok)
+
+    def advance(
+        self,
+        slots: Tensor,
+        emissions: Tensor,
+        mask: Tensor,
+        transitions: Optional[Tensor] = None,
+        distances: Optional[Tensor] = None,
+        *,
+        transactional: bool = True,
+    ) -> Tensor:
+        """Add one turn to each of S distinct slots, from inputs already weighted.
+
+        The table's lambda and beta are not applied; its mode still is (a table with
+        beta = 0 decodes pointwise and ignores ``transitions``). Nothing is decoded:
+        read the paths with :meth:`current` when needed.
+
+        Args:
+            slots: (S,) long distinct allocated slots.
+            emissions: (S, M) weighted emissions of the new turn (finite at ``mask``;
+                cast to the table's dtype).
+            mask: (S, M) bool real candidates; every row needs at least one.
+            transitions: (S, M, M) weighted transitions ``[s, from, to]`` from each
+                slot's previous turn, finite between real candidates (others are
+                ignored); None means all zero (e.g. no slot has a previous turn).
+            distances: (S, M, M) float64 distances the transitions came from, reported
+                along the paths (``SlotStep.path_distances``); None reports zeros.
+            transactional: True (default): a slot whose scores overflow is left
+                unchanged. False: it is written anyway (``ok`` still reports it), for a
+                caller that raises the overflow later.
+
+        Returns:
+            ``ok``: (S,) bool, False where a forward score overflowed.
+
+        Cost: O(S (L+1) M^2) time; a few host-device synchronizations (input checks,
+        table growth, the rows written).
         """
         state = self._tensors
         slots = slots.to(self.device)
@@ -201,35 +282,39 @@ class SlotDecoder:
             self._resize(self.capacity, 2 * self.turn_capacity)
             state = self._tensors
         # shape: (S, M)
-        weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
+        weighted = torch.where(mask, emissions.to(self.device, self.dtype), 0.0)
         started = lengths > 0
-        if self.transition_weight == 0.0 or distances is None:
-            distances = torch.zeros((count, self.width, self.width), dtype=torch.float64, device=self.device)
+        pairwise = (count, self.width, self.width)
         # shape: (S, M, M)
+        if transitions is None or self.mode is DecodingMode.POINTWISE:
+            transitions = torch.zeros(pairwise, dtype=self.dtype, device=self.device)
+        transitions = transitions.to(self.device, self.dtype)
+        if distances is None:
+            distances = torch.zeros(pairwise, dtype=torch.float64, device=self.device)
         distances = distances.to(self.device, torch.float64)
-        previous_allowed = state["allowed"][slots, (lengths - 1).clamp_min(0)]
+        previous_turn = (lengths - 1).clamp_min(0)
+        previous_allowed = state["allowed"][slots, previous_turn]
         pairs = previous_allowed.unsqueeze(2) & mask.unsqueeze(1)
-        # (-beta) * d == -(beta * d) bit for bit (IEEE multiplication is sign-symmetric): one pass
-        transitions = torch.where(pairs, distances * -self.transition_weight, 0.0).to(self.dtype)
         # shape: (S, M): -inf at the previous turn's disallowed candidates, 0 before a first turn
         previous_alpha = torch.where(
             started.unsqueeze(1),
-            torch.where(previous_allowed, state["alphas"][slots, (lengths - 1).clamp_min(0)], -_INF),
+            torch.where(previous_allowed, state["alphas"][slots, previous_turn], -_INF),
             0.0,
         )
-        step = chain.chain_step(MAX_PLUS, previous_alpha, started, weighted, transitions, mask)
+        step = chain.chain_step(
+            MAX_PLUS, previous_alpha, started, weighted, torch.where(pairs, transitions, 0.0), mask
+        )
         new = {
             "alpha": step.alpha,
             "backpointers": step.backpointers,
-            "links": distances.gather(1, step.backpointers.unsqueeze(1)).squeeze(1),
+            "links": _links(distances, step.backpointers),
             "allowed": mask,
             "emissions": weighted,
         }
         nonfinite = step.nonfinite
-        turn = lengths
         updates = {}  # (name, turn index tensor) -> (S, M) values, written for ok rows
         argmax = None
-        if self.transition_weight == 0.0:
+        if self.mode is DecodingMode.POINTWISE:
             # beta = 0: the exact per-turn argmax; locks never change a value.
             argmax = torch.where(mask, weighted, -_INF).max(dim=1).indices
             if self.fixed_lag == 0:
@@ -237,13 +322,43 @@ class SlotDecoder:
                 new["alpha"] = torch.where(keep, new["alpha"], -_INF)
                 new["allowed"] = mask & keep
         elif self.fixed_lag is not None:
-            nonfinite = nonfinite | self._commit(slots, lengths, weighted, distances, new, updates)
+            nonfinite = nonfinite | self._commit(slots, lengths, weighted, transitions, distances, new, updates)
         ok = ~nonfinite
-        window = distances[ok] if self.fixed_lag is not None and self.fixed_lag > 0 else None
-        self._write(slots[ok], turn[ok], new, updates, ok, window, argmax)
-        return self._result(slots, ok, lengths + 1, new["alpha"])
+        written = ok if transactional else torch.ones_like(ok)
+        window = (transitions[written], distances[written]) if self.fixed_lag else None
+        self._write(slots[written], lengths[written], new, updates, written, window, argmax)
+        return ok
 
-    def _commit(self, slots, lengths, weighted, distances, new, updates) -> Tensor:
+    def current(self, slots: Tensor) -> SlotStep:
+        """The decode of each slot's turns so far, without a step.
+
+        Args:
+            slots: (S,) long allocated slots (S may be 0; a slot may have no turns).
+
+        Returns:
+            A :class:`SlotStep` (``ok`` all True); a slot without turns has an all -1
+            path and -inf final scores.
+        """
+        state = self._tensors
+        slots = slots.to(self.device)
+        lengths = state["lengths"][slots]
+        last = (lengths - 1).clamp_min(0)
+        # shape: (S, M): a cleared slot allows nothing, so -inf without turns
+        final = torch.where(state["allowed"][slots, last], state["alphas"][slots, last], -_INF)
+        turns = self.turn_capacity
+        # shape: (S, T)
+        advanced = torch.arange(turns, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)
+        if self.mode is DecodingMode.POINTWISE:
+            paths = torch.where(advanced, state["argmax"][slots], -1)
+            distances = torch.zeros(paths.shape, dtype=torch.float64, device=self.device)
+        else:
+            paths = chain.backtrack(state["backpointers"][slots], advanced, MAX_PLUS.sum(final, dim=1)[1])
+            links = state["link_distances"][slots].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
+            distances = torch.where(advanced, links, 0.0)
+            distances[:, 0] = 0.0
+        return SlotStep(torch.ones_like(advanced[:, 0]), paths, distances, final, lengths)
+
+    def _commit(self, slots, lengths, weighted, transitions, distances, new, updates) -> Tensor:
         """Fixed lag: commit turn ``n - L`` and recompute turns ``n-L+1..n`` under the lock."""
         state, lag = self._tensors, self.fixed_lag
         assert lag is not None
@@ -255,39 +370,39 @@ class SlotDecoder:
         emissions = [state["emissions"][slots, t] for t in window_turns[:-1]] + [weighted]
         allowed = [state["allowed"][slots, t] for t in window_turns[:-1]] + [new["allowed"]]
         # shape: (S, L+1, M, M)
-        ring = state["window"][slots]
+        ring, ring_distances = state["window"][slots], state["window_distances"][slots]
         rows = torch.arange(slots.shape[0], device=self.device)
-        # window_distances[s] leads from window slot s into slot s + 1; the last one is the new turn's
-        window_distances = [
-            distances if s == lag - 1 else ring[rows, t % (lag + 1)] for s, t in enumerate(window_turns[1:])
+        # window_*[s] lead from window slot s into slot s + 1; the last ones are the new turn's
+        window_transitions = [
+            transitions if s == lag - 1 else ring[rows, t % (lag + 1)] for s, t in enumerate(window_turns[1:])
         ]
-        transitions = [
-            torch.where(
-                allowed[s].unsqueeze(2) & allowed[s + 1].unsqueeze(1), -(self.transition_weight * d), 0.0
-            ).to(self.dtype)
-            for s, d in enumerate(window_distances)
+        window_distances = [
+            distances if s == lag - 1 else ring_distances[rows, t % (lag + 1)] for s, t in enumerate(window_turns[1:])
         ]
         tail = chain.commit_tail(
             MAX_PLUS,
             alphas,
             backpointers,
             [torch.where(a, e, 0.0) for a, e in zip(allowed, emissions)],
-            transitions,
+            [
+                torch.where(allowed[s].unsqueeze(2) & allowed[s + 1].unsqueeze(1), moves, 0.0)
+                for s, moves in enumerate(window_transitions)
+            ],
             allowed,
             commit,
         )
         for s in range(lag):  # window slots that are older turns: rewrite them
-            links = window_distances[s - 1].gather(1, tail.backpointers[s].unsqueeze(1)).squeeze(1) if s else None
+            links = _links(window_distances[s - 1], tail.backpointers[s]) if s else None
             updates[s] = (window_turns[s], tail.alphas[s], tail.backpointers[s], links, tail.allowed if s == 0 else None)
         updates["rows"] = commit
         new["alpha"] = tail.alphas[-1]
         new["backpointers"] = tail.backpointers[-1]
-        new["links"] = distances.gather(1, tail.backpointers[-1].unsqueeze(1)).squeeze(1)
+        new["links"] = _links(distances, tail.backpointers[-1])
         if lag == 0:
             new["allowed"] = tail.allowed
         return tail.nonfinite
 
-    def _write(self, slots, turn, new, updates, ok, distances, argmax) -> None:
+    def _write(self, slots, turn, new, updates, ok, window, argmax) -> None:
         state = self._tensors
         state["alphas"][slots, turn] = new["alpha"][ok]
         state["backpointers"][slots, turn] = new["backpointers"][ok]
@@ -307,25 +422,10 @@ class SlotDecoder:
                 state["link_distances"][where] = links[ok][rows]
             if allowed is not None:
                 state["allowed"][where] = allowed[ok][rows]
-        if self.fixed_lag is not None and self.fixed_lag > 0:
-            state["window"][slots, turn % (self.fixed_lag + 1)] = distances
+        if window is not None:
+            position = turn % (self.fixed_lag + 1)
+            state["window"][slots, position], state["window_distances"][slots, position] = window
         state["lengths"][slots] = turn + 1
-
-    def _result(self, slots: Tensor, ok: Tensor, lengths: Tensor, final_alpha: Tensor) -> SlotStep:
-        state = self._tensors
-        turns = self.turn_capacity
-        # shape: (S, T)
-        advanced = torch.arange(turns, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)
-        if self.transition_weight == 0.0:
-            paths = torch.where(advanced, state["argmax"][slots], -1)
-            distances = torch.zeros(paths.shape, dtype=torch.float64, device=self.device)
-        else:
-            last = MAX_PLUS.sum(final_alpha, dim=1)[1]
-            paths = chain.backtrack(state["backpointers"][slots], advanced, last)
-            links = state["link_distances"][slots].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
-            distances = torch.where(advanced, links, 0.0)
-            distances[:, 0] = 0.0
-        return SlotStep(ok, paths, distances, final_alpha, lengths)
 
     # ------------------------------------------------------------- persistence
 
@@ -347,6 +447,7 @@ class SlotDecoder:
             "transition_weight": self.transition_weight,
             "fixed_lag": self.fixed_lag,
             "dtype": str(self.dtype).replace("torch.", ""),
+            "format": _STATE_FORMAT,
         }
 
     def load_state_dict(self, state: Dict[str, object]) -> None:

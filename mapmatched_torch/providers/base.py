@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..core.checks import check_chunk_id, check_positive_int
+from ..core.embeddings import check_embedding_ids
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_query",
     "check_request",
     "check_result_count",
+    "dimension_mismatch_error",
     "distance_to_score",
     "ranked_candidates",
 ]
@@ -35,22 +37,9 @@ __all__ = [
 QueryEmbedder = Callable[[str], Any]
 
 
-def check_chunk_ids(chunk_ids: Iterable[str]) -> Tuple[str, ...]:
-    """Non-empty, unique chunk IDs (one per index position), as a tuple."""
-    if isinstance(chunk_ids, (str, bytes)):
-        raise MapMatchedValueError("chunk_ids must be a sequence of chunk IDs, not a single string")
-    ids = tuple(chunk_ids)
-    if not ids:
-        raise MapMatchedValueError("chunk_ids must contain at least one chunk ID")
-    first_position = {}
-    for position, chunk_id in enumerate(ids):
-        check_chunk_id(chunk_id, f"chunk ID at index position {position}")
-        if chunk_id in first_position:
-            raise MapMatchedValueError(
-                f"duplicate chunk ID {chunk_id!r} at index positions {first_position[chunk_id]} and {position}"
-            )
-        first_position[chunk_id] = position
-    return ids
+#: Non-empty, unique chunk IDs (one per index position or matrix row), as a tuple: the
+#: kNN graphs' check (:func:`mapmatched_torch.core.embeddings.check_embedding_ids`).
+check_chunk_ids = check_embedding_ids
 
 
 def check_query(query: Any, name: str) -> None:
@@ -247,6 +236,15 @@ def ranked_candidates(hits: Iterable[Tuple[Any, Any]], limit: int, source: str) 
     return tuple(ScoredCandidate(chunk_id, score) for score, _, chunk_id in ranked[:limit])
 
 
+def dimension_mismatch_error(name: str, found: int, dimension: int, store: str) -> MapMatchedValueError:
+    """The error for a query embedding of ``found`` entries searched against ``store``
+    (e.g. ``"the index"``) of ``dimension``; ``name`` says which query (``"query 2"``)."""
+    return MapMatchedValueError(
+        f"{name} embedding has dimension {found} but {store} has dimension {dimension} "
+        f"(the query embedder and {store} disagree: embed queries with the model that embedded {store})"
+    )
+
+
 def as_query_vector(vector: Any, dimension: int, name: str, store: str = "the index") -> np.ndarray:
     """The (D,) float32 query vector, or a ValueError naming what is wrong with it.
 
@@ -268,9 +266,7 @@ def as_query_vector(vector: Any, dimension: int, name: str, store: str = "the in
             f"embed_query returned shape {tuple(array.shape)} for {name}; expected ({dimension},) or (1, {dimension})"
         )
     if array.shape[0] != dimension:
-        raise MapMatchedValueError(
-            f"query vector for {name} has dimension {array.shape[0]}, but {store} has dimension {dimension}"
-        )
+        raise dimension_mismatch_error(name, array.shape[0], dimension, store)
     with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
         # shape: (D,)
         array = np.ascontiguousarray(array, dtype=np.float32)

@@ -47,7 +47,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
 from ..core.optional import import_optional
@@ -136,12 +136,7 @@ class ChromaProvider(SearchProvider):
                 raise MapMatchedValueError(f"collection has no {method}() method; pass a chromadb collection")
         self._collection = collection
         self._name = str(getattr(collection, "name", "?"))
-        space = _read_space(collection)
-        if space not in CHROMA_SPACES:
-            raise MapMatchedValueError(
-                f"unsupported Chroma space {space!r} of collection {self._name!r} "
-                f"(expected one of {', '.join(map(repr, CHROMA_SPACES))})"
-            )
+        space = check_choice(f"Chroma space of collection {self._name!r}", _read_space(collection), CHROMA_SPACES)
         self._space = space
         self._offset = CHROMA_SPACES[space]
         self._embed_query = embed_query

@@ -11,10 +11,11 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
+from ..core.embeddings import norm_overflow_error, zero_vector_error
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
-from .base import check_batch, check_chunk_ids
+from .base import check_batch, check_chunk_ids, dimension_mismatch_error
 
 __all__ = ["DenseProvider", "DENSE_METRICS", "exact_top_k"]
 
@@ -50,11 +51,7 @@ def exact_top_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tenso
 
 
 def _check_metric(metric: Any) -> str:
-    if not isinstance(metric, str) or metric not in DENSE_METRICS:
-        raise MapMatchedValueError(
-            f"unsupported metric: {metric!r} (expected one of {', '.join(map(repr, DENSE_METRICS))})"
-        )
-    return metric
+    return check_choice("metric", metric, DENSE_METRICS)
 
 
 class DenseProvider:
@@ -189,8 +186,8 @@ class DenseProvider:
         vectors = [torch.as_tensor(self._embed_query(query)).reshape(-1) for query in queries]
         for position, vector in enumerate(vectors):
             if vector.shape[0] != self.dimension:
-                raise MapMatchedValueError(
-                    f"query vector for query {position} has dimension {vector.shape[0]}, expected {self.dimension}"
+                raise dimension_mismatch_error(
+                    f"query {position}", vector.shape[0], self.dimension, "the embedding matrix"
                 )
         return self.search(torch.stack([v.to(self._matrix.dtype) for v in vectors]), limit)
 
@@ -202,8 +199,14 @@ def _check_finite_rows(matrix: torch.Tensor, what: str) -> None:
 
 
 def _normalize(matrix: torch.Tensor, what: str) -> torch.Tensor:
+    """(R, D) rows divided by their L2 norms; a zero norm or one that overflows the
+    dtype (which would silently give a zero row) is refused, as the kNN graphs do."""
+    # shape: (R, 1)
     norms = torch.linalg.vector_norm(matrix, dim=1, keepdim=True)
-    zero = (norms.squeeze(1) == 0).nonzero()
-    if zero.numel():
-        raise MapMatchedValueError(f"{what} {int(zero[0, 0])} is a zero vector (cosine is undefined)")
+    bad = ((norms == 0) | ~torch.isfinite(norms)).squeeze(1).nonzero()
+    if bad.numel():
+        row = int(bad[0, 0])
+        dtype = str(matrix.dtype).replace("torch.", "")
+        error = zero_vector_error if float(norms[row, 0]) == 0.0 else norm_overflow_error
+        raise error(f"{what} {row}", dtype)
     return matrix / norms

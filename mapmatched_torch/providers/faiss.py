@@ -26,7 +26,7 @@ from typing import Any, Iterable, List, Tuple
 
 import numpy as np
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
 from ..core.optional import require_faiss
@@ -161,11 +161,7 @@ class FAISSProvider(SearchProvider):
 
 
 def _check_score_mode(score_mode: Any) -> str:
-    if not isinstance(score_mode, str) or score_mode not in SCORE_MODES:
-        raise MapMatchedValueError(
-            f"unsupported score mode: {score_mode!r} (expected one of {', '.join(map(repr, SCORE_MODES))})"
-        )
-    return score_mode
+    return check_choice("score mode", score_mode, SCORE_MODES)
 
 
 def _check_index(index: Any, count: int) -> int:

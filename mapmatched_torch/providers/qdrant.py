@@ -41,7 +41,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
 from ..core.optional import import_optional
@@ -154,12 +154,11 @@ class QdrantProvider(SearchProvider):
                 f"{_vector_label(self._using, collection_name)} is a multivector; QdrantProvider searches "
                 "single dense vectors only"
             )
-        distance = getattr(params.distance, "value", params.distance)
-        if distance not in QDRANT_DISTANCES:
-            raise MapMatchedValueError(
-                f"unsupported Qdrant distance {distance!r} of {_vector_label(self._using, collection_name)} "
-                f"(expected one of {', '.join(map(repr, QDRANT_DISTANCES))})"
-            )
+        distance = check_choice(
+            f"Qdrant distance of {_vector_label(self._using, collection_name)}",
+            getattr(params.distance, "value", params.distance),
+            QDRANT_DISTANCES,
+        )
         self._distance = distance
         self._negate = QDRANT_DISTANCES[distance]
         self._dimension = check_positive_int(params.size, f"dimension of {_vector_label(self._using, collection_name)}")

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from ..core.checks import check_decode_options, check_positive_int, check_turn, check_weight, empty_turn_error
-from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
+from ..core.checks import (
+    check_decode_options,
+    check_positive_int,
+    check_sequence,
+    check_turn,
+    check_weight,
+    describe,
+    empty_turn_error,
+)
+from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import (
     CandidateScore,
     DecodedPath,
@@ -21,7 +29,7 @@ from ..core.models import (
     RetrievalTrace,
     ScoredCandidate,
 )
-from ..core.protocols import CandidateProvider, CorpusGraph, Decoder
+from ..core.protocols import CandidateProvider, CorpusGraph, Decoder, missing_members
 from ..core.scoring import check_score_normalization, normalize_candidates
 from ..core.trace import build_trace
 
@@ -29,6 +37,8 @@ __all__ = [
     "MapMatchedRetriever",
     "MapMatchedSession",
     "as_scored_candidates",
+    "as_turn_candidates",
+    "provider_answer_name",
     "context_chunk_ids",
     "finish_turn",
     "revised_indices",
@@ -38,26 +48,59 @@ __all__ = [
 ]
 
 
-def as_scored_candidates(candidates: Iterable[Any]) -> Tuple[ScoredCandidate, ...]:
+def as_scored_candidates(candidates: Iterable[Any], what: str = "candidates") -> Tuple[ScoredCandidate, ...]:
     """Accept :class:`ScoredCandidate` objects or ``(chunk_id, score)`` pairs.
 
-    Raises ValueError naming the position of anything else.
+    Args:
+        candidates: one turn's candidates, in provider order.
+        what: names them in error messages (``"candidates"``, or
+            :func:`provider_answer_name`'s ``"candidates from P.retrieve(query, limit)"``).
+
+    Returns:
+        The candidates as a tuple of :class:`ScoredCandidate`.
+
+    Raises:
+        MapMatchedTypeError: (a ValueError and a TypeError) ``candidates`` is not a
+            sequence (None, a number, a string), or an entry is neither a
+            ScoredCandidate nor a pair; the message names ``what`` and the position.
+        MapMatchedValueError: a pair with a bad chunk ID or score (naming the position).
     """
-    if isinstance(candidates, (str, bytes)):
-        raise MapMatchedValueError("candidates must be a sequence of ScoredCandidate, not a string")
     if isinstance(candidates, (list, tuple)) and set(map(type, candidates)) == {ScoredCandidate}:
         return tuple(candidates)  # the common case, checked in C
     result = []
-    for position, candidate in enumerate(candidates):
+    for position, candidate in enumerate(
+        check_sequence(candidates, what, "a sequence of ScoredCandidate or (chunk_id, score) pairs")
+    ):
         if isinstance(candidate, ScoredCandidate):
             result.append(candidate)
         elif isinstance(candidate, tuple) and len(candidate) == 2:
-            result.append(ScoredCandidate(*candidate))
+            try:
+                result.append(ScoredCandidate(*candidate))
+            except MapMatchedValueError as error:
+                raise MapMatchedValueError(f"{what}: candidate {position}: {error}") from None
         else:
-            raise MapMatchedValueError(
-                f"candidate {position} must be a ScoredCandidate or a (chunk_id, score) pair, got {candidate!r}"
+            raise MapMatchedTypeError(
+                f"{what}: candidate {position} must be a ScoredCandidate or a (chunk_id, score) pair, "
+                f"got {describe(candidate)}"
             )
     return tuple(result)
+
+
+def as_turn_candidates(
+    candidates: Iterable[Any], turn_index: int, what: str = "candidates"
+) -> Tuple[ScoredCandidate, ...]:
+    """:func:`as_scored_candidates` for trellis turn ``turn_index``: its errors begin
+    ``"trellis turn {turn_index} {what}"`` (what a session and the server both say)."""
+    try:
+        return as_scored_candidates(candidates, what)
+    except MapMatchedValueError as error:
+        raise type(error)(f"trellis turn {turn_index} {error}") from None
+
+
+def provider_answer_name(provider: Any) -> str:
+    """How error messages name the candidates ``provider.retrieve`` returned (the
+    ``what`` of :func:`as_scored_candidates`, after the turn)."""
+    return f"candidates from {type(provider).__name__}.retrieve(query, limit)"
 
 
 def context_chunk_ids(
@@ -75,8 +118,8 @@ def context_chunk_ids(
     return unique if context_limit is None else unique[:context_limit]
 
 
-def _check_graph(graph: Any) -> CorpusGraph:
-    missing = [name for name in ("distance", "neighborhood", "maximum_distance") if not hasattr(graph, name)]
+def _check_graph(graph: object) -> CorpusGraph:
+    missing = missing_members(graph, CorpusGraph)
     if missing:
         raise MapMatchedValueError(
             f"graph must implement the CorpusGraph protocol; {type(graph).__name__} lacks {', '.join(missing)}"
@@ -196,17 +239,28 @@ class MapMatchedSession:
                 "retrieve(query) needs a CandidateProvider: pass provider= to MapMatchedRetriever, "
                 "or call retrieve_candidates(candidates)"
             )
-        return self.retrieve_candidates(provider.retrieve(query, self._retriever.candidate_limit))
+        answer = provider.retrieve(query, self._retriever.candidate_limit)
+        return self._retrieve_turn(answer, provider_answer_name(provider))
 
     def retrieve_candidates(self, candidates: Iterable[Any]) -> RetrievalResult:
         """Decode a new turn from candidates given directly (provider order).
 
         The first ``candidate_limit`` candidates are kept and normalized; the whole
         trellis is re-decoded. If anything raises, the turn is removed again.
+
+        Raises:
+            MapMatchedTypeError: (a ValueError and a TypeError) ``candidates`` is not a
+                sequence of ScoredCandidate or ``(chunk_id, score)`` pairs; the message
+                names the turn and the position.
+            MapMatchedValueError: empty candidates, a bad chunk ID or score, repeated IDs.
         """
+        return self._retrieve_turn(candidates, "candidates")
+
+    def _retrieve_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
+        """:meth:`retrieve_candidates`; ``what`` names the candidates in error messages."""
         retriever = self._retriever
         turn_index = len(self._trellis)
-        kept = as_scored_candidates(candidates)[: retriever.candidate_limit]
+        kept = as_turn_candidates(candidates, turn_index, what)[: retriever.candidate_limit]
         if not kept:
             raise empty_turn_error(turn_index)
         normalized = check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)

@@ -10,7 +10,7 @@ one slot as :class:`DecodingStream`, the incremental decoder a session uses with
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ from torch import Tensor
 from ..core.errors import MapMatchedValueError
 from ..core.models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate
 from ..core.path_reports import NONFINITE_MESSAGE, rank_final_candidates, report_path
+from ..core.protocols import CorpusGraph
 from ..kernels.slot_decoder import SlotDecoder, SlotStep
 from .trellis import consecutive_distances, packed_rows
 
@@ -42,7 +43,7 @@ def turn_tensors(
 
 
 def step_distances(
-    graph: Any,
+    graph: CorpusGraph,
     previous: Sequence[Optional[Sequence[str]]],
     new: Sequence[Sequence[str]],
     width: int,
@@ -93,7 +94,7 @@ class DecodingStream:
 
     def __init__(
         self,
-        graph: Any,
+        graph: CorpusGraph,
         width: int,
         *,
         emission_weight: float = 1.0,
@@ -126,7 +127,7 @@ class DecodingStream:
         decoder, turn = self._decoder, tuple(turn)
         scores, mask = turn_tensors([[c.normalized_score for c in turn]], decoder.width, decoder.device)
         distances = None
-        if self._trellis and decoder.transition_weight != 0.0:
+        if self._trellis and decoder.mode.uses_distances:
             previous = [candidate.chunk_id for candidate in self._trellis[-1]]
             distances = step_distances(self.graph, [previous], [[c.chunk_id for c in turn]], decoder.width, decoder.device)
         snapshot = decoder.snapshot(self._slot)

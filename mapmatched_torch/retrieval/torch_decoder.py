@@ -6,8 +6,9 @@ standalone decoder returns (same paths, committed turns and float64 scores), and
 
 Data flow per call: validate and pack the trellises (:mod:`mapmatched_torch.retrieval.trellis`)
 -> fill the (B, T-1, M, M) distances once from the graph (skipped when beta = 0) ->
-weight them (emissions ``lambda * s``, transitions ``-(beta * d)``) -> batched Viterbi /
-fixed-lag / pointwise decode (:mod:`mapmatched_torch.kernels.decode`) -> one copy of the chosen
+weight them (emissions ``lambda * s``, transitions ``-(beta * d)`` by
+:mod:`mapmatched_torch.kernels.transitions`) -> batched Viterbi / fixed-lag / pointwise
+decode (:func:`~mapmatched_torch.kernels.transitions.decode_weighted`) -> one copy of the chosen
 indices to the host -> the reported paths (:func:`mapmatched_torch.core.path_reports.report_path`,
 shared with the standalone decoder so the numbers agree bit for bit).
 """
@@ -23,7 +24,8 @@ from ..core.errors import MapMatchedValueError
 from ..core.models import CandidateScore, DecodedPath, DecoderCandidate
 from ..core.path_reports import rank_final_candidates, report_path
 from ..core.protocols import CorpusGraph
-from ..kernels.decode import fixed_lag_viterbi, forward_scores, pointwise_decode, viterbi
+from ..kernels.decode import forward_scores
+from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
 from .trellis import PackedTrellis, pack_trellises, pairwise_distances
 
 if TYPE_CHECKING:
@@ -164,22 +166,20 @@ class TorchDecoder:
         lam, beta, lag = check_decode_options(emission_weight, transition_weight, fixed_lag)
         packed = pack_trellises(trellises, dtype=torch.float64, device=self.device)
         # shape: (B, T-1, M, M) float64 graph distances (None when beta = 0: never needed)
-        distances = pairwise_distances(packed, graph) if beta != 0.0 else None
+        distances = pairwise_distances(packed, graph) if decoding_mode(beta, lag).uses_distances else None
         # shape: (B, T, M)
         emissions = (lam * packed.scores).to(self.dtype)
-        if distances is None:
-            transitions = torch.zeros(
+        # shape: (B, T-1, M, M): all zero at beta = 0 (then only the ranking reads them)
+        transitions = (
+            weighted_transitions(distances, beta, self.dtype)
+            if distances is not None
+            else torch.zeros(
                 (*packed.shape[:1], max(packed.shape[1] - 1, 0), packed.shape[2], packed.shape[2]),
                 dtype=self.dtype,
                 device=self.device,
             )
-            decoded = pointwise_decode(emissions, packed.mask, fixed_lag=lag)
-        else:
-            # shape: (B, T-1, M, M)
-            transitions = (-(beta * distances)).to(self.dtype)
-            decoded = viterbi(emissions, transitions, packed.mask) if lag is None else fixed_lag_viterbi(
-                emissions, transitions, packed.mask, lag
-            )
+        )
+        decoded = decode_weighted(emissions, distances, packed.mask, beta, lag, transitions=transitions)
         finals = _final_scores(emissions, transitions, packed, getattr(decoded, "locks", None)) if rank else None
         return _report(packed, decoded.paths, distances, finals, lam, beta, lag)
 

@@ -19,8 +19,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..core.checks import check_trellis
+from ..core.checks import check_sequence, check_trellis
 from ..core.errors import MapMatchedValueError
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import TrellisGraph
 
 __all__ = [
     "PackedTrellis",
@@ -77,14 +79,15 @@ def pack_trellises(
     Returns:
         A :class:`PackedTrellis`. Cost: O(B T M) Python work, one host-to-device copy.
     """
-    if isinstance(trellises, (str, bytes)) or len(trellises) == 0:
+    trellises = check_sequence(trellises, "trellises", "a sequence of trellises (one per conversation)")
+    if len(trellises) == 0:
         raise MapMatchedValueError("need at least one trellis to pack")
     validated = []
     for index, trellis in enumerate(trellises):
         try:
             validated.append(check_trellis(trellis))
-        except MapMatchedValueError as error:
-            raise MapMatchedValueError(f"conversation {index}: {error}") from None
+        except MapMatchedValueError as error:  # the same class (a MapMatchedTypeError stays one)
+            raise type(error)(f"conversation {index}: {error}") from None
     turns = max(len(trellis) for trellis in validated)
     width = max(len(turn) for trellis in validated for turn in trellis)
     # shape: (B, T, M)
@@ -107,7 +110,7 @@ def pack_trellises(
     )
 
 
-def pairwise_distances(packed: PackedTrellis, graph: Any) -> torch.Tensor:
+def pairwise_distances(packed: PackedTrellis, graph: CorpusGraph) -> torch.Tensor:
     """Distances between consecutive turns' candidates of a packed batch.
 
     Returns:
@@ -120,7 +123,7 @@ def pairwise_distances(packed: PackedTrellis, graph: Any) -> torch.Tensor:
 
 def consecutive_distances(
     chunk_ids: Sequence[Sequence[Sequence[str]]],
-    graph: Any,
+    graph: CorpusGraph,
     *,
     turns: int,
     width: int,
@@ -130,7 +133,8 @@ def consecutive_distances(
 
     Args:
         chunk_ids: B conversations, each a list of turns of chunk IDs.
-        graph: a ``CorpusGraph``. A tensor graph (one with ``index_trellis`` and
+        graph: a ``CorpusGraph``. A tensor graph (a
+            :class:`~mapmatched_torch.graph.TrellisGraph`: ``index_trellis`` and
             ``trellis_distances``, e.g. :class:`~mapmatched_torch.graph.TensorCorpusGraph`)
             fills the batch in one call on its device; any other graph is asked pair by
             pair, each distinct pair once.
@@ -142,7 +146,7 @@ def consecutive_distances(
         ``graph.maximum_distance`` (the decoders mask them).
     """
     maximum = float(graph.maximum_distance)
-    if callable(getattr(graph, "index_trellis", None)) and callable(getattr(graph, "trellis_distances", None)):
+    if implements(graph, TrellisGraph):
         # shape: (B, T', M') codes -> (B, T'-1, M', M') distances, padded below to (T-1, M, M)
         found = graph.trellis_distances(graph.index_trellis(chunk_ids))
         out = torch.full((len(chunk_ids), max(turns - 1, 0), width, width), maximum, dtype=torch.float64, device=found.device)

@@ -26,14 +26,24 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..core.checks import check_finite, check_positive_int, check_turn, duplicate_ids_error, empty_turn_error
-from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
+from ..core.checks import (
+    check_finite,
+    check_positive_int,
+    check_sequence,
+    check_turn,
+    describe,
+    duplicate_ids_error,
+    empty_turn_error,
+)
+from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, ScoredCandidate, TraceStep
 from ..core.path_reports import NONFINITE_MESSAGE
+from ..core.protocols import CorpusGraph, implements
 from ..core.scoring import normalize_candidates
 from ..kernels.normalization import normalize_score_rows
+from ..graph.protocols import TensorGraph
 from ..kernels.slot_decoder import SlotDecoder
-from ..retrieval.session import MapMatchedRetriever, as_scored_candidates
+from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, provider_answer_name
 from ..retrieval.streaming import step_distances
 from ..retrieval.trellis import packed_rows
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
@@ -101,7 +111,7 @@ class MapMatchedServer:
 
     def __init__(
         self,
-        graph: Any,
+        graph: CorpusGraph,
         *,
         provider: Any = None,
         device: Optional[Union[str, torch.device]] = None,
@@ -142,18 +152,14 @@ class MapMatchedServer:
         )
         self._sessions: Dict[SessionId, _Session] = {}
         # (chunk IDs -> node indices, node names) of a tensor graph, for _served_turn
-        indices_of = getattr(getattr(graph, "vocabulary", None), "indices_of", None)
-        names = getattr(graph, "nodes", None)
-        tensor_graph = callable(getattr(graph, "trellis_distances", None)) and callable(indices_of)
-        self._node_lookup = (indices_of, names) if tensor_graph and names is not None else None
+        self._node_lookup = (graph.vocabulary.indices_of, graph.nodes) if implements(graph, TensorGraph) else None
 
     # ------------------------------------------------------------- sessions
 
     def open(self, session_id: SessionId) -> None:
         """Open a new, empty session (ValueError if the ID is already open)."""
-        if session_id in self._sessions:
+        if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
-        hash(session_id)
         self._sessions[session_id] = _Session(self._decoder.allocate())
 
     def close(self, session_id: SessionId) -> None:
@@ -185,9 +191,19 @@ class MapMatchedServer:
         return len(self._sessions[self._known(session_id)].turns)
 
     def _known(self, session_id: SessionId) -> SessionId:
-        if session_id not in self._sessions:
+        if not self._is_open(session_id):
             raise MapMatchedValueError(f"unknown session {session_id!r} (open it first)")
         return session_id
+
+    def _is_open(self, session_id: Any) -> bool:
+        """Whether ``session_id`` is open; MapMatchedTypeError (a ValueError and a
+        TypeError) if it cannot be one (unhashable)."""
+        try:
+            return session_id in self._sessions
+        except TypeError:
+            raise MapMatchedTypeError(
+                f"a session ID must be hashable (a str, an int or a tuple of them), got {describe(session_id)}"
+            ) from None
 
     # ----------------------------------------------------------------- a step
 
@@ -203,7 +219,14 @@ class MapMatchedServer:
             ``(results, errors)``: each successful session's
             :class:`~mapmatched_torch.core.models.RetrievalResult` (a
             :class:`~mapmatched_torch.serving.step_results.StepResults` mapping, built on
-            read), and each failed session's exception (its state is unchanged).
+            read), and each failed session's exception (its state is unchanged); a
+            request of the wrong type (None, a number, a list of non-candidates) is a
+            :class:`~mapmatched_torch.core.errors.MapMatchedTypeError` naming the turn
+            and position, worded as an independent session words it.
+
+        Raises:
+            MapMatchedTypeError: (a ValueError and a TypeError) ``turns`` is not a
+                mapping (nor pairs) of session IDs; no session is touched.
         """
         errors: Dict[SessionId, Exception] = {}
         prepared, codes, normalized = self._prepare(turns, errors)
@@ -264,7 +287,7 @@ class MapMatchedServer:
             mask = (torch.arange(decoder.width).unsqueeze(0) < lengths.unsqueeze(1)).to(self.device)
             scores = scores.to(self.device)
             distances = None
-            if decoder.transition_weight != 0.0 and any(session.turns for session in sessions):
+            if decoder.mode.uses_distances and any(session.turns for session in sessions):
                 distances = self._distances(sessions, new_turns, codes)
             # A session with scores so large that a trace margin or entropy may overflow
             # (never with z-scores) has its path and trace built now, as a session
@@ -341,17 +364,19 @@ class MapMatchedServer:
         normalized score is re-run through the session's own functions, which raise
         the error a session would."""
         retriever, width = self.retriever, self._decoder.width
-        requests = dict(turns)
+        requests = _as_requests(turns)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
         listed: List[Tuple[SessionId, int, Tuple[ScoredCandidate, ...]]] = []
+        answer = provider_answer_name(retriever.provider) if queries else ""
         for session_id, request in requests.items():
             if session_id in errors:
                 continue
             try:
                 session = self._sessions[self._known(session_id)]
-                kept = as_scored_candidates(request)[: retriever.candidate_limit]
+                what = answer if session_id in queries else "candidates"
+                kept = as_turn_candidates(request, len(session.turns), what)[: retriever.candidate_limit]
                 if not kept:
                     raise empty_turn_error(len(session.turns))
                 listed.append((session_id, len(session.turns), kept))
@@ -412,14 +437,19 @@ class MapMatchedServer:
         """:meth:`_prepare` for :meth:`step_indexed`: the checks and the normalization on
         tensors; returns the turns, their (S', M) codes and normalized scores."""
         graph, retriever, width = self.retriever.graph, self.retriever, self._decoder.width
-        names, nodes = getattr(graph, "nodes", None), getattr(graph, "num_nodes", None)
-        if not callable(getattr(graph, "trellis_distances", None)) or names is None or nodes is None:
+        if not implements(graph, TensorGraph):
             raise MapMatchedValueError(
                 f"step_indexed needs a tensor corpus graph (node indices); this server's graph is {type(graph).__name__}"
             )
-        ids = list(session_ids) if not isinstance(session_ids, (str, bytes)) else None
-        if ids is None or not isinstance(candidates, torch.Tensor) or not isinstance(scores, torch.Tensor):
-            raise MapMatchedValueError("step_indexed takes a sequence of session IDs and two (S, K) tensors")
+        names, nodes = graph.nodes, graph.num_nodes
+        ids = list(check_sequence(session_ids, "step_indexed session_ids", "a sequence of session IDs (one per row)"))
+        for session_id in ids:
+            self._is_open(session_id)  # hashable, or MapMatchedTypeError
+        if not isinstance(candidates, torch.Tensor) or not isinstance(scores, torch.Tensor):
+            raise MapMatchedTypeError(
+                f"step_indexed takes a sequence of session IDs and two (S, K) tensors; got candidates "
+                f"{describe(candidates)} and scores {describe(scores)}"
+            )
         if candidates.dim() != 2 or candidates.dtype != torch.long or scores.shape != candidates.shape:
             raise MapMatchedValueError(
                 f"candidates must be an (S, K) int64 tensor and scores a float tensor of its shape; got "
@@ -489,7 +519,7 @@ class MapMatchedServer:
         codes[:, : index.shape[1]] = index[kept_rows]
         scores = torch.zeros((len(kept_rows), width), dtype=torch.float64)
         scores[:, : index.shape[1]] = normalized[kept_rows]
-        return prepared, codes.to(getattr(graph, "device", codes.device)), scores
+        return prepared, codes.to(graph.device), scores
 
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
         provider, limit = self.retriever.provider, self.retriever.candidate_limit
@@ -577,6 +607,26 @@ class MapMatchedServer:
         # the sessions parsed first: a malformed state changes nothing
         self._decoder.load_state_dict(state["decoder"])
         self._sessions = sessions
+
+
+def _as_requests(turns: Any) -> Dict[SessionId, Any]:
+    """:meth:`MapMatchedServer.step`'s ``turns`` as a dict (a copy): a mapping, or an
+    iterable of ``(session ID, request)`` pairs; else MapMatchedTypeError (a ValueError
+    and a TypeError), raised before any session is touched."""
+    expected = "a mapping of session ID -> candidates (or a query string)"
+    if isinstance(turns, Mapping):
+        return dict(turns)
+    pairs = check_sequence(turns, "step(turns)", expected)
+    for position, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise MapMatchedTypeError(
+                f"step(turns) must be {expected}; entry {position} is not a (session ID, candidates) pair: "
+                f"{describe(pair)}"
+            )
+    try:
+        return dict(pairs)
+    except TypeError:  # an unhashable session ID
+        raise MapMatchedTypeError(f"step(turns) must be {expected}, with hashable session IDs") from None
 
 
 def _raise_row_error(

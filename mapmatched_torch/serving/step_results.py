@@ -27,6 +27,8 @@ from ..core.models import (
     trusted_constructor,
 )
 from ..core.path_reports import committed_through
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import NeighborhoodGraph
 from ..retrieval.session import MapMatchedRetriever, context_chunk_ids, revised_turns, turn_result, turn_trace
 from ..retrieval.streaming import report_step
 
@@ -199,13 +201,13 @@ class StepRecord:
 
 class NeighborhoodCache:
     """An LRU of context neighbourhoods (chunk ID -> ``graph.neighborhood(chunk, radius)``)
-    for a graph that answers many at once (``graph.neighborhoods``: an immutable tensor
-    graph); any other graph is asked one chunk at a time, every time."""
+    for a graph that answers many at once (an immutable
+    :class:`~mapmatched_torch.graph.NeighborhoodGraph`, e.g. a tensor graph); any other
+    graph is asked one chunk at a time, every time."""
 
-    def __init__(self, graph: Any, radius: float, capacity: int = 65536) -> None:
+    def __init__(self, graph: CorpusGraph, radius: float, capacity: int = 65536) -> None:
         self.graph, self.radius, self.capacity = graph, radius, capacity
-        batched = getattr(graph, "neighborhoods", None)
-        self._batched = batched if callable(batched) else None
+        self._batched = graph.neighborhoods if implements(graph, NeighborhoodGraph) else None
         self._cache: "OrderedDict[str, tuple]" = OrderedDict()
 
     def get(self, chunk_ids: Sequence[str]) -> List[tuple]:

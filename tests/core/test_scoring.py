@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
+from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.core.scoring import (
     normalize_candidates,
@@ -35,8 +37,15 @@ def test_center_and_none():
 
 @pytest.mark.parametrize("method", ["minmax", "", None, "ZSCORE"])
 def test_unsupported_normalization(method):
-    with pytest.raises(ValueError, match=f"unsupported score normalization: {method}"):
+    # The message names the bad value and lists every valid choice.
+    expected = re.escape(f"unsupported score normalization: {method!r} (expected one of 'zscore', 'center', 'none'")
+    with pytest.raises(MapMatchedValueError, match=expected):
         normalize_scores([1.0], method)
+
+
+def test_unsupported_normalization_suggests_the_close_choice():
+    with pytest.raises(MapMatchedValueError, match=r"did you mean 'zscore'\?"):
+        normalize_scores([1.0], "ZSCORE")
 
 
 def test_normalize_candidates_keeps_raw_and_order():

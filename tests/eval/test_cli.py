@@ -94,3 +94,131 @@ def test_version_prints_the_package_version(capsys):
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"mapmatched-torch {mapmatched_torch.__version__}"
+
+
+# --------------------------------------------------------------------------- verdicts, warnings, inputs, outputs
+
+FAST = ["--conversations", "24", "--turns", "4", "--candidates", "8", "--methods", "pointwise,map-matched",
+        "--betas", "0,0.5", "--quiet"]
+
+
+def test_bootstrap_0_verdicts_are_unjudged_in_markdown_and_json(tmp_path, capsys):
+    assert main(["eval", *FAST, "--bootstrap", "0", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "PASS" not in out and "beyond tolerance" not in out
+    assert "UNJUDGED: no intervals (--bootstrap 0)" in out
+    methods = {m["key"]: m for m in json.loads((tmp_path / "r.json").read_text())["methods"]}
+    judged = methods["map-matched lambda=1 beta=0.5 full"]
+    assert judged["status"] == "UNJUDGED" and judged["verdict"]["passed"] is False
+    assert judged["verdict"]["reason"].startswith("UNJUDGED: no intervals (--bootstrap 0)")
+
+
+def test_a_single_conversation_warns_and_cannot_pass(tmp_path, capsys):
+    assert main(["eval", *FAST, "--conversations", "1", "--bootstrap", "50", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr()
+    assert "warning: only 1 conversation has labelled turns" in out.err  # printed even with --quiet
+    assert "## Warnings" in out.out and "PASS" not in out.out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert any("only 1 conversation" in note for note in data["warnings"])
+    assert {m["status"] for m in data["methods"]} == {"baseline", "UNJUDGED"}
+
+
+def test_beta_0_is_marked_baseline(capsys):
+    assert main(["eval", *FAST, "--bootstrap", "20"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| map-matched lambda=1 beta=0 ")]
+    last = [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows]
+    assert [cell for cell in last if not cell.isdigit()] == ["baseline", "baseline"]  # nDCG@3 and verdict tables
+    assert not any("PASS" in row or "FAIL" in row for row in rows)
+
+
+def test_no_labelled_turns_is_an_input_error(fixtures, tmp_path, capsys):
+    folder = tmp_path / "unlabelled"
+    folder.mkdir()
+    rows = [json.loads(line) for line in (fixtures / "normalized" / "tiny.conversations.jsonl").read_text().splitlines()
+            if line.strip()]
+    for row in rows:
+        for turn in row["turns"]:
+            turn["qrels"] = {}
+    (folder / "u.conversations.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "u.passages.jsonl").write_text((fixtures / "normalized" / "tiny.passages.jsonl").read_text())
+    assert main(["eval", "--data", str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"no labelled turns in {folder}" in err and '"qrels"' in err and "grade > 0" in err
+
+
+def test_latin1_input_names_file_and_line_and_exits_2(fixtures, tmp_path, capsys):
+    folder = tmp_path / "latin1"
+    folder.mkdir()
+    text = (fixtures / "normalized" / "tiny.conversations.jsonl").read_text()
+    (folder / "l.conversations.jsonl").write_bytes(text.encode("utf-8") + '{"conversation_id": "é"}\n'.encode("latin-1"))
+    (folder / "l.passages.jsonl").write_text((fixtures / "normalized" / "tiny.passages.jsonl").read_text())
+    line = len(text.splitlines()) + 1
+    assert main(["eval", "--data", str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'l.conversations.jsonl'}:{line}: not UTF-8 (byte 0xe9" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "option, target, message",
+    [
+        ("--json", "file/x.json", "is not a directory"),
+        ("--markdown", "folder", "is a directory"),
+        ("--plots", "file", "is an existing file"),
+        ("--plots", "file/plots", "is not a directory"),
+    ],
+)
+def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, monkeypatch, option, target, message):
+    import mapmatched_torch.cli as cli
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the run started before the output check"))
+    assert main(["eval", option, str(tmp_path / target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{option} {tmp_path / target}: " in err and message in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (a folder no one can write)")
+def test_output_under_proc_fails_before_any_work(capsys, monkeypatch):
+    import mapmatched_torch.cli as cli
+
+    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the run started before the output check"))
+    assert main(["eval", "--json", "/proc/nope/x.json"]) == 2
+    assert "--json /proc/nope/x.json: /proc/nope does not exist and cannot be created" in capsys.readouterr().err
+
+
+def test_json_and_markdown_must_differ(tmp_path, capsys):
+    assert main(["eval", "--json", str(tmp_path / "r"), "--markdown", str(tmp_path / "r")]) == 2
+    assert "name the same file" in capsys.readouterr().err
+
+
+def test_help_prints_each_default_once_as_typed(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: nothing wrapped
+    assert main(["eval", "--help"]) == 0
+    helps = {}  # option -> its help, continuation lines joined
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("  -"):
+            option = line.split()[0]
+            helps[option] = line
+        elif line.startswith("   ") and helps:
+            helps[option] += " " + line.strip()
+    for option, line in helps.items():
+        assert line.count("(default") <= 1, line
+        assert "(None" not in line and "((" not in line and "(default: None)" not in line, line
+        assert "default: False" not in line and "default: (" not in line, line
+    assert helps["--betas"].endswith("(default: 0,0.25,0.5,1,2,4)")
+    assert helps["--lags"].endswith("(default: full)") and helps["--lambdas"].endswith("(default: 1)")
+    assert "(default: pointwise,map-matched,history-concatenation," in helps["--methods"]
+    assert helps["--seed"].endswith("(default: 0)") and helps["--maximum-distance"].endswith("(default: 10)")
+    assert helps["--graph"].endswith("(default: knn for data, the topic graph for the synthetic benchmark)")
+
+
+def test_progress_lines_and_the_compile_notice(capsys, monkeypatch):
+    import mapmatched_torch.eval.distances as distances
+
+    monkeypatch.setattr(distances, "kernels_need_compiling", lambda device=None: True)
+    assert main(["eval", *[a for a in FAST if a != "--quiet"], "--bootstrap", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "building the topic graph" in err
+    assert "compiling graph kernels (first run only; cached on disk)" in err

@@ -324,3 +324,35 @@ def test_load_trec_cast_errors(fixtures, tmp_path):
     topics = _write(tmp_path / "topics2.json", json.dumps({"number": 1}))
     with pytest.raises(MapMatchedValueError, match=r"expected a JSON array of topics"):
         load_trec_cast(topics)
+
+
+# --------------------------------------------------------------------------- encodings
+
+
+_ROW = b'{"conversation_id": "c%d", "turns": [{"query": "what is a cat?", "qrels": {"p": 1}}]}\n'
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_latin1_jsonl_names_file_and_line(tmp_path, gzipped):
+    # 300 good lines (more than one decoding chunk) before the bad one: the line must be exact
+    content = b"".join(_ROW % i for i in range(300)) + '{"conversation_id": "x", "turns": [{"query": "café"}]}\n'.encode("latin-1")
+    path = tmp_path / ("bad.conversations.jsonl" + (".gz" if gzipped else ""))
+    path.write_bytes(gzip.compress(content) if gzipped else content)
+    with pytest.raises(MapMatchedValueError, match=r":301: not UTF-8 \(byte 0xe9 at byte 50 of the line") as info:
+        load_normalized(path)
+    assert str(info.value).startswith(str(path))
+
+
+def test_latin1_json_documents_and_qrels_name_file_and_line(fixtures, tmp_path):
+    inscit = tmp_path / "dev.json"
+    inscit.write_bytes('{"d": {"turns": [\n  {"context": ["café"]}\n]}}\n'.encode("latin-1"))
+    with pytest.raises(MapMatchedValueError, match=r"dev.json:2: not UTF-8 \(byte 0xe9"):
+        load_inscit(inscit)
+    rows = tmp_path / "rows.json"
+    rows.write_bytes('[{"Question": "Qu\'est-ce qu\'un café ?"}]'.encode("latin-1"))
+    with pytest.raises(MapMatchedValueError, match=r"rows.json:1: not UTF-8"):
+        load_topiocqa(rows)
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_bytes("31_1 Q0 MARCO_1 2\n31_2 Q0 caf\xe9 1\n".encode("latin-1"))
+    with pytest.raises(MapMatchedValueError, match=r"qrels.txt:2: not UTF-8"):
+        load_trec_cast(fixtures / "cast_topics.json", qrels)

@@ -89,7 +89,7 @@ def test_hash_embedder_follows_the_protocol_and_validates():
 
 def test_missing_wordllama_names_the_extra(missing):
     missing("wordllama")
-    with pytest.raises(MissingDependencyError, match=r"pip install mapmatched-torch\[wordllama\]") as info:
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mapmatched-torch\[wordllama\]'") as info:
         WordLlamaEmbedder()
     assert info.value.extra == "wordllama" and isinstance(info.value, ImportError)
     with pytest.raises(MissingDependencyError, match=r"\[wordllama\]"):
@@ -98,7 +98,7 @@ def test_missing_wordllama_names_the_extra(missing):
 
 def test_missing_sentence_transformers_names_the_extra(missing):
     missing("sentence_transformers")
-    with pytest.raises(MissingDependencyError, match=r"pip install mapmatched-torch\[sentence-transformers\]") as info:
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mapmatched-torch\[sentence-transformers\]'") as info:
         SentenceTransformerEmbedder("/models/minilm")
     assert info.value.extra == "sentence-transformers"
 

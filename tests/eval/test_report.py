@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.eval.bootstrap import BootstrapResult, verdict
 from mapmatched_torch.eval.plots import plot_beta_sweep, plot_split, write_plots
-from mapmatched_torch.eval.report import sanitize, to_json, to_json_dict, to_markdown, write_json, write_markdown
+from mapmatched_torch.eval.report import (
+    judge,
+    report_warnings,
+    sanitize,
+    to_json,
+    to_json_dict,
+    to_markdown,
+    write_json,
+    write_markdown,
+)
 from mapmatched_torch.eval.runner import EvalConfig, evaluate, inputs_from_synthetic
 from mapmatched_torch.eval.synthetic import make_synthetic
 
@@ -94,3 +105,64 @@ def test_beta_sweep_needs_a_positive_beta(tmp_path):
     assert write_plots(flat, tmp_path) == []
     with pytest.raises(MapMatchedValueError, match="beta > 0"):
         plot_beta_sweep(flat, tmp_path / "x.png")
+
+
+# --------------------------------------------------------------------------- judging the verdicts
+
+
+def _lift(mean, low, high, n=20):
+    return BootstrapResult(mean, low, high, n, 5 * n, 0.95, 100, "turn", 0)
+
+
+def _judged_method(result, followup, standalone):
+    method = result.method(result.primary)
+    slices = dict(method.slices)
+    slices["follow-up"] = replace(slices["follow-up"], lift=followup)
+    slices["standalone"] = replace(slices["standalone"], lift=standalone)
+    return replace(method, slices=slices, verdict=verdict(followup, standalone, 0.01))
+
+
+def test_judge_passes_fails_and_refuses_a_zero_width_pass(result):
+    flat = _lift(0.0, -0.004, 0.003)
+    assert judge(_judged_method(result, _lift(0.05, 0.02, 0.08), flat)).status == "PASS"
+    assert judge(_judged_method(result, _lift(0.01, -0.02, 0.04), flat)).status == "FAIL"
+    zero_width = judge(_judged_method(result, _lift(0.05, 0.05, 0.05), flat))
+    assert zero_width.status == "UNJUDGED" and "zero-width" in zero_width.reason
+    one = judge(_judged_method(result, _lift(0.05, 0.05, 0.05, n=1), _lift(0.0, 0.0, 0.0, n=1)))
+    assert one.status == "UNJUDGED"
+    assert "the follow-up and standalone slices have labelled turns in only 1 conversation" in one.reason
+    nan = math.nan
+    empty = judge(_judged_method(result, BootstrapResult(nan, nan, nan, 0, 0, 0.95, 100, "turn", 0), flat))
+    assert empty.status == "UNJUDGED" and "the follow-up slice is empty" in empty.reason
+
+
+def test_bootstrap_0_is_unjudged_not_fail():
+    inputs = inputs_from_synthetic(make_synthetic(n_conversations=8, turns=3, candidates=4, seed=1, topics=6,
+                                                  passages_per_topic=4))
+    flat = evaluate(inputs, EvalConfig(methods=("pointwise", "map-matched"), betas=(0.0, 0.5), n_bootstrap=0,
+                                       progress=False))
+    judged = judge(flat.method("map-matched lambda=1 beta=0.5 full"))
+    assert judged.status == "UNJUDGED" and judged.reason.startswith("UNJUDGED: no intervals (--bootstrap 0);")
+    assert report_warnings(flat) == list(flat.warnings)  # asked for: no warning of its own
+    text = to_markdown(flat)
+    assert "FAIL" not in text and "beyond tolerance" not in text and f"{judged.reason}." in text
+
+
+def test_baselines_and_statuses_in_json_and_markdown(result):
+    data = to_json_dict(result)
+    statuses = {m["key"]: m["status"] for m in data["methods"]}
+    assert statuses["pointwise"] == statuses["map-matched lambda=1 beta=0 full"] == "baseline"
+    assert data["methods"][1]["verdict"] is None  # beta = 0: no verdict, like pointwise
+    assert set(statuses.values()) <= {"baseline", "PASS", "FAIL", "UNJUDGED"}
+    for method in data["methods"]:
+        if method["verdict"] is not None:
+            assert method["verdict"]["status"] == method["status"]
+            assert method["verdict"]["passed"] == (method["status"] == "PASS")
+    assert "| map-matched lambda=1 beta=0 full |" in to_markdown(result)
+
+
+def test_warnings_are_recorded_in_json_and_markdown(result):
+    noisy = replace(result, warnings=("the follow-up slice is empty (no labelled turn): ...",))
+    assert to_json_dict(noisy)["warnings"][0].startswith("the follow-up slice is empty")
+    assert "## Warnings\n\n- the follow-up slice is empty" in to_markdown(noisy)
+    assert "## Warnings" not in to_markdown(replace(result, warnings=()))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
 from mapmatched_torch.core.errors import MapMatchedValueError
-from mapmatched_torch.eval.candidates import normalize_candidate_scores
+from mapmatched_torch.eval.candidates import Candidates, normalize_candidate_scores
 from mapmatched_torch.eval.data import load_directory
 from mapmatched_torch.eval.embedders import HashEmbedder
 from mapmatched_torch.eval.methods import Setting, gather_passages, map_matched_orders
@@ -190,3 +192,70 @@ def test_single_turn_conversations():
     assert int(result.slice_masks["follow-up"].sum()) == 0
     assert all(torch.equal(m["ndcg@3"], result.per_turn["pointwise"]["ndcg@3"])
                for k, m in result.per_turn.items() if k != "Maximal Marginal Relevance lambda=0.7")
+
+
+# --------------------------------------------------------------------------- baselines, degenerate data, progress
+
+
+def test_beta_0_is_a_baseline_without_verdict(small_inputs):
+    result = evaluate(small_inputs, _config())
+    assert result.method("map-matched lambda=1 beta=0 full").verdict is None
+    assert result.method("map-matched lambda=1 beta=0.5 full").verdict is not None
+    assert result.warnings == ()  # 24 conversations: nothing degenerate
+
+
+def test_a_single_conversation_warns():
+    bench = make_synthetic(n_conversations=1, turns=4, candidates=5, seed=2, topics=6, passages_per_topic=4)
+    result = evaluate(inputs_from_synthetic(bench), _config(methods=("pointwise", "map-matched")))
+    assert len(result.warnings) == 1 and result.warnings[0].startswith("only 1 conversation has labelled turns")
+
+
+def test_identical_turns_and_thin_slices_warn(small_inputs):
+    cands = small_inputs.candidates
+    # every turn gets the same scores: the same entropy, so the median split puts no turn in follow-up
+    same = torch.linspace(1.0, 0.0, cands.shape[2], dtype=torch.float64).expand(cands.shape).clone()
+    inputs = replace(small_inputs, candidates=Candidates(cands.index, torch.where(cands.mask, same, 0.0), cands.mask))
+    result = evaluate(inputs, _config(methods=("pointwise", "map-matched")))
+    assert any("have the same emission entropy" in note for note in result.warnings)
+    assert any(note.startswith("the follow-up slice is empty") for note in result.warnings)
+
+
+def test_no_labelled_turns_is_refused(small_inputs):
+    qrels = small_inputs.qrels
+    unlabelled = replace(small_inputs, qrels=qrels._replace(grades=torch.zeros_like(qrels.grades)))
+    with pytest.raises(MapMatchedValueError, match="no labelled turns"):
+        evaluate(unlabelled, _config())
+
+
+def test_progress_lines_name_the_slow_phases(fixtures, small_inputs, capsys):
+    dataset = load_directory(fixtures / "normalized")
+    inputs_from_dataset(dataset, HashEmbedder(dim=64), graph="knn", k=2, candidates=3, progress=True)
+    evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle"), progress=True))
+    err = capsys.readouterr().err
+    for phase in ("eval: embedding 5 passages", "eval: embedding and retrieving the top 3 passages of 5 turns (query)",
+                  "eval: building the knn graph", "eval: preparing resolved-query oracle"):
+        assert phase in err
+    evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle"), progress=False))
+    assert capsys.readouterr().err == ""
+    texts = ["the cat sat", "a dog", ""]
+    assert torch.equal(HashEmbedder(dim=64, progress=True).encode(texts), HashEmbedder(dim=64).encode(texts))
+    assert "embedding" in capsys.readouterr().err  # the hash embedder's bar
+
+
+def test_progress_is_off_on_other_ranks(monkeypatch):
+    from mapmatched_torch.eval.runner import main_process, progress_enabled
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert main_process() and progress_enabled(None)
+    monkeypatch.setenv("RANK", "1")
+    assert not main_process() and not progress_enabled(None) and progress_enabled(True)
+
+
+def test_kernel_compilation_is_announced_only_before_it_happens(small_inputs):
+    from mapmatched_torch.eval.distances import kernels_need_compiling
+
+    small_inputs.graph.trellis_distances(small_inputs.candidates.index)  # any search: the kernels are loaded now
+    assert kernels_need_compiling("cpu") is False
+    assert kernels_need_compiling("meta") is False  # not the compiled engine's device

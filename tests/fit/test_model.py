@@ -110,6 +110,47 @@ def test_shape_errors_name_the_model_arguments():
         model.marginals(scores.long(), distances, mask)
 
 
+@pytest.mark.parametrize("bad", [-0.5, math.nan])
+@pytest.mark.parametrize("method", ["decode", "log_partition", "marginals", "nll", "transitions"])
+def test_negative_or_nan_distances_are_refused_where_they_enter(bad, method):
+    # a negative distance would reward the jump (-(beta * d) > 0) and was silently used
+    scores, distances, mask = batch(pad=False)
+    distances = distances.clone()
+    distances[1, 2, 0, 2] = bad
+    model = MapMatchedModel(1.0, 0.5)
+    calls = {
+        "decode": lambda: model.decode(scores, distances, mask),
+        "log_partition": lambda: model.log_partition(scores, distances, mask),
+        "marginals": lambda: model.marginals(scores, distances, mask),
+        "nll": lambda: model.nll(scores, distances, mask, gold_labels(mask)),
+        "transitions": lambda: model.transitions(distances, mask),
+    }
+    expected = rf"^distances must be nonnegative graph distances \(not NaN\) between real candidates: " \
+        rf"distances\[b=1, t=2, from=0, to=2\] = {bad!r} \(the move from turn 2 to turn 3\)$"
+    with pytest.raises(MapMatchedValueError, match=expected):
+        calls[method]()
+
+
+def test_distance_checks_ignore_padding_and_keep_the_zero_beta_shortcut():
+    scores, distances, mask = batch(seed=3)  # NaN at every masked position
+    assert mask.logical_not().any()
+    model = MapMatchedModel(1.0, 0.5)
+    expected = model.log_partition(scores, distances, mask)
+    moved = distances.clone()
+    touches_padding = ~(mask[:, :-1, :, None] & mask[:, 1:, None, :])
+    moved[touches_padding] = -7.0  # garbage next to padding is never read
+    assert torch.equal(model.log_partition(scores, moved, mask), expected)
+    # beta = 0 decodes pointwise: the distances are not used, so not checked
+    assert MapMatchedModel(1.0, 0.0).decode(scores, -distances.abs() - 1.0, mask).paths.shape == mask.shape[:2]
+    # an infinite distance is not a graph distance either (unreachable pairs cost the
+    # graph's maximum_distance): the decoders refuse the -inf move, as before
+    full_scores, full, full_mask = batch(pad=False)
+    full = full.clone()
+    full[0, 0, 0, 0] = math.inf
+    with pytest.raises(MapMatchedValueError, match="must be finite"):
+        model.log_partition(full_scores, full, full_mask)
+
+
 # ------------------------------------------------------------ likelihood and grads
 
 

@@ -213,3 +213,93 @@ def test_lookups_refuse_indices_outside_the_graph() -> None:
         with pytest.raises(ValueError, match=r"index codes must be < N \(N = 3\)"):
             cache.lookup_grid(longs([[0, -1]], "cpu"), longs([[10**8]], "cpu"), 1.0)
         assert cache.lookup_grid(longs([[0, -5]], "cpu"), longs([[1]], "cpu"), 1.0)[1].all()
+
+
+def _ring_graph(nodes: int, seed: int):
+    """A TensorCorpusGraph of points on a noisy circle, each linked to its 3 nearest."""
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    generator = torch.Generator().manual_seed(seed)
+    angle = torch.rand(nodes, generator=generator, dtype=torch.float64) * 2 * math.pi
+    points = torch.stack([angle.cos(), angle.sin()], 1)
+    distance = torch.cdist(points, points)
+    distance.fill_diagonal_(math.inf)
+    weight, neighbour = distance.topk(3, dim=1, largest=False)
+    edge_index = torch.stack([torch.arange(nodes).repeat_interleave(3), neighbour.reshape(-1)])
+    return TensorCorpusGraph.from_edge_index(
+        edge_index, 20 * weight.reshape(-1), chunk_ids=[f"n{i}" for i in range(nodes)], maximum_distance=4.0
+    )
+
+
+def _concurrent_trial(seed: int, nodes: int = 200, threads: int = 4, rounds: int = 12) -> None:
+    """``threads`` threads query one graph at once; results and cache == a single thread's."""
+    import threading
+
+    generator = torch.Generator().manual_seed(seed)
+    # per thread, per round: a (B, T, M) trellis batch; odd threads range over all nodes,
+    # even ones over half of them (overlapping and disjoint rows)
+    batches = [
+        [torch.randint(0, nodes // 2 * (1 + worker % 2), (2, 3, 4), generator=generator) for _ in range(rounds)]
+        for worker in range(threads)
+    ]
+    reference = _ring_graph(nodes, seed=3)
+    expected = [[reference.trellis_distances(batch) for batch in work] for work in batches]
+    graph = _ring_graph(nodes, seed=3)
+    found = [[None] * rounds for _ in range(threads)]
+    failures = []
+    start = threading.Barrier(threads)
+
+    def work(worker: int) -> None:
+        try:
+            start.wait()
+            for round_, batch in enumerate(batches[worker]):
+                found[worker][round_] = graph.trellis_distances(batch)
+                # single pairs read (and fill) complete rows of the same cache
+                graph.distance(f"n{int(batch[0, 0, 0])}", f"n{int(batch[0, 1, 0])}")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=work, args=(worker,)) for worker in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert not failures, (seed, failures)
+    for worker in range(threads):
+        for round_ in range(rounds):
+            assert torch.equal(found[worker][round_], expected[worker][round_]), (seed, worker, round_)
+    # every cached entry is exact (what a fresh graph computes), the keys sorted and unique
+    sources, targets, values = graph._cache.entries()
+    keys = sources * nodes + targets
+    assert keys.numel() and bool((keys[1:] > keys[:-1]).all()), seed
+    truth = _ring_graph(nodes, seed=3).pair_distances(sources, targets, use_cache=False)
+    assert torch.equal(values.clamp_max(graph.maximum_distance), truth), seed
+
+
+def test_concurrent_queries_equal_a_single_threaded_run() -> None:
+    # the serving issue: threads stepping disjoint sessions of one server share the
+    # graph's cache; unguarded merges raised "shape mismatch" or kept wrong entries
+    # (about half of the trials before the lock)
+    for seed in range(6):
+        _concurrent_trial(seed)
+
+
+def test_a_cache_pickles_and_copies_without_its_lock() -> None:
+    # the lock cannot be pickled: a copy gets a new one and the same entries
+    import copy
+    import pickle
+
+    cache = DistanceCache(10)
+    cache.insert(longs([1, 1], "cpu"), longs([2, 3], "cpu"), doubles([0.5, math.inf], "cpu"), complete=True)
+    for restored in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert all(torch.equal(a, b) for a, b in zip(restored.entries(), cache.entries()))
+        restored.insert(longs([4], "cpu"), longs([5], "cpu"), doubles([0.25], "cpu"))
+        values, answered = restored.lookup(longs([1, 1, 4], "cpu"), longs([2, 9, 5], "cpu"))
+        assert answered.all() and values.tolist() == [0.5, math.inf, 0.25]
+        assert restored._lock is not cache._lock
+    assert cache.entry_count == 2
+    # and so does a graph with a warm cache
+    graph = _ring_graph(20, seed=1)
+    expected = graph.distance("n0", "n5")
+    restored = pickle.loads(pickle.dumps(graph))
+    assert restored.distance("n0", "n5") == expected and restored.cache_info().hits == 1

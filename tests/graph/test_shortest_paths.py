@@ -21,6 +21,7 @@ from mapmatched_torch.graph import (
     resolve_engine,
     source_target_distances,
 )
+from mapmatched_torch.graph.engines import SEARCH_ENGINES, GroupedPairs, SearchOptions
 from mapmatched_torch.graph.engines import compiled as _compiled
 from mapmatched_torch.graph.engines.scipy_dijkstra import scipy_rows
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
@@ -151,9 +152,10 @@ def test_compiled_threads_and_tiny_arcs_keep_the_values() -> None:
     rows, pair_row, pair_target = _grouped(sources, targets, 300)
     groups = torch.randint(0, 7, pair_row.shape, generator=torch.Generator().manual_seed(6))
     inverse = torch.unique(sources * 300 + targets, return_inverse=True)[1]
+    pairs = GroupedPairs(rows, pair_row, pair_target, groups)
     for threads in (1, 2, 5):
-        found = _compiled.compiled_pairs(graph.adjacency, rows, pair_row, pair_target, 2.5, pair_group=groups,
-                                         settle_limit=4, threads=threads)
+        options = SearchOptions(2.5, settle_limit=4, threads=threads)
+        found = _compiled.COMPILED_ENGINE.pairs(graph.adjacency, pairs, options)
         assert torch.equal(found[inverse], expected), threads
     # an arc too small for a safe heuristic margin turns the guidance off (same values)
     edge_index, weight = graph.to_edge_index()
@@ -163,8 +165,7 @@ def test_compiled_threads_and_tiny_arcs_keep_the_values() -> None:
     assert _compiled._heuristic_scale(tiny.adjacency, 2.5) is None
     assert _compiled._heuristic_scale(graph.adjacency, 2.5) is not None
     expected = source_target_distances(tiny.adjacency, sources, targets, bound=2.5, engine="scipy")
-    found = _compiled.compiled_pairs(tiny.adjacency, rows, pair_row, pair_target, 2.5, pair_group=groups,
-                                     settle_limit=4)
+    found = _compiled.COMPILED_ENGINE.pairs(tiny.adjacency, pairs, SearchOptions(2.5, settle_limit=4))
     assert torch.equal(found[inverse], expected)
 
 
@@ -277,6 +278,73 @@ def test_unit_grid_ties_do_not_duplicate_the_frontier(device) -> None:
     rows = bounded_rows(graph.adjacency, torch.tensor([0], device=device), limit=30.0, engine="torch")
     assert rows.max().item() == 2 * (side - 1)
     assert graph.distance("0-0", f"{side - 1}-{side - 1}") == reference.distance("0-0", f"{side - 1}-{side - 1}")
+
+
+def test_every_engine_implements_the_one_contract(device) -> None:
+    # one name per engine; rows and pairs with one signature, called directly == the standalone
+    import inspect
+
+    assert tuple(SEARCH_ENGINES) == ("torch", "scipy", "hybrid", "compiled")
+    signatures = {
+        method: {str(inspect.signature(getattr(type(engine), method))) for engine in SEARCH_ENGINES.values()}
+        for method in ("rows", "pairs")
+    }
+    assert all(len(found) == 1 for found in signatures.values()), signatures
+    reference = random_reference(4, "float", True)
+    graph = TensorCorpusGraph.from_graph(reference, device=device)
+    sources, targets, expected = all_pairs(reference, device)
+    nodes = len(reference)
+    rows, pair_row, pair_target = _grouped(sources, targets, nodes)
+    pairs = GroupedPairs(rows.to(device), pair_row.to(device), pair_target.to(device))
+    options = SearchOptions(reference.maximum_distance)
+    for name, engine in SEARCH_ENGINES.items():
+        assert engine.name == name
+        found = engine.pairs(graph.adjacency, pairs, options)
+        assert found.device.type == device.type and torch.equal(found.cpu(), expected), name
+        table = engine.rows(graph.adjacency, torch.arange(nodes, device=device), options)
+        assert torch.equal(table.cpu().reshape(-1), expected), name
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"bound": -1.0}, r"bound must be a number >= 0 \(inf allowed\), got -1.0"),
+        ({"bound": math.nan}, "bound must be a number >= 0"),
+        ({"bound": "2"}, "bound must be a number >= 0"),
+        ({"bound": 1.0, "target_aware": 1}, "target_aware must be True or False, got 1"),
+        ({"bound": 1.0, "memory_budget": 0}, "memory_budget must be positive, got 0"),
+        ({"bound": 1.0, "initial_radius": math.inf}, "initial_radius must be positive and finite"),
+        ({"bound": 1.0, "work_limit": -1}, "work_limit must be nonnegative, got -1"),
+        ({"bound": 1.0, "settle_limit": 2.5}, "settle_limit must be an integer, got 2.5"),
+        ({"bound": 1.0, "ball_limit": 0}, "ball_limit must be positive, got 0"),
+        ({"bound": 1.0, "threads": True}, "threads must be an integer, got True"),
+    ],
+)
+def test_search_options_are_validated_once_naming_the_option(options, words) -> None:
+    with pytest.raises(MapMatchedValueError, match=words):
+        SearchOptions(**options)
+    # the public functions build one SearchOptions: the same message, whatever the engine
+    # (threads is the compiled engine's own option, not a public keyword)
+    graph = TensorCorpusGraph.from_edges([("a", "b")])
+    pair = graph.index(["a", "b"])
+    tuning = {key: value for key, value in options.items() if key not in ("bound", "threads")}
+    if tuning:
+        for engine in ("torch", "scipy", "dense"):
+            if engine == "dense":
+                graph.precompute_dense()
+            with pytest.raises(MapMatchedValueError, match=words):
+                pair_distances(graph.adjacency, pair, pair.flip(0), maximum_distance=1.0, engine=engine,
+                               table=graph.dense_table, **tuning)
+
+
+def test_search_options_are_frozen_and_normalized() -> None:
+    options = SearchOptions(2, memory_budget=np.int64(64))
+    assert options.bound == 2.0 and type(options.bound) is float and type(options.memory_budget) is int
+    with pytest.raises(AttributeError):
+        options.bound = 3.0
+    with pytest.raises(TypeError, match="unexpected keyword argument 'work_limits'"):
+        pair_distances(TensorCorpusGraph.from_edges([("a", "b")]).adjacency, torch.zeros(1, dtype=torch.long),
+                       torch.ones(1, dtype=torch.long), maximum_distance=1.0, work_limits=3)
 
 
 def test_a_path_exactly_at_the_bound_counts_in_every_engine(device) -> None:

@@ -142,6 +142,25 @@ def test_bad_edge_index(edge_index, weight, options, words) -> None:
         TensorCorpusGraph.from_edge_index(edge_index, weight, **options)
 
 
+def test_a_stray_edge_index_is_named_not_allocated() -> None:
+    # one stray index made from_edge_index number 2**40 + 1 nodes (MemoryError); an
+    # inferred N far beyond the nodes the edges name is refused, naming the edge
+    stray = torch.tensor([[0, 1, 2, 3], [1, 2, 2**22, 0]])
+    with pytest.raises(MapMatchedValueError, match=r"edge 2 \(2 -> 4194304\) of edge_index has node 4194304, so N "
+                                                   r"would be 4194305, but the edges name only 5 distinct nodes"):
+        TensorCorpusGraph.from_edge_index(stray)
+    stray[1, 2] = 2**40
+    with pytest.raises(MapMatchedValueError, match=r"edge 2 .* pass num_nodes \(or chunk_ids\)"):
+        TensorCorpusGraph.from_edge_index(stray)
+    # a declared N: the edge and its node are named
+    for options in ({"num_nodes": 4}, {"chunk_ids": ["a", "b", "c", "d"]}):
+        with pytest.raises(MapMatchedValueError, match=r"edge 2 \(2 -> 1099511627776\) of edge_index has node "
+                                                       r"1099511627776, outside \[0, 4\)"):
+            TensorCorpusGraph.from_edge_index(stray, **options)
+    # a sparse numbering within the floor is inferred as before (isolated nodes between)
+    assert TensorCorpusGraph.from_edge_index(torch.tensor([[0], [5000]])).num_nodes == 5001
+
+
 def test_bad_edges_and_nodes() -> None:
     with pytest.raises(ValueError, match="edge 0 must be a GraphEdge"):
         TensorCorpusGraph.from_edges([("a",)])

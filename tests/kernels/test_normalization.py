@@ -39,9 +39,17 @@ def test_rows_equal_normalize_scores_bit_for_bit(method):
     rows = [random_row(rng, width) for _ in range(400)] + [[2.5], [-0.0]]
     padded = torch.tensor([row + [rng.choice([0.0, 7.0])] * (width - len(row)) for row in rows], dtype=torch.float64)
     out = normalize_score_rows(padded, [len(row) for row in rows], method)
+    refused = 0
     for row, got in zip(rows, out.tolist()):
-        assert bits(got[: len(row)]) == bits(normalize_scores(row, method)), row
+        try:
+            expected = normalize_scores(row, method)
+        except ValueError:  # an overflowing sum (squares of 1e300 included): the batch marks the row NaN
+            refused += 1
+            assert all(math.isnan(value) for value in got[: len(row)]), row
+        else:
+            assert bits(got[: len(row)]) == bits(expected), row
         assert got[len(row):] == [0.0] * (width - len(row))
+    assert (refused > 0) == (method == "zscore")  # only z-scores square the deviations
 
 
 def test_empty_rows_and_overflowing_sums():
@@ -53,6 +61,30 @@ def test_empty_rows_and_overflowing_sums():
     assert out[1].tolist() == [0.0, 0.0, 0.0] and out[2].tolist() == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="unsupported score normalization"):
         normalize_score_rows(raw, [1, 1, 1], "minmax")
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        [1e200, -1e200, 0.0],  # each square overflows to inf (it used to give all zeros)
+        [1e154, -1e154],  # finite squares whose exact sum overflows
+        [1e300, 3.0],  # one large deviation
+        [1.7e308, -1.7e308, -1.7e308],  # r - mean overflows
+        [1e308, 1e308],  # the exact sum of the scores overflows
+    ],
+)
+def test_every_overflow_is_the_same_error_and_a_nan_row_in_the_batch(row):
+    with pytest.raises(ValueError, match="^scores too large to normalize: .* overflows the float range"):
+        normalize_scores(row, "zscore")
+    out = normalize_score_rows(torch.tensor([row, [1.0] * len(row)], dtype=torch.float64), [len(row), len(row)])
+    assert all(math.isnan(value) for value in out[0].tolist()) and out[1].tolist() == [0.0] * len(row)
+
+
+def test_large_scores_below_the_overflow_still_normalize_bit_for_bit():
+    row = [9e153, -9e153, 0.0]  # squares 8.1e307: finite, and so is their exact sum
+    expected = normalize_scores(row, "zscore")
+    assert expected[2] == 0.0 and expected[0] == -expected[1] > 1.0
+    assert bits(normalize_score_rows(torch.tensor([row], dtype=torch.float64), [3])[0].tolist()) == bits(expected)
 
 
 @pytest.mark.parametrize("method", ["zscore", "center", "none"])

@@ -59,8 +59,12 @@ def test_limit_above_n_and_batch_equals_single():
         ({"embeddings": torch.ones(3, 2)}, "3 rows but 2 chunk IDs"),
         ({"embeddings": torch.tensor([[1.0, math.nan], [1.0, 0.0]])}, "row 0 contains a non-finite"),
         ({"embeddings": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "metric": "cosine"}, "row 1 is a zero vector"),
-        ({"metric": "l2"}, "unsupported metric: 'l2'"),
-        ({"chunk_ids": ["a", "a"]}, "duplicate chunk ID"),
+        ({"metric": "l2"}, "unsupported metric: 'l2' \\(expected one of 'inner_product', 'cosine'\\)"),
+        ({"metric": "cos"}, "did you mean 'cosine'\\?"),
+        ({"chunk_ids": ["a", "a"]}, "duplicate chunk ID 'a' at positions 0 and 1"),
+        # a float32 norm that overflows: refused as the kNN graphs refuse it, not turned into zeros
+        ({"embeddings": torch.tensor([[1.0, 0.0], [3e38, 3e38]]), "metric": "cosine"},
+         "^embeddings row 1 has a norm too large for float32$"),
     ],
 )
 def test_dense_validation(kwargs, message):
@@ -70,9 +74,32 @@ def test_dense_validation(kwargs, message):
         DenseProvider(arguments.pop("embeddings"), arguments.pop("chunk_ids"), **arguments)
 
 
+def test_dense_cosine_refuses_a_query_whose_norm_overflows():
+    provider = DenseProvider(torch.eye(2), ["a", "b"], embedder({"big": [3e38, 3e38]}), metric="cosine")
+    with pytest.raises(ValueError, match="^query 0 has a norm too large for float32$"):
+        provider.retrieve("big", 1)
+    # the same row is fine in float64, and inner products never normalize
+    assert DenseProvider(torch.tensor([[3e38, 3e38]]), ["a"], metric="cosine", dtype=torch.float64).search(
+        torch.tensor([[1.0, 1.0]]), 1
+    )[0][0].chunk_id == "a"
+
+
+def test_dense_and_knn_graphs_check_chunk_ids_with_one_function():
+    from mapmatched_torch.core.embeddings import check_embedding_ids
+    from mapmatched_torch.providers import base
+
+    assert base.check_chunk_ids is check_embedding_ids
+    for bad in (["a", "a"], ["a", ""], "ab", []):
+        with pytest.raises(ValueError) as provider_error:
+            DenseProvider(torch.eye(2)[: max(len(bad), 1)], bad)
+        with pytest.raises(ValueError) as reference_error:
+            check_embedding_ids(bad)
+        assert str(provider_error.value) == str(reference_error.value)
+
+
 def test_dense_query_validation():
     provider = DenseProvider(torch.eye(2), ["a", "b"], embedder({"x": [1.0, 0.0, 0.0], "n": [math.nan, 0.0]}))
-    with pytest.raises(ValueError, match="dimension 3, expected 2"):
+    with pytest.raises(ValueError, match=r"^query 0 embedding has dimension 3 but the embedding matrix has dimension 2 \(the query"):
         provider.retrieve("x", 1)
     with pytest.raises(ValueError, match="non-finite"):
         provider.retrieve("n", 1)

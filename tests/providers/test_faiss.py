@@ -225,10 +225,11 @@ def test_retrieve_batch_edge_cases(no_faiss_needed: None) -> None:
 @pytest.mark.parametrize(
     ("chunk_ids", "message"),
     [
-        (["a", "b", "a"], r"duplicate chunk ID 'a' at index positions 0 and 2"),
-        (["a", "", "c"], r"chunk ID at index position 1 must be non-empty"),
-        (["a", 7, "c"], r"chunk ID at index position 1 must be a string"),
-        ("abc", r"not a single string"),
+        # the kNN graphs' check and messages (core.embeddings.check_embedding_ids)
+        (["a", "b", "a"], r"duplicate chunk ID 'a' at positions 0 and 2"),
+        (["a", "", "c"], r"chunk ID at position 1 must be non-empty"),
+        (["a", 7, "c"], r"chunk ID at position 1 must be a string"),
+        ("abc", r"not a string: 'abc'"),
     ],
 )
 def test_rejects_bad_chunk_ids(no_faiss_needed: None, chunk_ids: Any, message: str) -> None:
@@ -276,7 +277,7 @@ def test_rejects_non_index_and_non_callable_embedder(no_faiss_needed: None) -> N
 @pytest.mark.parametrize(
     ("vector", "message"),
     [
-        ([1.0, 2.0, 3.0], r"dimension 3, but the index has dimension 2"),
+        ([1.0, 2.0, 3.0], r"^query embedding has dimension 3 but the index has dimension 2 \(the query embedder and the index disagree"),
         ([[1.0, 2.0], [3.0, 4.0]], r"shape \(2, 2\) for query; expected \(2,\) or \(1, 2\)"),
         (5.0, r"shape \(\) for query"),
         ([1.0, float("nan")], r"must be finite, got nan at dimension 1"),
@@ -361,7 +362,7 @@ def test_require_faiss_and_import_optional(monkeypatch: pytest.MonkeyPatch, fres
     with pytest.raises(FAISSNotInstalledError, match=r"\[faiss\]"):
         _optional.require_faiss("a GPU index")
     assert not _optional.has_module("faiss")
-    with pytest.raises(MissingDependencyError, match=r"for graph export; install it with `pip install mapmatched-torch\[networkx\]`"):
+    with pytest.raises(MissingDependencyError, match=r"for graph export; install it with `pip install 'mapmatched-torch\[networkx\]'`, or from a clone of the repository with `pip install -e '\.\[networkx\]'`"):
         _optional.import_optional("no_such_module_mapmatched", "networkx", "graph export")
     assert _optional.import_optional("math", "unused").sqrt(9.0) == 3.0
 

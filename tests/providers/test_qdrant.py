@@ -195,7 +195,7 @@ def test_named_vectors(client: Any) -> None:
         QdrantProvider(client, "named", QUERIES.__getitem__)
     with pytest.raises(ValueError, match=r"no dense vector named 'body' \(it has 'text', 'title'\)"):
         QdrantProvider(client, "named", QUERIES.__getitem__, using="body")
-    with pytest.raises(ValueError, match=r"query vector for query has dimension 6, but vector 'title' of Qdrant"):
+    with pytest.raises(ValueError, match=r"query embedding has dimension 6 but vector 'title' of Qdrant"):
         QdrantProvider(client, "named", QUERIES.__getitem__, chunk_id_field="chunk", using="title").retrieve("q1", 2)
 
 
@@ -308,7 +308,7 @@ def test_rejects_bad_limits(client: Any, limit: Any, message: str) -> None:
 @pytest.mark.parametrize(
     ("vector", "message"),
     [
-        (np.ones(5), r"query vector for query has dimension 5, but Qdrant collection 'docs' has dimension 6"),
+        (np.ones(5), r"query embedding has dimension 5 but Qdrant collection 'docs' has dimension 6"),
         (np.ones((2, 6)), r"shape \(2, 6\) for query; expected \(6,\) or \(1, 6\)"),
         ([1.0, float("nan"), 0, 0, 0, 0], r"must be finite, got nan at dimension 1"),
         ([0, 0, 0, 0, 0, float("-inf")], r"must be finite, got -inf at dimension 5"),

@@ -22,44 +22,31 @@ the first call compiles the kernel (a few seconds, cached on disk afterwards).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from ...core.optional import has_module
+from ...kernels import numba_runtime
 from .._csr import CSRAdjacency
 from .._memory import rows_per_chunk
+from .base import GroupedPairs, SearchOptions
 
-__all__ = ["available", "compiled_pairs", "compiled_balls", "compiled_rows", "compiled_lookup", "compiled_lookup_grid"]
+__all__ = [
+    "available", "CompiledEngine", "COMPILED_ENGINE", "compiled_balls", "compiled_lookup", "compiled_lookup_grid",
+]
 
 
 def available() -> bool:
     """Whether numba imports (the ``"compiled"`` engine can run)."""
-    return has_module("numba")
-
-
-#: Serializes kernel calls: numba's fallback threading layer (workqueue, used when no
-#: OpenMP or TBB runtime is found) aborts the process on concurrent parallel calls, and
-#: each call already uses every thread.
-_KERNEL_LOCK = threading.Lock()
-
-
-#: Below this many searches a call runs on the calling thread: starting a parallel
-#: region costs more than it saves, and far more when the cores are busy elsewhere.
-SERIAL_BELOW = 32
+    return numba_runtime.available()
 
 
 class _Kernels:
-    """The numba kernels, each call holding :data:`_KERNEL_LOCK`; the last argument,
-    ``blocks``, is the thread count (1: the serial variant).
-
-    numba's OpenMP layer sets the process's OpenMP thread count, which torch shares:
-    a parallel call restores torch's count afterwards, so that searching a graph never
-    changes the threads of the caller's tensor code."""
+    """The numba kernels, each called through :func:`~mapmatched_torch.kernels.numba_runtime.call`
+    (one lock for every numba kernel of the package, torch's thread count kept); the
+    last argument, ``blocks``, is the thread count (1: the serial variant)."""
 
     def __init__(self, module: Any) -> None:
         self._module = module
@@ -78,37 +65,10 @@ class _Kernels:
 
     @staticmethod
     def _call(parallel: Any, serial: Any, args: tuple) -> None:
-        with _KERNEL_LOCK:
-            if args[-1] <= 1:
-                serial(*args[:-1])
-                return
-            with _torch_threads_kept():
-                parallel(*args)
+        numba_runtime.call(parallel, serial, args[:-1], args[-1])
 
 
-@contextlib.contextmanager
-def _torch_threads_kept() -> Iterator[None]:
-    """Restore torch's intra-op thread count on exit (numba's OpenMP layer resets the
-    shared OpenMP count when it starts and on each parallel call)."""
-    threads = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-
-
-def _blocks(threads: Optional[int], searches: int) -> int:
-    """Threads for ``searches`` searches (``threads``: at most this many; None or 0:
-    numba's thread count): 1 below :data:`SERIAL_BELOW`."""
-    if searches < SERIAL_BELOW:
-        return 1
-    if not threads:
-        import numba
-
-        with _torch_threads_kept():  # the first call starts numba's thread pool
-            threads = numba.get_num_threads()
-    return max(1, min(int(threads), searches))
+_blocks = numba_runtime.blocks_for
 
 
 def _kernels() -> _Kernels:
@@ -159,67 +119,69 @@ def _ptr(sorted_keys: np.ndarray, count: int) -> np.ndarray:
     return np.searchsorted(sorted_keys, np.arange(count + 1)).astype(np.int64)
 
 
-def compiled_pairs(
-    adjacency: CSRAdjacency,
-    row_sources: torch.Tensor,
-    pair_row: torch.Tensor,
-    pair_target: torch.Tensor,
-    bound: float,
-    *,
-    pair_group: Optional[torch.Tensor] = None,
-    settle_limit: Optional[int] = None,
-    ball_limit: Optional[int] = None,
-    memory_budget: Optional[int] = None,
-    threads: Optional[int] = None,
-) -> torch.Tensor:
-    """``(P,)`` distances of grouped pairs (see :func:`~.shortest_paths.source_target_distances`).
+class CompiledEngine:
+    """The ``"compiled"`` engine (:class:`~.base.DistanceEngine`): target-aware Dijkstra
+    and guided A* in numba on the CPU threads (needs the ``[numba]`` extra)."""
 
-    Args:
-        adjacency: the graph.
-        row_sources: ``(S,)`` distinct source nodes.
-        pair_row: ``(P,)`` sorted source row of each pair.
-        pair_target: ``(P,)`` target node of each pair.
-        bound: the bound (a path exactly at it counts).
-        pair_group: ``(P,)`` int64 group of each pair (its trellis turn pair), or None
-            for one complete search per source.
-        settle_limit: nodes the first search of a source may settle before its far
-            pairs are left to the guided pass (default ``max(64, N // 64)``).
-        ball_limit: nodes of each group's backward ball (default ``max(256, N // 8)``).
-        memory_budget: bytes of balls per round (``16 * ball_limit`` per group).
-        threads: parallel blocks (default numba's thread count).
+    name = "compiled"
 
-    Returns:
-        ``(P,)`` float64 on the graph's device, ``inf`` beyond the bound; the same
-        values with or without groups.
-    """
-    kernels = _kernels()
-    arrays = _csr_arrays(adjacency)
-    nodes = adjacency.num_nodes
-    sources = row_sources.cpu().numpy().astype(np.int64, copy=False)
-    rows = pair_row.cpu().numpy().astype(np.int64, copy=False)
-    targets = pair_target.cpu().numpy().astype(np.int64, copy=False)
-    out = np.full(targets.size, np.inf)
-    # Pairs in different weakly connected components are unreachable: answered here,
-    # never searched (a search for one would exhaust its source's whole bounded ball).
-    labels = _component_labels(adjacency)
-    # shape: (P',) the pairs that need a search
-    searched = np.flatnonzero(labels[sources[rows]] == labels[targets])
-    if searched.size:
-        rows, targets = rows[searched], targets[searched]
-        values = np.empty(searched.size, dtype=np.float64)
-        found = np.zeros(searched.size, dtype=np.bool_)
-        scale = _heuristic_scale(adjacency, bound)
-        guided = pair_group is not None and scale is not None
-        limit = (max(64, nodes // 64) if settle_limit is None else int(settle_limit)) if guided else 0
-        no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
-        _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
-                   1.0, bound, limit, values, found, threads)
-        if guided and not found.all():
-            ball_limit = max(256, nodes // 8) if ball_limit is None else int(ball_limit)
-            _guided_pass(kernels, arrays, adjacency, sources[rows], targets, pair_group.cpu().numpy()[searched], bound,
-                         scale, min(ball_limit, nodes), memory_budget, threads, values, found)
-        out[searched] = values
-    return torch.from_numpy(out).to(adjacency.device)
+    def rows(self, adjacency: CSRAdjacency, sources: torch.Tensor, options: SearchOptions) -> torch.Tensor:
+        """``(S, N)`` bounded rows (see :meth:`.base.DistanceEngine.rows`) from complete
+        ball searches on every thread (e.g. a dense table's N rows)."""
+        rows = np.full((sources.numel(), adjacency.num_nodes), np.inf)
+        for first, ball_nodes, ball_values, ball_count in _ball_chunks(
+            adjacency, sources, options.bound, options.memory_budget
+        ):
+            for row, count in enumerate(ball_count.tolist()):
+                rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
+        return torch.from_numpy(rows).to(adjacency.device)
+
+    def pairs(self, adjacency: CSRAdjacency, pairs: GroupedPairs, options: SearchOptions) -> torch.Tensor:
+        """``(P,)`` distances of grouped pairs (see :meth:`.base.DistanceEngine.pairs`).
+
+        Always target-aware. With ``pairs.pair_group``, the pairs a source's first
+        search does not settle within ``options.settle_limit`` nodes (default
+        ``max(64, N // 64)``) are answered by A* searches guided by a backward ball of
+        ``options.ball_limit`` nodes (default ``max(256, N // 8)``) around each group's
+        targets, ``memory_budget // (16 ball_limit)`` groups per round; without groups
+        each source gets one complete search. ``options.threads``: parallel blocks
+        (default numba's thread count). The same values either way.
+        """
+        bound = options.bound
+        kernels = _kernels()
+        arrays = _csr_arrays(adjacency)
+        nodes = adjacency.num_nodes
+        sources = pairs.row_sources.cpu().numpy().astype(np.int64, copy=False)
+        rows = pairs.pair_row.cpu().numpy().astype(np.int64, copy=False)
+        targets = pairs.pair_target.cpu().numpy().astype(np.int64, copy=False)
+        out = np.full(targets.size, np.inf)
+        # Pairs in different weakly connected components are unreachable: answered here,
+        # never searched (a search for one would exhaust its source's whole bounded ball).
+        labels = _component_labels(adjacency)
+        # shape: (P',) the pairs that need a search
+        searched = np.flatnonzero(labels[sources[rows]] == labels[targets])
+        if searched.size:
+            rows, targets = rows[searched], targets[searched]
+            values = np.empty(searched.size, dtype=np.float64)
+            found = np.zeros(searched.size, dtype=np.bool_)
+            scale = _heuristic_scale(adjacency, bound)
+            guided = pairs.pair_group is not None and scale is not None
+            settle_limit = options.settle_limit
+            limit = (max(64, nodes // 64) if settle_limit is None else settle_limit) if guided else 0
+            no_groups = (np.zeros(sources.size + 1, dtype=np.int64), np.empty(0, np.int64))
+            _run_units(kernels, arrays, sources, _ptr(rows, sources.size), targets, no_groups, _NO_BALLS,
+                       1.0, bound, limit, values, found, options.threads)
+            if guided and not found.all():
+                ball_limit = max(256, nodes // 8) if options.ball_limit is None else options.ball_limit
+                _guided_pass(kernels, arrays, adjacency, sources[rows], targets,
+                             pairs.pair_group.cpu().numpy()[searched], bound, scale, min(ball_limit, nodes),
+                             options.memory_budget, options.threads, values, found)
+            out[searched] = values
+        return torch.from_numpy(out).to(adjacency.device)
+
+
+#: The engine object :mod:`~mapmatched_torch.graph.shortest_paths` dispatches to.
+COMPILED_ENGINE = CompiledEngine()
 
 
 def _component_labels(adjacency: CSRAdjacency) -> np.ndarray:
@@ -340,18 +302,6 @@ def compiled_balls(
         for row, count in enumerate(ball_count.tolist()):
             result.append((ball_nodes[row, :count], ball_values[row, :count]))
     return result
-
-
-def compiled_rows(
-    adjacency: CSRAdjacency, sources: torch.Tensor, limit: float, memory_budget: Optional[int] = None
-) -> torch.Tensor:
-    """``(S, N)`` float64 bounded rows (``inf`` past ``limit``) on the graph's device,
-    from complete ball searches on every thread (e.g. a dense table's N rows)."""
-    rows = np.full((sources.numel(), adjacency.num_nodes), np.inf)
-    for first, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, sources, limit, memory_budget):
-        for row, count in enumerate(ball_count.tolist()):
-            rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
-    return torch.from_numpy(rows).to(adjacency.device)
 
 
 #: Below this many queries a cache lookup runs on the calling thread.

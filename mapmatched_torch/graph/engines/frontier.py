@@ -31,8 +31,11 @@ import torch
 
 from .._csr import CSRAdjacency
 from .._memory import budget, rows_per_chunk
+from .base import GroupedPairs, SearchOptions
 
-__all__ = ["FrontierWorkspace", "frontier_search", "torch_rows", "torch_pairs", "BYTES_PER_ENTRY"]
+__all__ = [
+    "FrontierWorkspace", "frontier_search", "FrontierEngine", "FRONTIER_ENGINE", "frontier_pairs", "BYTES_PER_ENTRY",
+]
 
 #: Bytes of workspace per (source, node) entry: float64 distance + int32 slot.
 BYTES_PER_ENTRY = 12
@@ -206,54 +209,69 @@ def _workspaces(
         yield first, min(count, first + rows), workspace
 
 
-def torch_rows(
-    adjacency: CSRAdjacency, sources: torch.Tensor, limit: float, memory_budget: Optional[int]
-) -> torch.Tensor:
-    """``(S, N)`` bounded rows by frontier relaxation."""
-    nodes = adjacency.num_nodes
-    # shape: (S, N)
-    rows = torch.empty((sources.numel(), nodes), dtype=torch.float64, device=adjacency.device)
-    for first, last, workspace in _workspaces(adjacency, sources.numel(), memory_budget):
-        touched, _ = frontier_search(
-            adjacency, sources[first:last], limit, workspace, memory_budget=budget(memory_budget)
-        )
-        rows[first:last] = workspace.dist[: (last - first) * nodes].view(last - first, nodes)
-        workspace.reset(touched)
-    return rows
+class FrontierEngine:
+    """The ``"torch"`` engine (:class:`~.base.DistanceEngine`): batched frontier
+    relaxation on the graph's device, chunks of sources sized by ``memory_budget``."""
+
+    name = "torch"
+
+    def rows(self, adjacency: CSRAdjacency, sources: torch.Tensor, options: SearchOptions) -> torch.Tensor:
+        """``(S, N)`` bounded rows (see :meth:`.base.DistanceEngine.rows`)."""
+        nodes = adjacency.num_nodes
+        # shape: (S, N)
+        rows = torch.empty((sources.numel(), nodes), dtype=torch.float64, device=adjacency.device)
+        for first, last, workspace in _workspaces(adjacency, sources.numel(), options.memory_budget):
+            touched, _ = frontier_search(
+                adjacency, sources[first:last], options.bound, workspace, memory_budget=budget(options.memory_budget)
+            )
+            rows[first:last] = workspace.dist[: (last - first) * nodes].view(last - first, nodes)
+            workspace.reset(touched)
+        return rows
+
+    def pairs(self, adjacency: CSRAdjacency, pairs: GroupedPairs, options: SearchOptions) -> torch.Tensor:
+        """``(P,)`` distances of grouped pairs (see :meth:`.base.DistanceEngine.pairs`);
+        target-aware when ``options.target_aware``."""
+        return frontier_pairs(adjacency, pairs, options)[0]
 
 
-def torch_pairs(
-    adjacency: CSRAdjacency,
-    row_sources: torch.Tensor,
-    pair_row: torch.Tensor,
-    pair_target: torch.Tensor,
-    bound: float,
-    target_aware: bool,
-    memory_budget: Optional[int],
-    work_limit: Optional[int] = None,
+def frontier_pairs(
+    adjacency: CSRAdjacency, pairs: GroupedPairs, options: SearchOptions, *, abandon_after: Optional[int] = None
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(P,)`` distances of grouped pairs by frontier relaxation, chunk by chunk.
 
-    With ``work_limit``, also returns the ``(S,)`` mask of the sources abandoned
-    (their values are not exact); otherwise that mask is None.
+    Args:
+        adjacency, pairs, options: as for :meth:`FrontierEngine.pairs`.
+        abandon_after: if given, a source is abandoned once it has expanded more than
+            this many frontier entries (the hybrid engine's hand-over to scipy).
+
+    Returns:
+        ``(values, abandoned)``: ``(P,)`` float64, and the ``(S,)`` bool mask of the
+        abandoned sources (their values are not exact), None without ``abandon_after``.
     """
+    row_sources, pair_row, pair_target = pairs.row_sources, pairs.pair_row, pairs.pair_target
     nodes = adjacency.num_nodes
     # shape: (P,)
     values = torch.empty(pair_row.shape, dtype=torch.float64, device=adjacency.device)
     # shape: (S,)
-    abandoned = None if work_limit is None else torch.zeros(row_sources.shape, dtype=torch.bool, device=values.device)
-    for first, last, workspace in _workspaces(adjacency, row_sources.numel(), memory_budget):
+    abandoned = (
+        None if abandon_after is None else torch.zeros(row_sources.shape, dtype=torch.bool, device=values.device)
+    )
+    for first, last, workspace in _workspaces(adjacency, row_sources.numel(), options.memory_budget):
         lo, hi = torch.searchsorted(pair_row, torch.tensor([first, last], device=pair_row.device)).tolist()
         # shape: (P_chunk,) flat workspace keys of this chunk's pairs
         local_row = pair_row[lo:hi] - first
         pair_keys = local_row * nodes + pair_target[lo:hi]
         touched, dropped = frontier_search(
-            adjacency, row_sources[first:last], bound, workspace,
-            targets=(pair_keys, local_row) if target_aware else None, memory_budget=budget(memory_budget),
-            work_limit=work_limit,
+            adjacency, row_sources[first:last], options.bound, workspace,
+            targets=(pair_keys, local_row) if options.target_aware else None,
+            memory_budget=budget(options.memory_budget), work_limit=abandon_after,
         )
         values[lo:hi] = workspace.dist.index_select(0, pair_keys)
         workspace.reset(touched)
         if abandoned is not None:
             abandoned[first:last] = dropped
     return values, abandoned
+
+
+#: The engine object :mod:`~mapmatched_torch.graph.shortest_paths` dispatches to.
+FRONTIER_ENGINE = FrontierEngine()

@@ -1,0 +1,173 @@
+"""The fused decode kernels equal the torch path bit for bit (paths, scores, locks, errors)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+
+from mapmatched_torch.core.errors import MapMatchedValueError
+from mapmatched_torch.kernels import decode, fused
+
+pytest.importorskip("numba")
+
+LAGS = (None, 0, 1, 2, 5)
+
+
+@contextlib.contextmanager
+def torch_path():
+    """Decode with the torch path (the fused kernels off) inside the block."""
+    before = fused.fused_kernels_enabled()
+    fused.use_fused_kernels(False)
+    try:
+        yield
+    finally:
+        fused.use_fused_kernels(before)
+
+
+def reference(emissions, transitions, mask, lag):
+    with torch_path():
+        if lag is None:
+            result = decode.viterbi(emissions, transitions, mask)
+            return result.paths, result.scores, None
+        result = decode.fixed_lag_viterbi(emissions, transitions, mask, lag)
+        return result.paths, result.scores, result.locks
+
+
+def random_trellis(generator, dtype, *, integer=True, garbage=float("nan")):
+    """A padded batch with holes, varied lengths, NaN garbage at padding and, with
+    ``integer``, many exact ties."""
+    batch = int(torch.randint(1, 40, (), generator=generator))
+    turns = int(torch.randint(1, 7, (), generator=generator))
+    candidates = int(torch.randint(1, 6, (), generator=generator))
+    if integer:
+        emissions = torch.randint(-3, 3, (batch, turns, candidates), generator=generator).to(dtype)
+        transitions = -torch.randint(0, 3, (batch, turns - 1, candidates, candidates), generator=generator).to(dtype)
+    else:
+        emissions = torch.randn(batch, turns, candidates, generator=generator, dtype=dtype)
+        transitions = -torch.rand(batch, turns - 1, candidates, candidates, generator=generator, dtype=dtype)
+    mask = torch.rand(batch, turns, candidates, generator=generator) < 0.75
+    mask[:, :, 0] |= torch.rand(batch, turns, generator=generator) < 0.5
+    lengths = torch.randint(1, turns + 1, (batch,), generator=generator)
+    mask &= torch.arange(turns)[None, :, None] < lengths[:, None, None]
+    mask[:, 0, 0] |= ~mask[:, 0].any(dim=1)
+    # real turns first: cut each row at its first empty turn
+    alive = mask.any(dim=-1).long().cumprod(dim=1).bool()
+    mask &= alive.unsqueeze(-1)
+    emissions = torch.where(mask, emissions, garbage)
+    pairs = mask[:, :-1, :, None] & mask[:, 1:, None, :]
+    transitions = torch.where(pairs, transitions, garbage)
+    return emissions, transitions, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("integer", [True, False])
+def test_fused_equals_torch_path_on_random_trellises(dtype, integer):
+    generator = torch.Generator().manual_seed(7 + integer)
+    for _ in range(40):
+        emissions, transitions, mask = random_trellis(generator, dtype, integer=integer)
+        for lag in LAGS:
+            paths, scores, locks, lengths = fused.max_plus(emissions, transitions, mask, lag)
+            expected_paths, expected_scores, expected_locks = reference(emissions, transitions, mask, lag)
+            assert torch.equal(paths, expected_paths)
+            assert torch.equal(scores, expected_scores)
+            assert torch.equal(lengths, mask.any(dim=-1).sum(dim=1))
+            if lag is None:
+                assert bool((locks == -1).all())
+            else:
+                assert torch.equal(locks, expected_locks)
+
+
+def test_fused_reaches_the_brute_force_optimum():
+    """Small trellises: the score is the best of all M^T paths and the path attains it
+    (parity with the standalone decoder runs through the default path in test_decode)."""
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(30):
+        emissions = torch.randint(-2, 3, (1, 4, 3), generator=generator).double()
+        distances = torch.randint(0, 3, (1, 3, 3, 3), generator=generator).double()
+        mask = torch.ones(1, 4, 3, dtype=torch.bool)
+        paths, scores, _, _ = fused.max_plus(emissions, -distances, mask, None)
+
+        def total(path):
+            emission = sum(emissions[0, t, path[t]].item() for t in range(4))
+            return emission - sum(distances[0, t, path[t], path[t + 1]].item() for t in range(3))
+
+        assert scores.item() == max(total(path) for path in itertools.product(range(3), repeat=4))
+        assert total(paths[0].tolist()) == scores.item()
+
+
+def test_one_turn_one_candidate_and_empty_batch():
+    for batch, turns, candidates in ((1, 1, 1), (3, 1, 4), (0, 3, 2), (2, 5, 1)):
+        emissions = torch.randn(batch, turns, candidates)
+        transitions = torch.randn(batch, turns - 1, candidates, candidates)
+        mask = torch.ones(batch, turns, candidates, dtype=torch.bool)
+        for lag in LAGS:
+            paths, scores, locks, _ = fused.max_plus(emissions, transitions, mask, lag)
+            expected_paths, expected_scores, expected_locks = reference(emissions, transitions, mask, lag)
+            assert torch.equal(paths, expected_paths) and torch.equal(scores, expected_scores)
+            if lag is not None:
+                assert torch.equal(locks, expected_locks)
+
+
+def _message(function):
+    with pytest.raises(MapMatchedValueError) as caught:
+        function()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("lag", [None, 1])
+@pytest.mark.parametrize(
+    "breakage",
+    ["nan_emission", "inf_transition", "empty_first_turn", "gap", "overflow"],
+)
+def test_invalid_trellises_raise_the_torch_paths_message(breakage, lag):
+    emissions = torch.zeros(3, 4, 2)
+    transitions = torch.zeros(3, 3, 2, 2)
+    mask = torch.ones(3, 4, 2, dtype=torch.bool)
+    if breakage == "nan_emission":
+        emissions[1, 2, 1] = float("nan")
+    elif breakage == "inf_transition":
+        transitions[2, 1, 0, 1] = -float("inf")
+    elif breakage == "empty_first_turn":
+        mask[1, 0] = False
+    elif breakage == "gap":
+        mask[2, 1] = False
+    else:
+        emissions[1, :, :] = 3e38
+    with torch_path():
+        expected = _message(lambda: reference(emissions, transitions, mask, lag))
+    assert _message(lambda: fused.max_plus(emissions, transitions, mask, lag)) == expected
+
+
+def test_masked_garbage_never_flags_or_changes_a_result():
+    emissions = torch.tensor([[[1.0, float("inf")], [0.0, float("nan")]]])
+    transitions = torch.tensor([[[[0.0, float("nan")], [float("-inf"), float("inf")]]]])
+    mask = torch.tensor([[[True, False], [True, False]]])
+    paths, scores, _, _ = fused.max_plus(emissions, transitions, mask, None)
+    assert paths.tolist() == [[0, 0]] and scores.tolist() == [1.0]
+
+
+def test_does_not_apply_to_gradients_other_dtypes_or_when_disabled():
+    emissions = torch.zeros(2, 3, 2, requires_grad=True)
+    transitions = torch.zeros(2, 2, 2, 2)
+    mask = torch.ones(2, 3, 2, dtype=torch.bool)
+    assert fused.max_plus(emissions, transitions, mask, None) is None
+    assert fused.max_plus(emissions.detach().half(), transitions.half(), mask, None) is None
+    with torch_path():
+        assert fused.max_plus(emissions.detach(), transitions, mask, None) is None
+    assert fused.max_plus(emissions.detach(), transitions, mask, None) is not None
+
+
+def test_non_contiguous_inputs_and_torch_threads_are_kept():
+    generator = torch.Generator().manual_seed(11)
+    emissions = torch.randn(64, 5, 3, generator=generator)
+    distances = torch.rand(5, 3, 3, generator=generator)
+    transitions = (-distances)[None, :4].expand(64, 4, 3, 3)  # a broadcast table: stride 0
+    mask = torch.ones(64, 5, 3, dtype=torch.bool)
+    threads = torch.get_num_threads()
+    paths, scores, _, _ = fused.max_plus(emissions.transpose(0, 0), transitions, mask, None)
+    assert torch.get_num_threads() == threads
+    expected_paths, expected_scores, _ = reference(emissions, transitions.contiguous(), mask, None)
+    assert torch.equal(paths, expected_paths) and torch.equal(scores, expected_scores)

@@ -1,0 +1,86 @@
+"""tests/ mirrors the package: every public module ``mapmatched_torch/<part>/<module>.py``
+has ``tests/<part>/test_<module>.py``, or an entry in :data:`TESTED_ELSEWHERE` naming the
+test files that test it and saying why they live there.
+
+Modules whose name starts with an underscore are private helpers, tested through the
+public module that uses them; the root modules (``cli.py``, ``testing.py``) are not in
+a part.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mapmatched_torch"
+
+#: module (relative to mapmatched_torch/) -> the test files that test it. Each is tested
+#: through the public code that uses it, or beside the module it belongs with.
+TESTED_ELSEWHERE = {
+    # core/: plain-Python helpers, tested through every entry point that uses them
+    "core/checks.py": ("tests/retrieval/test_session.py", "tests/core/test_models.py"),  # the argument errors
+    "core/embeddings.py": ("tests/standalone/test_knn.py", "tests/graph/test_knn.py"),  # the kNN input checks
+    "core/graph_types.py": ("tests/standalone/test_graph.py", "tests/graph/test_cache.py"),  # GraphEdge, CacheInfo
+    "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
+    "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
+    "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks
+    # kernels/: the argument checks and the streaming states of the functional API, tested
+    # with it; the fused decoders' numba kernels and the runtime that calls every numba
+    # kernel, through the fused decoders
+    "kernels/checks.py": ("tests/kernels/test_decode.py",),
+    "kernels/states.py": ("tests/kernels/test_decode.py",),
+    "kernels/fused_cpu_kernels.py": ("tests/kernels/test_fused.py",),
+    "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
+    # graph/engines/: every engine is tested against the others and the standalone graph
+    "graph/engines/base.py": ("tests/graph/test_shortest_paths.py",),
+    "graph/engines/hybrid.py": ("tests/graph/test_shortest_paths.py",),
+    "graph/engines/compiled.py": ("tests/graph/test_shortest_paths.py",),
+    "graph/engines/compiled_kernels.py": ("tests/graph/test_shortest_paths.py",),
+    "graph/engines/frontier.py": ("tests/graph/test_shortest_paths.py",),
+    "graph/engines/scipy_dijkstra.py": ("tests/graph/test_shortest_paths.py",),
+    # providers/: the shared base is tested through every provider; fusion beside dense
+    "providers/base.py": ("tests/providers_fixtures.py", "tests/providers/test_dense.py"),
+    "providers/fusion.py": ("tests/providers/test_dense.py",),
+    # fit/: the synthetic sampler is checked with the path sampler it draws from
+    "fit/sampling.py": ("tests/kernels/test_sampling.py", "tests/fit/test_fitting.py"),
+    # eval/: the harness's inputs and plots, tested with the methods and the report
+    "eval/candidates.py": ("tests/eval/test_methods.py",),
+    "eval/distances.py": ("tests/eval/test_methods.py",),
+    "eval/plots.py": ("tests/eval/test_report.py",),
+}
+
+
+def public_modules():
+    """Every public module of a part, as its path relative to mapmatched_torch/."""
+    return sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.parent != PACKAGE and not path.name.startswith("_")
+    )
+
+
+def mirror(module: str) -> Path:
+    """tests/<part>/test_<module>.py for ``<part>/<module>.py``."""
+    path = Path(module)
+    return ROOT / "tests" / path.parent / f"test_{path.name}"
+
+
+def test_every_public_module_has_its_test_file_or_says_where_it_is_tested():
+    missing = [module for module in public_modules() if not mirror(module).is_file() and module not in TESTED_ELSEWHERE]
+    assert missing == [], "add tests/<part>/test_<module>.py (or a TESTED_ELSEWHERE entry, with the reason)"
+
+
+def test_the_allow_list_names_real_modules_without_a_test_file_and_existing_tests():
+    modules = set(public_modules())
+    assert sorted(set(TESTED_ELSEWHERE) - modules) == []  # a module that moved or went away
+    stale = sorted(module for module in TESTED_ELSEWHERE if mirror(module).is_file())
+    assert stale == [], "these have their own test file now: drop them from TESTED_ELSEWHERE"
+    for module, tests in TESTED_ELSEWHERE.items():
+        assert tests and all((ROOT / test).is_file() for test in tests), module
+
+
+def test_the_mirror_of_a_module():
+    assert mirror("kernels/chain.py") == ROOT / "tests" / "kernels" / "test_chain.py"
+    assert mirror("graph/engines/frontier.py") == ROOT / "tests" / "graph" / "engines" / "test_frontier.py"
+    assert "kernels/chain.py" in public_modules() and "cli.py" not in public_modules()
+    assert not any(Path(module).name.startswith("_") for module in public_modules())
