@@ -18,7 +18,11 @@ from . import _compat
 from ._lazy import lazy_attributes
 from ._version import __version__
 from .core.errors import (
+    CMGBackendUnavailableError,
+    FAISSDependencyUnavailableError,
     FAISSNotInstalledError,
+    GraphDependencyUnavailableError,
+    MapMatchedBackendError,
     MapMatchedError,
     MapMatchedRuntimeError,
     MapMatchedTypeError,
@@ -37,12 +41,14 @@ from .core.models import (
     TraceStep,
 )
 from .core.protocols import CandidateProvider, CorpusGraph, Decoder
-from .core.scoring import normalize_candidates, normalize_scores, softmax_entropy
+from .core.scoring import ScoreNormalization, normalize_candidates, normalize_scores, softmax_entropy
 from .core.trace import render_trace
 from .retrieval.session import MapMatchedRetriever, MapMatchedSession
 from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
+from .standalone.cmg import CMGDecoder
 
 _compat.install()  # the flat layout's module paths (mapmatched_torch.decode, ...) keep importing
+install_mapmatched_alias = _compat.install_mapmatched_alias
 
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {
@@ -66,6 +72,8 @@ _LAZY = {
     "MapMatchedModel": ".fit.model",
     "use_compiled_kernels": ".kernels.chain",
     "use_fused_kernels": ".kernels.fused",
+    "GatedTransitions": ".kernels.transitions",
+    "query_source_cosine": ".kernels.transitions",
     "TorchDecoder": ".retrieval.torch_decoder",
     "pack_trellises": ".retrieval.trellis",
     "SlotDecoder": ".kernels.slot_decoder",
@@ -84,6 +92,9 @@ _LAZY = {
     "sample_conversations": ".fit.sampling",
     # providers
     "FAISSProvider": ".providers.faiss",
+    "FAISSIndex": ".providers.faiss",
+    "FAISSScoreMode": ".providers.faiss",
+    "QueryEmbedder": ".providers.base",
     "DenseProvider": ".providers.dense",
     "FusionProvider": ".providers.fusion",
     "LangChainProvider": ".integrations.langchain",
@@ -101,8 +112,12 @@ __all__ = [
     "MapMatchedValueError",
     "MapMatchedTypeError",
     "MapMatchedRuntimeError",
+    "MapMatchedBackendError",
     "MissingDependencyError",
     "FAISSNotInstalledError",
+    "FAISSDependencyUnavailableError",
+    "GraphDependencyUnavailableError",
+    "CMGBackendUnavailableError",
     "NetworkXNotInstalledError",
     # models
     "ScoredCandidate",
@@ -118,6 +133,7 @@ __all__ = [
     "Decoder",
     "CandidateProvider",
     # scoring and traces
+    "ScoreNormalization",
     "normalize_candidates",
     "normalize_scores",
     "softmax_entropy",
@@ -127,9 +143,12 @@ __all__ = [
     "InMemoryCorpusGraph",
     "KNNGraph",
     "StandaloneDecoder",
+    "CMGDecoder",
     # sessions
     "MapMatchedRetriever",
     "MapMatchedSession",
+    # running code written for the pure-Python mapmatched (``import mapmatched``)
+    "install_mapmatched_alias",
     *_LAZY,
 ]
 

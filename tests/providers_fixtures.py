@@ -88,7 +88,7 @@ def check_decoded_chunk_without_text(
         assert [report["chunk_id"] for _, report in items] == (context[:1] if missing_text == "skip" else context)
         text, report = items[0]
         assert text == "" and report["chunk_id"] == adapter.session.current_chunk_id and report["role"] == "decoded"
-        assert report["raw_score"] == result.candidates[report["provider_rank"]].raw_score
+        assert report["raw_score"] == result.candidates[report["provider_rank"]].score
         assert not any(report["text_known"] for _, report in items)
         adapters.append(adapter)
     return adapters
@@ -219,8 +219,8 @@ def store_graph() -> KNNGraph:
 
 
 #: Bad queries and limits with the messages a vector-store provider gives.
-BAD_QUERIES = [("", "query must be a non-empty string"), (None, "must be a string"), (b"q", "must be a string")]
-BAD_LIMITS = [(0, "limit must be positive, got 0"), (-2, "limit must be positive, got -2"),
+BAD_QUERIES = [("", "^query must not be empty$"), (None, "must be a string"), (b"q", "must be a string")]
+BAD_LIMITS = [(0, "limit must be greater than zero, got 0"), (-2, "limit must be greater than zero, got -2"),
               (True, "limit must be an integer, got True"), (1.5, "limit must be an integer, got 1.5")]
 
 
@@ -238,7 +238,7 @@ def check_batch_argument_errors(provider: Any) -> None:
     assert provider.retrieve_batch([], 2) == []
     with pytest.raises(ValueError, match="not a single string"):
         provider.retrieve_batch("q", 2)
-    with pytest.raises(ValueError, match="query 1 must be a non-empty string"):
+    with pytest.raises(ValueError, match="query 1 must not be empty"):
         provider.retrieve_batch(["q", ""], 2)
 
 

@@ -18,8 +18,8 @@ from mapmatched_torch.core.errors import MapMatchedError, MapMatchedTypeError
 from mapmatched_torch.graph import TensorCorpusGraph
 from mapmatched_torch.serving.server import MapMatchedServer
 
-EXPECTED = "must be a sequence of ScoredCandidate or (chunk_id, score) pairs"
-ENTRY = "must be a ScoredCandidate or a (chunk_id, score) pair"
+EXPECTED = "must be a sequence of ScoredCandidate, (chunk_id, score) pairs or objects with chunk_id and score"
+ENTRY = "must be a ScoredCandidate, a (chunk_id, score) pair or an object with chunk_id and score"
 
 #: a bad value where one turn's candidates belong -> (error class, message fragment)
 BAD_CANDIDATES = [
@@ -35,10 +35,10 @@ BAD_CANDIDATES = [
     ([("a",)], MapMatchedTypeError, f"candidates: candidate 0 {ENTRY}, got tuple ('a',)"),
     ([["a", 1.0]], MapMatchedTypeError, f"candidates: candidate 0 {ENTRY}, got list ['a', 1.0]"),
     ([ScoredCandidate("a", 1.0), None], MapMatchedTypeError, f"candidates: candidate 1 {ENTRY}, got None"),
-    ([("id", None)], ValueError, "candidates: candidate 0: score of candidate 'id' must be a finite number, got None"),
-    ([(None, 1.0)], ValueError, "candidates: candidate 0: candidate chunk ID must be a string, got NoneType"),
-    ([("a", math.nan)], ValueError, "candidates: candidate 0: score of candidate 'a' must be finite, got nan"),
-    ([("a", "x")], ValueError, "candidates: candidate 0: score of candidate 'a' must be a finite number, got 'x'"),
+    ([("id", None)], MapMatchedTypeError, "candidates: candidate 0: candidate score must be finite, got None (candidate 'id')"),
+    ([(None, 1.0)], ValueError, "candidates: candidate 0: candidate chunk_id must be a string, got NoneType"),
+    ([("a", math.nan)], ValueError, "candidates: candidate 0: candidate score must be finite, got nan (candidate 'a')"),
+    ([("a", "x")], MapMatchedTypeError, "candidates: candidate 0: candidate score must be finite, got 'x' (candidate 'a')"),
 ]
 
 

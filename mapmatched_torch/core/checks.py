@@ -117,10 +117,11 @@ def _check_int(value: Any, name: str) -> int:
 
 
 def check_positive_int(value: Any, name: str) -> int:
-    """An ``int`` > 0 (bools rejected)."""
+    """An ``int`` > 0 (bools rejected); the message is mapmatched 0.1.0's wording
+    (``"{name} must be greater than zero"``) followed by the value."""
     value = _check_int(value, name)
     if value <= 0:
-        raise MapMatchedValueError(f"{name} must be positive, got {value}")
+        raise MapMatchedValueError(f"{name} must be greater than zero, got {value}")
     return value
 
 
@@ -224,12 +225,15 @@ def check_decode_options(emission_weight: Any, transition_weight: Any, fixed_lag
 
 
 def check_positive_finite(value: Any, what: str) -> float:
-    """A real number that is finite and > 0 (bools rejected); returned as ``float``."""
+    """A real number that is finite and > 0 (bools rejected); returned as ``float``.
+
+    The message is mapmatched 0.1.0's wording (``"{what} must be finite and greater than
+    zero"``) followed by the value."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise MapMatchedValueError(f"{what} must be positive and finite, got {value!r}")
+        raise MapMatchedValueError(f"{what} must be finite and greater than zero, got {value!r}")
     number = float(value)
     if not (math.isfinite(number) and number > 0.0):
-        raise MapMatchedValueError(f"{what} must be positive and finite, got {number!r}")
+        raise MapMatchedValueError(f"{what} must be finite and greater than zero, got {number!r}")
     return number
 
 

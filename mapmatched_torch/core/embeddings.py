@@ -23,40 +23,54 @@ __all__ = [
     "column_sum",
     "zero_vector_error",
     "norm_overflow_error",
+    "row_count_error",
+    "dimension_error",
+    "nonfinite_value_error",
 ]
 
 
 def check_knn_options(
     neighbor_count: Any, maximum_distance: Any, minimum_edge_distance: Any
 ) -> Tuple[int, float, float]:
-    """Validated ``(neighbor_count, maximum_distance, minimum_edge_distance)``."""
+    """Validated ``(neighbor_count, maximum_distance, minimum_edge_distance)``, checked in
+    that order with mapmatched 0.1.0's messages (then the value): ``neighbor_count must be
+    greater than zero``, ``maximum_distance must be finite and greater than zero``,
+    ``minimum_edge_distance must be finite, greater than zero, and no greater than
+    maximum_distance``."""
     count = check_positive_int(neighbor_count, "neighbor_count")
     maximum = check_positive_finite(maximum_distance, "maximum_distance")
-    minimum = check_positive_finite(minimum_edge_distance, "minimum_edge_distance")
-    if minimum > maximum:
+    minimum = minimum_edge_distance
+    if isinstance(minimum, bool) or not isinstance(minimum, numbers.Real) or not (
+        math.isfinite(float(minimum)) and 0.0 < float(minimum) <= maximum
+    ):
         raise MapMatchedValueError(
-            f"minimum_edge_distance must be in (0, maximum_distance={maximum!r}], got {minimum!r}"
+            "minimum_edge_distance must be finite, greater than zero, and no greater than maximum_distance, "
+            f"got {minimum!r} (maximum_distance={maximum!r})"
         )
-    return count, maximum, minimum
+    return count, maximum, float(minimum)
 
 
 def check_embedding_ids(chunk_ids: Any) -> Tuple[str, ...]:
     """The chunk ID of every row of an embedding matrix or index position, as a tuple.
 
-    At least one chunk ID; each a non-empty string; no duplicates (the message names
-    both positions). Shared by the kNN graphs and the providers (dense, FAISS).
+    At least one chunk ID (``chunk_ids must contain at least one ID``); each a
+    non-empty string (``chunk IDs must not be empty``); no duplicates (``chunk IDs must
+    be unique``): mapmatched 0.1.0's messages, then the positions. Shared by the kNN
+    graphs and the providers (dense, FAISS).
     """
     if isinstance(chunk_ids, (str, bytes)):
         raise MapMatchedValueError(f"chunk_ids must be a sequence of chunk IDs, not a string: {chunk_ids!r}")
     ids = tuple(chunk_ids)
     if not ids:
-        raise MapMatchedValueError("chunk_ids must contain at least one chunk ID")
+        raise MapMatchedValueError("chunk_ids must contain at least one ID")
     first_seen: Dict[str, int] = {}
     for position, chunk_id in enumerate(ids):
+        if isinstance(chunk_id, str) and not chunk_id:
+            raise MapMatchedValueError(f"chunk IDs must not be empty (position {position})")
         check_chunk_id(chunk_id, f"chunk ID at position {position}")
         if chunk_id in first_seen:
             raise MapMatchedValueError(
-                f"duplicate chunk ID {chunk_id!r} at positions {first_seen[chunk_id]} and {position}"
+                f"chunk IDs must be unique: {chunk_id!r} at positions {first_seen[chunk_id]} and {position}"
             )
         first_seen[chunk_id] = position
     return ids
@@ -68,10 +82,12 @@ def _as_rows(embeddings: Any, count: int) -> List[Any]:
         embeddings = embeddings.tolist()
     if isinstance(embeddings, (str, bytes)) or not isinstance(embeddings, Sequence):
         raise MapMatchedValueError(
-            f"embeddings must be a 2-D matrix (a sequence of rows), got {type(embeddings).__name__}"
+            f"embeddings must be a two-dimensional matrix (a sequence of rows), got {type(embeddings).__name__}"
         )
+    if not embeddings:  # what numpy reads as a 1-D array of shape (0,)
+        raise MapMatchedValueError("embeddings must be a two-dimensional matrix, got an empty sequence")
     if len(embeddings) != count:
-        raise MapMatchedValueError(f"embeddings have {len(embeddings)} rows but there are {count} chunk IDs")
+        raise row_count_error(len(embeddings), count)
     return list(embeddings)
 
 
@@ -81,7 +97,8 @@ def _as_sequence(row: Any, label: str) -> Sequence[Any]:
         row = row.tolist()
     if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
         raise MapMatchedValueError(
-            f"embeddings must be a 2-D matrix: {label} is a {type(row).__name__}, not a sequence of numbers"
+            f"embeddings must be a two-dimensional matrix: {label} is a {type(row).__name__}, "
+            "not a sequence of numbers"
         )
     return row
 
@@ -96,11 +113,11 @@ def _row_values(row: Sequence[Any], label: str, dimension: int) -> List[float]:
     for column, value in enumerate(row):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise MapMatchedValueError(
-                f"embeddings must be a 2-D matrix of numbers: {label}, column {column} is {value!r}"
+                f"embeddings must be a two-dimensional matrix of numbers: {label}, column {column} is {value!r}"
             )
         value = float(value)
         if not math.isfinite(value):
-            raise MapMatchedValueError(f"{label} contains a non-finite value at column {column}: {value!r}")
+            raise nonfinite_value_error(label, column, value)
         values.append(value)
     return values
 
@@ -119,8 +136,24 @@ def zero_vector_error(label: str, dtype: str = "float64") -> MapMatchedValueErro
     """The error for an embedding row (``label``, e.g. ``"embeddings row 3 (chunk 'x')"``)
     whose norm is 0 in ``dtype``: it has no direction, so its cosine is undefined."""
     return MapMatchedValueError(
-        f"{label} is a zero vector (its norm is 0, or its entries are too small to square in {dtype})"
+        f"embedding vectors must have nonzero magnitude: {label} is a zero vector "
+        f"(its norm is 0, or its entries are too small to square in {dtype})"
     )
+
+
+def row_count_error(rows: int, count: int) -> MapMatchedValueError:
+    """The error for an embedding matrix with ``rows`` rows for ``count`` chunk IDs."""
+    return MapMatchedValueError(f"received {rows} embeddings for {count} chunk IDs")
+
+
+def dimension_error() -> MapMatchedValueError:
+    """The error for an embedding matrix without columns."""
+    return MapMatchedValueError("embedding dimension must be greater than zero (the rows have no columns)")
+
+
+def nonfinite_value_error(label: str, column: int, value: float) -> MapMatchedValueError:
+    """The error for a NaN or infinite entry of an embedding row (``label``)."""
+    return MapMatchedValueError(f"embedding values must be finite: {label} has {value!r} at column {column}")
 
 
 def norm_overflow_error(label: str, dtype: str = "float64") -> MapMatchedValueError:
@@ -135,7 +168,7 @@ def normalized_rows(ids: Tuple[str, ...], embeddings: Any) -> List[List[float]]:
     rows = [_as_sequence(row, label) for row, label in zip(_as_rows(embeddings, len(ids)), labels)]
     dimension = len(rows[0])
     if dimension == 0:
-        raise MapMatchedValueError("embeddings must have at least one column (dimension 0)")
+        raise dimension_error()
     return [_normalize(_row_values(row, label, dimension), label) for row, label in zip(rows, labels)]
 
 

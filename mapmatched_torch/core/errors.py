@@ -13,8 +13,12 @@ __all__ = [
     "MapMatchedValueError",
     "MapMatchedTypeError",
     "MapMatchedRuntimeError",
+    "MapMatchedBackendError",
     "MissingDependencyError",
     "FAISSNotInstalledError",
+    "FAISSDependencyUnavailableError",
+    "GraphDependencyUnavailableError",
+    "CMGBackendUnavailableError",
     "NetworkXNotInstalledError",
 ]
 
@@ -41,6 +45,17 @@ class MapMatchedRuntimeError(MapMatchedError, RuntimeError):
     """A broken invariant at run time (e.g. a decoder revised a committed turn)."""
 
 
+class MapMatchedBackendError(MapMatchedValueError, RuntimeError):
+    """An external backend answered something invalid, or changed under the library: a
+    FAISS index returned a bad label or score, or grew after its provider was built; the
+    composable-model-graph decoder returned a path that does not fit the trellis.
+
+    Both a ``ValueError`` (docs/spec.md calls an invalid store result bad input) and a
+    ``RuntimeError`` (what the pure-Python ``mapmatched`` raises there, so ``except
+    RuntimeError`` written against it keeps working).
+    """
+
+
 class MissingDependencyError(MapMatchedError, ImportError):
     """An optional dependency is missing; the message names the pip extra to install,
     quoted for every shell (zsh expands unquoted brackets), from PyPI and from a clone.
@@ -64,15 +79,75 @@ class MissingDependencyError(MapMatchedError, ImportError):
 
 
 class FAISSNotInstalledError(MissingDependencyError):
-    """faiss is missing: install the ``[faiss]`` (CPU) or ``[faiss-gpu]`` extra."""
+    """faiss (or numpy, which FAISS searches need) is missing: install the ``[faiss]``
+    (CPU) or ``[faiss-gpu]`` extra.
 
-    def __init__(self, feature: str = "FAISSProvider", extra: str = "faiss") -> None:
+    Upstream ``mapmatched`` calls this error :data:`FAISSDependencyUnavailableError`;
+    the two names are one class.
+
+    Args:
+        feature: what needed it, for the message.
+        extra: the extra to name first (``"faiss"`` or ``"faiss-gpu"``).
+        package: the module that failed to import (``"faiss"``, or ``"numpy"`` when a
+            search could not load it).
+    """
+
+    def __init__(self, feature: str = "FAISSProvider", extra: str = "faiss", package: str = "faiss") -> None:
         super().__init__(
-            "faiss",
+            package,
             extra,
             feature,
             hint="or `[faiss-gpu]` for GPU indexes; the two extras overwrite each other, so install only one",
         )
+
+
+#: Upstream ``mapmatched``'s name (``mapmatched.adapters.faiss``) for
+#: :class:`FAISSNotInstalledError`: the same class, so ``except`` clauses written with
+#: either name catch it.
+FAISSDependencyUnavailableError = FAISSNotInstalledError
+
+
+class GraphDependencyUnavailableError(MissingDependencyError):
+    """A graph builder's optional dependency is missing: install the ``[graph]`` extra.
+
+    Upstream ``mapmatched``'s ``KNNGraph.from_embeddings`` needs numpy and raises this
+    when it is missing. Ours is pure Python and never needs numpy, so the library never
+    raises it; the class exists so that code catching it keeps importing and working.
+
+    Args:
+        feature: what needed it, for the message.
+        package: the module that failed to import.
+    """
+
+    def __init__(self, feature: str = "KNNGraph", package: str = "numpy") -> None:
+        super().__init__(package, "graph", feature)
+
+
+#: How to install composable-model-graph, which is not on PyPI.
+CMG_INSTALL = "pip install 'composable-model-graph @ git+https://github.com/operatorstack/composable-model-graph#subdirectory=python'"
+
+
+class CMGBackendUnavailableError(MissingDependencyError):
+    """:class:`~mapmatched_torch.standalone.cmg.CMGDecoder` could not import a
+    compatible ``composable_model_graph`` (one exporting ``CandidateState``,
+    ``decode_path`` and ``decode_path_fixed_lag``).
+
+    The message starts with upstream ``mapmatched``'s text and says how to install the
+    package, which is not on PyPI and which no extra installs.
+
+    Args:
+        feature: what needed it, for the message.
+    """
+
+    def __init__(self, feature: str = "CMGDecoder") -> None:
+        ImportError.__init__(
+            self,
+            f"{feature} requires a compatible composable-model-graph installation; no unstable Git dependency "
+            f"is installed by mapmatched_torch: install it yourself with `{CMG_INSTALL}` "
+            "(it must export CandidateState, decode_path and decode_path_fixed_lag), or decode with StandaloneDecoder",
+        )
+        self.package = "composable_model_graph"
+        self.extra = None
 
 
 class NetworkXNotInstalledError(MissingDependencyError):

@@ -14,11 +14,13 @@ Data flow: a provider returns :class:`ScoredCandidate` (raw scores) ->
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
-from .checks import check_choice, check_chunk_id, check_finite, check_nonnegative_int
-from .errors import MapMatchedValueError
+from .checks import check_choice, check_chunk_id, check_finite, check_nonnegative_int, describe
+from .errors import MapMatchedTypeError, MapMatchedValueError
 
 __all__ = [
     "ScoredCandidate",
@@ -63,6 +65,31 @@ def trusted_constructor(cls: Type[_T]) -> Callable[..., _T]:
     return build
 
 
+def _check_candidate_id(value: Any, what: str) -> str:
+    """A candidate's chunk ID: a non-empty ``str`` (mapmatched 0.1.0's ``"{what} must not
+    be empty"``)."""
+    if isinstance(value, str) and not value:
+        raise MapMatchedValueError(f"{what} must not be empty")
+    return check_chunk_id(value, what)
+
+
+def _check_score(value: Any, what: str, chunk_id: str) -> float:
+    """A candidate's score as a finite ``float``, with mapmatched 0.1.0's message first
+    (``"{what} must be finite"``), then the value and the candidate. Not a real number
+    (a string, None, a bool): :class:`MapMatchedTypeError`, since upstream's
+    ``math.isfinite`` raised a TypeError there; NaN or infinite: a ValueError."""
+    if type(value) is float and math.isfinite(value):  # the common case, fast
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MapMatchedTypeError(
+            f"{what} must be finite, got {value!r} (candidate {chunk_id!r}): a real number is required"
+        )
+    number = float(value)
+    if not math.isfinite(number):
+        raise MapMatchedValueError(f"{what} must be finite, got {number!r} (candidate {chunk_id!r})")
+    return number
+
+
 @dataclass(frozen=True, slots=True)
 class ScoredCandidate:
     """One retrieval candidate as a provider returns it.
@@ -76,8 +103,8 @@ class ScoredCandidate:
     score: float
 
     def __post_init__(self) -> None:
-        check_chunk_id(self.chunk_id, "candidate chunk ID")
-        object.__setattr__(self, "score", check_finite(self.score, f"score of candidate {self.chunk_id!r}"))
+        _check_candidate_id(self.chunk_id, "candidate chunk_id")
+        object.__setattr__(self, "score", _check_score(self.score, "candidate score", self.chunk_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,25 +119,30 @@ class DecoderCandidate:
     normalized_score: float
 
     def __post_init__(self) -> None:
-        check_chunk_id(self.chunk_id, "candidate chunk ID")
-        object.__setattr__(self, "raw_score", check_finite(self.raw_score, f"raw score of candidate {self.chunk_id!r}"))
+        _check_candidate_id(self.chunk_id, "decoder candidate chunk_id")
+        object.__setattr__(self, "raw_score", _check_score(self.raw_score, "raw score", self.chunk_id))
         object.__setattr__(
-            self,
-            "normalized_score",
-            check_finite(self.normalized_score, f"normalized score of candidate {self.chunk_id!r}"),
+            self, "normalized_score", _check_score(self.normalized_score, "normalized score", self.chunk_id)
         )
 
 
 @dataclass(frozen=True, slots=True)
 class CandidateScore:
-    """A final-turn candidate ranked by its trajectory score (best path ending there)."""
+    """A final-turn candidate ranked by its trajectory score (best path ending there).
+
+    Upstream mapmatched's fields and messages: an empty ``chunk_id`` gives ``"candidate
+    score chunk_id must not be empty"``, a non-finite score ``"trajectory score must be
+    finite, got nan"`` (what follows upstream's text names the value).
+    """
 
     chunk_id: str
-    score: float
+    trajectory_score: float
 
     def __post_init__(self) -> None:
-        check_chunk_id(self.chunk_id, "ranked chunk ID")
-        object.__setattr__(self, "score", check_finite(self.score, f"trajectory score of {self.chunk_id!r}"))
+        if self.chunk_id == "":
+            raise MapMatchedValueError("candidate score chunk_id must not be empty")
+        check_chunk_id(self.chunk_id, "candidate score chunk_id")
+        object.__setattr__(self, "trajectory_score", check_finite(self.trajectory_score, "trajectory score"))
 
 
 def _check_step_fields(step: Any) -> None:
@@ -156,15 +188,28 @@ class DecodedStep:
 class DecodedPath:
     """A decoded trajectory.
 
+    The first three fields are those of ``mapmatched.DecodedPath`` (same order, same
+    names), so ``DecodedPath(steps, chunk_ids, total_score)`` written for mapmatched
+    0.1.0 builds the same path here.
+
     Attributes:
         steps: one :class:`DecodedStep` per turn, in turn order.
+        chunk_ids: the decoded chunk ID of every turn; must equal the steps' IDs (a
+            tuple of ``str``, one per step).
         total_score: the last step's cumulative score (the objective of docs/spec.md 1).
         fixed_lag: the lag used, or None for full decoding.
         committed_through_index: last committed turn (``T - lag - 1`` when >= 0),
             None without a lag or before anything is committed.
+
+    Raises:
+        ValueError: no steps (``decoded path must contain at least one step``),
+            ``chunk_ids`` that differ from the steps' (``decoded path chunk_ids must
+            match its steps``), a non-finite total (``decoded path total score must be
+            finite``).
     """
 
     steps: Tuple[DecodedStep, ...]
+    chunk_ids: Tuple[str, ...]
     total_score: float
     fixed_lag: Optional[int] = None
     committed_through_index: Optional[int] = None
@@ -172,13 +217,15 @@ class DecodedPath:
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
         if not self.steps:
-            raise MapMatchedValueError("a decoded path must contain at least one step")
-        object.__setattr__(self, "total_score", check_finite(self.total_score, "total_score"))
-
-    @property
-    def chunk_ids(self) -> Tuple[str, ...]:
-        """The decoded chunk ID of every turn."""
-        return tuple(step.chunk_id for step in self.steps)
+            raise MapMatchedValueError("decoded path must contain at least one step")
+        step_ids = tuple(step.chunk_id for step in self.steps)
+        if not isinstance(self.chunk_ids, (tuple, list)) or tuple(self.chunk_ids) != step_ids:
+            raise MapMatchedValueError(
+                f"decoded path chunk_ids must match its steps: got {describe(self.chunk_ids)}, "
+                f"the steps decode {step_ids!r}"
+            )
+        object.__setattr__(self, "chunk_ids", step_ids)
+        object.__setattr__(self, "total_score", check_finite(self.total_score, "decoded path total score"))
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -223,6 +270,13 @@ class TraceStep:
             check_chunk_id(self.runner_up_chunk_id, "runner_up_chunk_id")
         check_choice("move", self.move, MOVES)
 
+    def to_dict(self, *, extended: bool = False) -> Dict[str, Any]:
+        """The step as a dict: mapmatched 0.1.0's ten keys (every field but the last
+        two), plus ``runner_up_chunk_id`` and ``move`` when ``extended``."""
+        from .trace import step_to_dict
+
+        return step_to_dict(self, extended=extended)
+
 
 @dataclass(frozen=True, slots=True)
 class RetrievalTrace:
@@ -251,23 +305,28 @@ class RetrievalTrace:
                 f"path_chunk_ids has {len(self.path_chunk_ids)} entries for {len(self.steps)} steps"
             )
 
-    def to_dict(self) -> Dict[str, Any]:
-        """A JSON-ready dict of every field (steps as dicts)."""
+    def to_dict(self, *, extended: bool = False) -> Dict[str, Any]:
+        """A JSON-ready dict of every field, steps as :meth:`TraceStep.to_dict` dicts
+        (mapmatched 0.1.0's; ``extended``: with ``runner_up_chunk_id`` and ``move``)."""
         from .trace import trace_to_dict
 
-        return trace_to_dict(self)
+        return trace_to_dict(self, extended=extended)
 
-    def to_json(self, indent: Optional[int] = None) -> str:
-        """JSON with sorted keys; NaN and infinities are refused."""
+    def to_json(self, *, indent: Optional[int] = None, extended: bool = True) -> str:
+        """JSON with sorted keys; NaN and infinities are refused. The steps keep
+        ``runner_up_chunk_id`` and ``move`` unless ``extended=False`` (mapmatched
+        0.1.0's JSON exactly)."""
         from .trace import trace_to_json
 
-        return trace_to_json(self, indent=indent)
+        return trace_to_json(self, indent=indent, extended=extended)
 
-    def render(self) -> str:
-        """A plain-text header and table (see :func:`~mapmatched_torch.core.trace.render_trace`)."""
+    def render(self, *, detail: bool = False) -> str:
+        """A plain-text header and table: mapmatched 0.1.0's format, or with
+        ``detail=True`` also the runner-up and move columns (see
+        :func:`~mapmatched_torch.core.trace.render_trace`)."""
         from .trace import render_trace
 
-        return render_trace(self)
+        return render_trace(self, detail=detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +337,19 @@ class RetrievalResult:
         chunk_id: the decoded chunk of the current turn.
         context_chunk_ids: decoded chunk, its graph neighbourhood, then this turn's
             candidates in provider order, de-duplicated and cut at context_limit.
-        candidates: this turn's normalized candidates (provider order, after the cut at
-            candidate_limit).
+        candidates: this turn's candidates as the provider gave them
+            (:class:`ScoredCandidate`, raw scores), in provider order, after the cut at
+            candidate_limit, as upstream mapmatched; the normalized turn is the
+            session's ``trellis[-1]``.
         path: the decoded path of the whole conversation so far.
         trace: the trace of the whole conversation so far.
-        candidate_ranking: this turn's candidates ranked by trajectory score.
+        candidate_ranking: this turn's candidates ranked by trajectory score (``()``
+            when the decoder has no ``decode_ranked``).
     """
 
     chunk_id: str
     context_chunk_ids: Tuple[str, ...]
-    candidates: Tuple[DecoderCandidate, ...]
+    candidates: Tuple[ScoredCandidate, ...]
     path: DecodedPath
     trace: RetrievalTrace
     candidate_ranking: Tuple[CandidateScore, ...] = field(default=())

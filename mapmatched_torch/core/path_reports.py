@@ -90,6 +90,7 @@ def report_path(
         )
     return DecodedPath(
         steps=tuple(steps),
+        chunk_ids=tuple(step.chunk_id for step in steps),
         total_score=cumulative,
         fixed_lag=fixed_lag,
         committed_through_index=committed_through(len(steps), fixed_lag),
@@ -109,5 +110,5 @@ def rank_final_candidates(
         for candidate, score in zip(final_turn, final_scores)
         if score is not None and math.isfinite(score)
     ]
-    ranked.sort(key=lambda item: (-item.score, item.chunk_id))
+    ranked.sort(key=lambda item: (-item.trajectory_score, item.chunk_id))
     return tuple(ranked)

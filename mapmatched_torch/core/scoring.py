@@ -6,13 +6,14 @@ Plain Python (``math.fsum`` for every sum, so results do not depend on summation
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Literal, Optional, Sequence, Tuple
 
-from .checks import check_choice
+from .checks import check_choice, duplicate_ids_error
 from .errors import MapMatchedValueError
 from .models import DecoderCandidate, ScoredCandidate
 
 __all__ = [
+    "ScoreNormalization",
     "SCORE_NORMALIZATIONS",
     "check_score_normalization",
     "normalize_scores",
@@ -24,6 +25,10 @@ __all__ = [
 
 #: The accepted values of ``score_normalization``.
 SCORE_NORMALIZATIONS = ("zscore", "center", "none")
+
+#: The type of ``score_normalization`` / ``method`` (upstream ``mapmatched``'s alias):
+#: one of :data:`SCORE_NORMALIZATIONS`.
+ScoreNormalization = Literal["zscore", "center", "none"]
 
 
 def check_score_normalization(method: object) -> str:
@@ -85,20 +90,40 @@ def _too_large(what: str) -> MapMatchedValueError:
 
 
 def normalize_candidates(
-    candidates: Iterable[ScoredCandidate], method: str = "zscore"
+    candidates: Iterable[ScoredCandidate], method: str = "zscore", *, turn_index: Optional[int] = None
 ) -> Tuple[DecoderCandidate, ...]:
     """Turn a provider's :class:`ScoredCandidate` list into trellis states.
 
     Args:
-        candidates: one turn's candidates, in provider order.
+        candidates: one turn's candidates, in provider order (any objects with
+            ``chunk_id`` and ``score``).
         method: see :func:`normalize_scores`.
+        turn_index: the turn the candidates belong to, only to name it in messages.
 
     Returns:
         One :class:`DecoderCandidate` per input (same order), keeping both the raw and
-        the normalized score. Raises ValueError if a normalized score is not finite
-        (e.g. overflow of ``r - mean``).
+        the normalized score.
+
+    Raises:
+        ValueError: no candidates (``candidate set must not be empty``), a chunk ID
+            listed twice (``candidate chunk_ids must be unique within a turn``), both
+            checked before ``method``; an unsupported ``method``; a normalized score
+            that is not finite (e.g. overflow of ``r - mean``). As mapmatched 0.1.0
+            words them, with the turn and the ID after its text.
     """
     candidates = tuple(candidates)
+    where = "the turn" if turn_index is None else f"turn {turn_index}"
+    if not candidates:
+        raise MapMatchedValueError(
+            "candidate set must not be empty" + ("" if turn_index is None else f" (turn {turn_index})")
+        )
+    seen = set()
+    for candidate in candidates:
+        if candidate.chunk_id in seen:
+            raise MapMatchedValueError(
+                f"candidate chunk_ids must be unique within a turn: {duplicate_ids_error(where, candidate.chunk_id)}"
+            )
+        seen.add(candidate.chunk_id)
     normalized = normalize_scores([candidate.score for candidate in candidates], method)
     return tuple(
         DecoderCandidate(candidate.chunk_id, candidate.score, value)
@@ -106,14 +131,27 @@ def normalize_candidates(
     )
 
 
-def softmax_entropy(values: Sequence[float]) -> float:
-    """Shannon entropy (nats) of ``softmax(values)``.
+def softmax_entropy(scores: Sequence[float]) -> float:
+    """Shannon entropy (nats) of ``softmax(scores)``.
 
-    The max is subtracted first, so large finite inputs are safe. One value (or none)
-    gives 0.0; the result is never negative.
+    Args:
+        scores: one or more finite numbers (e.g. ``lambda * normalized`` of a turn).
+
+    Returns:
+        A float >= 0: ``log Z - E[shifted]`` after subtracting the max (so large finite
+        inputs are safe); 0.0 for a single score.
+
+    Raises:
+        ValueError: no scores (``entropy requires at least one score``) or a NaN or
+            infinite one (``entropy scores must be finite``), as mapmatched 0.1.0.
     """
-    values = [float(value) for value in values]
-    if len(values) <= 1:
+    values = [float(value) for value in scores]
+    if not values:
+        raise MapMatchedValueError("entropy requires at least one score")
+    for position, value in enumerate(values):
+        if not math.isfinite(value):
+            raise MapMatchedValueError(f"entropy scores must be finite (score {position} is {value!r})")
+    if len(values) == 1:
         return 0.0
     top = max(values)
     shifted = [value - top for value in values]

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
+from ..core.protocols import as_scored_candidates, provider_answer
 from ..core.scoring import check_score_normalization
 from ..kernels.normalization import normalize_score_rows
 from .data import Dataset
@@ -169,6 +170,7 @@ def retrieve_candidates(
     limit: int,
     *,
     device: Device = None,
+    passage_ids: Optional[Sequence[str]] = None,
 ) -> Candidates:
     """Embed every turn's text and take the exact top-``limit`` passages of ``provider``.
 
@@ -179,16 +181,32 @@ def retrieve_candidates(
             encoded in one call).
         provider: a :class:`~mapmatched_torch.providers.dense.DenseProvider` over the
             corpus, rows in corpus order (its ``search_tensors`` ranks by
-            (-score, row)).
+            (-score, row)); or any other ``CandidateProvider`` (e.g. mapmatched 0.1.0's,
+            with only ``candidates(query, limit)``), asked one text at a time as
+            :func:`~mapmatched_torch.core.protocols.provider_answer` says, with
+            ``passage_ids``; ``embedder`` is then not used (the provider embeds).
         limit: M, candidates per turn (at most the corpus size are returned).
-        device: where the returned tensors live (default: the provider's device).
+        device: where the returned tensors live (default: the provider's device, or
+            the CPU for a provider without one).
+        passage_ids: the corpus' chunk IDs by passage index (``dataset.passage_ids``),
+            needed for a provider without ``search_tensors``: its chunk IDs become
+            passage indices.
 
     Returns:
-        :class:`Candidates` of shape (B, T, min(limit, N)), scores as float64.
+        :class:`Candidates` of shape (B, T, min(limit, N)), scores as float64 (with a
+        provider asked by text: (B, T, the most candidates a turn got), each turn in
+        the provider's order, cut at ``limit``).
+
+    Raises:
+        MapMatchedValueError: a bad ``limit``, no turns; a provider without
+            ``search_tensors`` and no ``passage_ids``, or whose answer is empty, repeats
+            a chunk or names one that is not a passage.
     """
     limit = check_positive_int(limit, "candidates")
     if not texts or any(len(turns) == 0 for turns in texts):
         raise MapMatchedValueError("every conversation needs at least one turn to retrieve for")
+    if not callable(getattr(provider, "search_tensors", None)):
+        return _asked_candidates(texts, provider, passage_ids, limit, device)
     flat = [text for turns in texts for text in turns]
     # shape: (N, D)
     queries = embedder.encode(flat)
@@ -204,6 +222,47 @@ def retrieve_candidates(
     index[valid] = rows.to(device=device, dtype=torch.long)
     values[valid] = scores.to(device=device, dtype=torch.float64)
     return Candidates(index, values, valid.unsqueeze(2).expand(-1, -1, width).clone())
+
+
+def _asked_candidates(
+    texts: Sequence[Sequence[str]], provider: Any, passage_ids: Optional[Sequence[str]], limit: int, device: Device
+) -> Candidates:
+    """:func:`retrieve_candidates` for a provider asked one text at a time."""
+    if passage_ids is None:
+        raise MapMatchedValueError(
+            f"{type(provider).__name__} has no search_tensors: pass passage_ids= (the corpus' chunk IDs by passage "
+            "index) so its candidates' chunk IDs can be mapped to passages"
+        )
+    row_of = {chunk_id: row for row, chunk_id in enumerate(passage_ids)}
+    name, answer = provider_answer(provider)
+    what = f"candidates from {type(provider).__name__}.{name}(query, limit)"
+    turns: List[List[tuple]] = []
+    for conversation, conversation_texts in enumerate(texts):
+        for turn, text in enumerate(conversation_texts):
+            where = f"conversation {conversation} turn {turn}"
+            found = as_scored_candidates(answer(text, limit), f"{what} ({where})")[:limit]
+            rows = [row_of.get(candidate.chunk_id) for candidate in found]
+            if not found or None in rows or len(set(rows)) != len(rows):
+                problem = (
+                    "no candidates" if not found
+                    else f"chunk {found[rows.index(None)].chunk_id!r}, not a passage" if None in rows
+                    else "a chunk twice"
+                )
+                raise MapMatchedValueError(f"{what} gave {problem} for {where}")
+            turns.append([(row, candidate.score) for row, candidate in zip(rows, found)])
+    device = torch.device("cpu") if device is None else torch.device(device)
+    lengths = [len(conversation_texts) for conversation_texts in texts]
+    width = max(len(turn) for turn in turns)
+    # shape: (B, T, M) padded with -1 / 0.0 / False
+    index = torch.full((len(texts), max(lengths), width), -1, dtype=torch.long)
+    values = torch.zeros(index.shape, dtype=torch.float64)
+    turn_rows = iter(turns)
+    for conversation, count in enumerate(lengths):
+        for turn in range(count):
+            pairs = next(turn_rows)
+            index[conversation, turn, : len(pairs)] = torch.tensor([row for row, _ in pairs], dtype=torch.long)
+            values[conversation, turn, : len(pairs)] = torch.tensor([score for _, score in pairs], dtype=torch.float64)
+    return Candidates(index.to(device), values.to(device), (index >= 0).to(device))
 
 
 def normalize_candidate_scores(

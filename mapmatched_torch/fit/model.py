@@ -23,7 +23,7 @@ from ..core.errors import MapMatchedValueError
 from ..kernels import decode
 from ..kernels.checks import check_emissions, check_mask, check_pairwise, first_true_index, pair_mask
 from ..kernels.decode import Decoded, FixedLagDecoded
-from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
+from ..kernels.transitions import GatedTransitions, decode_weighted, decoding_mode, weighted_transitions
 
 __all__ = ["MapMatchedModel"]
 
@@ -72,6 +72,11 @@ class MapMatchedModel(nn.Module):
         dtype: of the parameters (float64 by default, for exact parity with the
             standalone decoder).
         device: of the parameters.
+        transition_model: a learned :class:`~mapmatched_torch.kernels.transitions.GatedTransitions`
+            (a gate on beta from per-move features, a learned distance saturation);
+            its beta is this model's ``transition_weight`` (one parameter), and every
+            method then takes the per-move ``features`` (``(B, T-1, M, K)`` or
+            ``(B, T-1, 1, K)``). None (default): the fixed model ``-(beta * d)``.
 
     Example:
         >>> model = MapMatchedModel(1.0, 0.5)
@@ -88,12 +93,21 @@ class MapMatchedModel(nn.Module):
         *,
         dtype: torch.dtype = torch.float64,
         device: Optional[Union[str, torch.device]] = None,
+        transition_model: Optional[GatedTransitions] = None,
     ) -> None:
         super().__init__()
         lam = check_weight(emission_weight, "emission_weight")
         beta = check_weight(transition_weight, "transition_weight")
         self.emission_weight = nn.Parameter(torch.tensor(lam, dtype=dtype, device=device))
-        self.transition_weight = nn.Parameter(torch.tensor(beta, dtype=dtype, device=device))
+        if transition_model is None:
+            self.transition_weight = nn.Parameter(torch.tensor(beta, dtype=dtype, device=device))
+        else:
+            if not isinstance(transition_model, GatedTransitions):
+                raise MapMatchedValueError(
+                    f"transition_model must be a GatedTransitions, got {type(transition_model).__name__}"
+                )
+            self.transition_weight = transition_model.transition_weight  # one beta, shared
+        self.transition_model = transition_model
 
     def extra_repr(self) -> str:
         return f"emission_weight={self.emission_weight.item():g}, transition_weight={self.transition_weight.item():g}"
@@ -125,24 +139,38 @@ class MapMatchedModel(nn.Module):
             scores = torch.where(mask, scores, 0.0)
         return self.effective_emission_weight * scores
 
-    def transitions(self, distances: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """Weighted transitions ``-(beta * distances)`` ``(B, T-1, M, M)`` ``[b, t, from, to]``.
+    def transitions(
+        self, distances: Tensor, mask: Optional[Tensor] = None, features: Optional[Tensor] = None
+    ) -> Tensor:
+        """Weighted transitions ``(B, T-1, M, M)`` ``[b, t, from, to]``: ``-(beta * distances)``,
+        or the learned ``transition_model``'s with its per-move ``features``.
 
-        With ``mask`` ``(B, T, M)``, moves touching a masked candidate become 0 first.
+        With ``mask`` ``(B, T, M)``, moves touching a masked candidate become 0 first (and
+        features of masked source candidates 0, so padding reaches no gradient).
         Raises ValueError for a negative or NaN distance between real candidates
         (see :func:`_check_distances`).
         """
         _check_distances(distances, mask)
         if mask is not None:
             distances = torch.where(pair_mask(mask), distances, 0.0)
-        return weighted_transitions(distances, self.effective_transition_weight)
+        if self.transition_model is None:
+            return weighted_transitions(distances, self.effective_transition_weight)
+        if features is not None and mask is not None:
+            # shape: (B, T-1, M or 1): a real source candidate with a real next turn
+            onward = mask[:, 1:].any(-1, keepdim=True)
+            per_candidate = features.shape[-2] == mask.shape[-1]
+            sources = (mask[:, :-1] if per_candidate else mask[:, :-1].any(-1, keepdim=True)) & onward
+            features = torch.where(sources.unsqueeze(-1), features, 0.0)
+        return self.transition_model(distances, features)
 
-    def _weighted(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+    def _weighted(
+        self, scores: Tensor, distances: Tensor, mask: Tensor, features: Optional[Tensor] = None
+    ) -> Tuple[Tensor, Tensor]:
         """Validate the shapes, then weight (padding zeroed)."""
         scores = check_emissions(scores, "scores")
         mask = check_mask(mask, scores, "scores")
         distances = check_pairwise(distances, scores, "distances", "scores")
-        return self.emissions(scores, mask), self.transitions(distances, mask)
+        return self.emissions(scores, mask), self.transitions(distances, mask, features)
 
     @torch.no_grad()
     def decode(
@@ -151,6 +179,8 @@ class MapMatchedModel(nn.Module):
         distances: Optional[Tensor],
         mask: Tensor,
         fixed_lag: Optional[int] = None,
+        *,
+        features: Optional[Tensor] = None,
     ) -> Union[Decoded, FixedLagDecoded]:
         """Decode the best paths (full Viterbi, or fixed-lag with ``fixed_lag``).
 
@@ -174,18 +204,24 @@ class MapMatchedModel(nn.Module):
         mask = check_mask(mask, scores, "scores")
         transitions = None  # decode_weighted refuses None when beta > 0
         if distances is not None and decoding_mode(beta, lag).uses_distances:
-            transitions = self.transitions(check_pairwise(distances, scores, "distances", "scores"), mask)
+            transitions = self.transitions(check_pairwise(distances, scores, "distances", "scores"), mask, features)
         return decode_weighted(self.emissions(scores, mask), None, mask, beta, lag, transitions=transitions)
 
-    def log_partition(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
-        """``(B,)`` log Z over all paths (differentiable in both weights)."""
-        return decode.log_partition(*self._weighted(scores, distances, mask), mask)
+    def log_partition(
+        self, scores: Tensor, distances: Tensor, mask: Tensor, *, features: Optional[Tensor] = None
+    ) -> Tensor:
+        """``(B,)`` log Z over all paths (differentiable in every weight)."""
+        return decode.log_partition(*self._weighted(scores, distances, mask, features), mask)
 
-    def marginals(self, scores: Tensor, distances: Tensor, mask: Tensor) -> Tensor:
+    def marginals(
+        self, scores: Tensor, distances: Tensor, mask: Tensor, *, features: Optional[Tensor] = None
+    ) -> Tensor:
         """``(B, T, M)`` posterior marginals (0 at padding; each real turn sums to 1)."""
-        return decode.marginals(*self._weighted(scores, distances, mask), mask)
+        return decode.marginals(*self._weighted(scores, distances, mask, features), mask)
 
-    def nll(self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor) -> Tensor:
+    def nll(
+        self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor, *, features: Optional[Tensor] = None
+    ) -> Tensor:
         """Negative log-likelihood of gold labels: ``log Z - log Z(gold)`` per conversation.
 
         Args:
@@ -196,8 +232,10 @@ class MapMatchedModel(nn.Module):
         Returns:
             ``(B,)`` nonnegative losses (up to rounding); gradients reach both weights.
         """
-        return -decode.log_likelihood(*self._weighted(scores, distances, mask), mask, gold)
+        return -decode.log_likelihood(*self._weighted(scores, distances, mask, features), mask, gold)
 
-    def forward(self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor) -> Tensor:
+    def forward(
+        self, scores: Tensor, distances: Tensor, mask: Tensor, gold: Tensor, *, features: Optional[Tensor] = None
+    ) -> Tensor:
         """The training loss: mean :meth:`nll` over the batch (a loss, >= 0; minimize it)."""
-        return self.nll(scores, distances, mask, gold).mean()
+        return self.nll(scores, distances, mask, gold, features=features).mean()

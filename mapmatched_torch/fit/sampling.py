@@ -116,7 +116,7 @@ def _candidate_sets(
         centre = nodes[int(torch.randint(0, len(nodes), (1,), generator=generator))]
         turns_ids = []
         for _ in range(turns):
-            ball = [centre] + [node for node, _ in graph.neighborhood(centre, radius)]
+            ball = [centre, *graph.neighborhood(centre, min(radius, graph.maximum_distance))]
             chosen = _pick(ball, width, generator)
             if len(chosen) < width:
                 taken = set(chosen)

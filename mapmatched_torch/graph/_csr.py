@@ -138,8 +138,8 @@ def build_csr(
         position = int(bad.nonzero()[0, 0])
         source, target = (int(value) for value in edge_index[:, position])
         raise MapMatchedValueError(
-            f"edge {position} ({describe(source)!r} -> {describe(target)!r}) has distance "
-            f"{float(weights[position])!r}; edge distances must be positive and finite"
+            f"graph edge distance must be finite and greater than zero, got {float(weights[position])!r} "
+            f"(edge {position}: {describe(source)!r} -> {describe(target)!r})"
         )
     edge_index = edge_index.to(torch.long)
     # shape: (E',) arcs that are not self-loops

@@ -54,7 +54,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.checks import check_positive_int
-from ..core.embeddings import check_embedding_ids, check_knn_options, normalized_rows
+from ..core.embeddings import (
+    check_embedding_ids,
+    check_knn_options,
+    dimension_error,
+    nonfinite_value_error,
+    norm_overflow_error,
+    normalized_rows,
+    row_count_error,
+    zero_vector_error,
+)
 from ..core.errors import MapMatchedValueError
 from .tensor_graph import TensorCorpusGraph
 from .vocabulary import ChunkVocabulary
@@ -320,9 +329,9 @@ def _unit_columns(embeddings: Any, ids: Tuple[str, ...]) -> torch.Tensor:
         rows = normalized_rows(ids, embeddings)  # the reference's checks and messages
         return torch.tensor(rows, dtype=torch.float64).T.contiguous()
     if columns.shape[1] != len(ids):
-        raise MapMatchedValueError(f"embeddings have {columns.shape[1]} rows but there are {len(ids)} chunk IDs")
+        raise row_count_error(columns.shape[1], len(ids))
     if columns.shape[0] == 0:
-        raise MapMatchedValueError("embeddings must have at least one column (dimension 0)")
+        raise dimension_error()
     squares = ((column, column) for column in columns)
     norms = _correctly_rounded_sqrt(_column_order_sum(squares, columns.shape[1:], columns.device))  # shape: (N,)
     _check_rows(columns, norms, ids)
@@ -385,12 +394,10 @@ def _check_rows(columns: torch.Tensor, norms: torch.Tensor, ids: Tuple[str, ...]
     if not bool(finite[row]):
         column = int((~torch.isfinite(columns[:, row])).nonzero()[0])
         value = float(columns[column, row])
-        raise MapMatchedValueError(f"{label} contains a non-finite value at column {column}: {value!r}")
+        raise nonfinite_value_error(label, column, value)
     if float(norms[row]) == 0.0:
-        raise MapMatchedValueError(
-            f"{label} is a zero vector (its norm is 0, or its entries are too small to square in float64)"
-        )
-    raise MapMatchedValueError(f"{label} has a norm too large for float64")
+        raise zero_vector_error(label)
+    raise norm_overflow_error(label)
 
 
 # ---------------------------------------------------------------------- search

@@ -56,10 +56,8 @@ class NeighborhoodGraph(CorpusGraph, Protocol):
     """A :class:`~mapmatched_torch.core.protocols.CorpusGraph` that answers many
     neighbourhoods at once (e.g. one batched search for a step's contexts)."""
 
-    def neighborhoods(
-        self, chunk_ids: Sequence[str], radius: float
-    ) -> Tuple[Tuple[Tuple[str, float], ...], ...]:
-        """``neighborhood(chunk_id, radius)`` of every chunk ID, in input order."""
+    def neighborhoods(self, chunk_ids: Sequence[str], radius: float) -> Tuple[Tuple[str, ...], ...]:
+        """``neighborhood(chunk_id, radius)`` (chunk IDs) of every chunk ID, in input order."""
         ...
 
 

@@ -29,9 +29,17 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 import torch
 
-from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int, check_radius
+from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int
 from ..core.errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
-from ..core.graph_types import CacheInfo, EdgeLike, coerce_edge
+from ..core.graph_types import (
+    CacheInfo,
+    EdgeLike,
+    check_neighborhood_centre,
+    check_neighborhood_radius,
+    check_node_id,
+    coerce_edge,
+    empty_distance_ids_error,
+)
 from ..core.optional import import_optional
 from ..standalone.graph import InMemoryCorpusGraph
 from ._csr import CSRAdjacency, build_csr, infer_num_nodes
@@ -75,8 +83,8 @@ class TensorCorpusGraph:
         >>> graph = TensorCorpusGraph.from_edges([("a", "b", 0.5), ("b", "c", 0.25)], maximum_distance=1.0)
         >>> graph.distance("a", "c"), graph.distance("a", "zzz"), graph.distance("x", "x")
         (0.75, 1.0, 0.0)
-        >>> graph.neighborhood("b", 1.0)
-        (('c', 0.25), ('a', 0.5))
+        >>> graph.neighborhood("b", 1.0), graph.neighborhood_distances("b", 1.0)
+        (('c', 'a'), (('c', 0.25), ('a', 0.5)))
         >>> chunk_index = graph.index_trellis([[["a", "q"], ["c"]]])  # B=1, T=2, M=2
         >>> chunk_index.tolist()
         [[[0, -2], [2, -1]]]
@@ -143,7 +151,7 @@ class TensorCorpusGraph:
         maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
         positions: dict = {}
         for node in check_not_a_string(nodes, "nodes"):
-            positions.setdefault(check_chunk_id(node, "node chunk ID"), len(positions))
+            positions.setdefault(check_node_id(node), len(positions))
         sources: List[int] = []
         targets: List[int] = []
         weights: List[float] = []
@@ -569,11 +577,19 @@ class TensorCorpusGraph:
         Returns:
             0.0 when the IDs are equal (even unknown ones); the shortest path length
             when ``<= maximum_distance``; else ``maximum_distance``. Always read from
-            the source's row: equal to ``InMemoryCorpusGraph.distance`` bit for bit.
+            the source's row: equal to ``InMemoryCorpusGraph.distance`` bit for bit
+            whenever that one reads the source's row too (an undirected reference
+            graph may answer from the target's cached row instead; the two agree
+            except in the last bit of a path of three or more non-dyadic edges).
+
+        Raises:
+            ValueError: an empty chunk ID (``distance chunk IDs must not be empty``).
 
         Cost: a cache hit is a few tensor ops; a miss runs one full bounded search from
         the source and caches the complete row.
         """
+        if not source_chunk_id or not target_chunk_id:
+            raise empty_distance_ids_error(source_chunk_id, target_chunk_id)
         if source_chunk_id == target_chunk_id:
             return 0.0
         source = self._vocabulary.index_of(source_chunk_id)
@@ -600,46 +616,57 @@ class TensorCorpusGraph:
         self._cache.insert(sources.expand(reached.numel()), reached, row[reached], complete=True)
         return row[target]
 
-    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
-        """Every other node within ``min(radius, maximum_distance)`` of ``chunk_id``.
-
-        Returns:
-            ``(chunk_id, distance)`` pairs ordered by (distance, chunk ID); ``()`` for
-            an unknown centre.
+    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[str, ...]:
+        """The chunk IDs within ``min(radius, maximum_distance)`` of ``chunk_id``, ordered
+        by (distance, chunk ID), itself excluded; ``()`` for an unknown centre. As
+        :meth:`InMemoryCorpusGraph.neighborhood <mapmatched_torch.standalone.graph.InMemoryCorpusGraph.neighborhood>`.
 
         Raises:
-            ValueError: ``radius`` is NaN, negative or not a number.
+            ValueError: an empty ``chunk_id``; a ``radius`` that is not a finite
+                number >= 0.
         """
         return self.neighborhoods([chunk_id], radius)[0]
 
+    def neighborhood_distances(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
+        """:meth:`neighborhood` with distances: ``(chunk_id, distance)`` pairs in the same
+        order, equal to the reference graph's ``neighborhood_distances`` bit for bit."""
+        return self.neighborhoods([chunk_id], radius, distances=True)[0]
+
     def neighborhoods(
-        self, chunk_ids: Sequence[str], radius: float, *, engine: str = "auto"
-    ) -> Tuple[Tuple[Tuple[str, float], ...], ...]:
+        self, chunk_ids: Sequence[str], radius: float, *, engine: str = "auto", distances: bool = False
+    ) -> Tuple[Tuple[Any, ...], ...]:
         """:meth:`neighborhood` of many centres with batched searches (context expansion).
 
         Args:
-            chunk_ids: the centres (unknown ones get ``()``).
-            radius: a number >= 0 (``inf`` allowed); the search limit is
-                ``min(radius, maximum_distance)``.
+            chunk_ids: the centres (unknown ones get ``()``; empty ones are refused).
+            radius: a finite number >= 0; the search limit is ``min(radius,
+                maximum_distance)``, inclusive.
             engine: ``"auto"``, ``"torch"``, ``"scipy"``, ``"hybrid"`` or ``"compiled"``
                 (``"compiled"``, the CPU ``auto`` with numba, searches each ball in
                 O(ball); otherwise the dense table's rows are used when present).
+            distances: False (default): each centre's chunk IDs, as :meth:`neighborhood`;
+                True: ``(chunk_id, distance)`` pairs, as :meth:`neighborhood_distances`.
 
         Returns:
-            One tuple per centre, in input order, as :meth:`neighborhood`.
+            One tuple per centre, in input order.
+
+        Raises:
+            ValueError: an empty chunk ID, or a radius that is not a finite number >= 0.
 
         Cost: one search bounded by the limit per distinct known centre, in chunks of
         ``memory_budget`` bytes; O(ball) per centre with ``"compiled"``, else O(N) per
         centre to collect its ``(N,)`` row.
         """
-        limit = min(check_radius(radius), self._maximum_distance)
         centres = list(check_not_a_string(chunk_ids, "chunk_ids"))
+        limit = min(check_neighborhood_radius(radius), self._maximum_distance)
+        for centre in centres:
+            check_neighborhood_centre(centre)
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
         rank = self._vocabulary.rank().numpy()
         found = {
-            source: self._ordered_ball(source, ball, distances, rank)
-            for source, ball, distances in self._balls(known, limit, engine)
+            source: self._ordered_ball(source, ball, found_distances, rank, distances)
+            for source, ball, found_distances in self._balls(known, limit, engine)
         }
         return tuple(found[code] if code >= 0 else () for code in codes)
 
@@ -669,15 +696,18 @@ class TensorCorpusGraph:
                 yield source, ball.cpu().numpy(), row[ball].cpu().numpy()
 
     def _ordered_ball(
-        self, source: int, ball: np.ndarray, distances: np.ndarray, rank: np.ndarray
-    ) -> Tuple[Tuple[str, float], ...]:
-        """``(chunk ID, distance)`` of the ball's nodes but the source, by (distance, ID).
+        self, source: int, ball: np.ndarray, distances: np.ndarray, rank: np.ndarray, with_distances: bool
+    ) -> Tuple[Any, ...]:
+        """The chunk IDs (``with_distances``: ``(chunk ID, distance)`` pairs) of the ball's
+        nodes but the source, by (distance, ID).
 
         numpy, not torch: balls are small and a torch call costs microseconds each."""
         keep = ball != source
         ball, distances = ball[keep], distances[keep]
         order = np.lexsort((rank[ball], distances))  # by distance, then ID rank
         ids = self.nodes
+        if not with_distances:
+            return tuple(ids[node] for node in ball[order].tolist())
         return tuple((ids[node], distance) for node, distance in zip(ball[order].tolist(), distances[order].tolist()))
 
     # ------------------------------------------------------------------ cache

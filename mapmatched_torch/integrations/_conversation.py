@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from ..core.checks import check_choice
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..core.models import DecoderCandidate, RetrievalResult, RetrievalTrace
+from ..core.protocols import CandidatesMethod, provider_answer
+from ..core.scoring import normalize_candidates
 from ..providers.base import check_name
 from ..retrieval.session import MapMatchedRetriever, MapMatchedSession
 
@@ -192,9 +194,10 @@ class TextMemory:
             self._absent.clear()
 
 
-class FrameworkProvider:
+class FrameworkProvider(CandidatesMethod):
     """What the framework providers (LangChain, LlamaIndex) share: the properties of
-    what they search, their ``repr`` and :meth:`forget`. A subclass sets ``_source``,
+    what they search, their ``repr``, :meth:`forget` and upstream mapmatched's
+    ``candidates(query, limit)`` (their ``retrieve``). A subclass sets ``_source``,
     ``_score_mode``, ``_chunk_id_field`` and ``_memory`` (a :class:`TextMemory`)."""
 
     @property
@@ -421,11 +424,12 @@ class Conversation:
                 result = self._session.retrieve(query)
                 self._last = result
                 return result
-            return self._decode(self.provider.retrieve(query, self._retriever.candidate_limit))
+            return self._decode(provider_answer(self.provider)[1](query, self._retriever.candidate_limit))
 
     async def aturn(self, query: Any) -> RetrievalResult:
         """:meth:`turn` for asyncio: the provider's ``aretrieve`` is awaited when it has
-        one (else its ``retrieve`` runs in the default executor), then the decoding runs
+        one (else its ``retrieve``, or upstream's ``candidates``, runs in the default
+        executor), then the decoding runs
         in the default executor, so the event loop never waits for the graph search.
 
         Cancelled while the candidates are searched, the turn is not taken. Cancelled
@@ -442,7 +446,7 @@ class Conversation:
             if callable(fetch):
                 candidates = await fetch(query, limit)
             else:
-                candidates = await loop.run_in_executor(None, provider.retrieve, query, limit)
+                candidates = await loop.run_in_executor(None, provider_answer(provider)[1], query, limit)
             decoding = loop.run_in_executor(None, self._decode_then_release, candidates)
         except BaseException:
             self._release()
@@ -513,10 +517,14 @@ class ContextEntry:
     trajectory_score: Optional[float]
 
 
-def context_entries(result: RetrievalResult) -> Tuple[ContextEntry, ...]:
-    """The context of ``result`` in order (decoded chunk first), with roles and scores."""
-    candidates = {candidate.chunk_id: (rank, candidate) for rank, candidate in enumerate(result.candidates)}
-    trajectory = {ranked.chunk_id: ranked.score for ranked in result.candidate_ranking}
+def context_entries(result: RetrievalResult, score_normalization: str) -> Tuple[ContextEntry, ...]:
+    """The context of ``result`` in order (decoded chunk first), with roles and scores
+    (``score_normalization``: the retriever's, which normalized the turn: the entries'
+    candidates are the trellis states the session decoded, rebuilt from the result's
+    raw candidates)."""
+    normalized = normalize_candidates(result.candidates, score_normalization)
+    candidates = {candidate.chunk_id: (rank, candidate) for rank, candidate in enumerate(normalized)}
+    trajectory = {ranked.chunk_id: ranked.trajectory_score for ranked in result.candidate_ranking}
     entries = []
     for position, chunk_id in enumerate(result.context_chunk_ids):
         rank, candidate = candidates.get(chunk_id, (None, None))
@@ -616,8 +624,10 @@ def context_contents(
     accept: Tuple[type, ...],
     missing_text: str,
     feature: str,
+    score_normalization: str,
 ) -> List[Tuple[ContextEntry, Any]]:
-    """The context of a decoded turn, as ``(entry, content)`` pairs in context order.
+    """The context of a decoded turn, as ``(entry, content)`` pairs in context order
+    (``score_normalization``: the retriever's, see :func:`context_entries`).
 
     ``content`` is what ``lookup`` (the user's ``lookup_name=``) or else the provider's
     ``method`` gave for the chunk -- an instance of one of ``accept`` -- or None when
@@ -628,7 +638,7 @@ def context_contents(
     lookup that raises, or gives something not in ``accept``, is a ``UserWarning``
     naming the chunk and the reason (see :func:`_resolve_contents`).
     """
-    entries = context_entries(result)
+    entries = context_entries(result, score_normalization)
     contents = _resolve_contents([e.chunk_id for e in entries], lookup, lookup_name, provider, method, accept, feature)
     return [
         (entry, contents.get(entry.chunk_id))

@@ -436,6 +436,7 @@ def _retriever_class() -> type:
             for entry, content in context_contents(
                 result, self.conversation.provider, self.lookup, lookup_name="documents", method="get_documents",
                 accept=(Document, str), missing_text=self.missing_text, feature="as_langchain_retriever",
+                score_normalization=self.conversation.retriever.score_normalization,
             ):
                 if isinstance(content, Document):
                     text, metadata, document_id = content.page_content, copy.deepcopy(content.metadata), content.id

@@ -298,6 +298,7 @@ def _retriever_class() -> type:
                 result, self.conversation.provider, self._lookup, lookup_name="nodes", method="get_nodes",
                 accept=(BaseNode, NodeWithScore, str), missing_text=self._missing_text,
                 feature="as_llamaindex_retriever",
+                score_normalization=self.conversation.retriever.score_normalization,
             ):
                 if isinstance(content, NodeWithScore):
                     content = content.node

@@ -32,7 +32,9 @@ gets ``ok = False`` and its slot is left exactly as it was; the others commit.
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Union
+import hashlib
+import json
+from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -40,6 +42,7 @@ from torch import Tensor
 from ..core.checks import check_decode_options, check_positive_int
 from ..core.errors import MapMatchedValueError
 from . import chain
+from .checks import first_true_index
 from .semiring import MAX_PLUS
 from .transitions import DecodingMode, decoding_mode, weighted_transitions
 
@@ -55,7 +58,8 @@ class SlotStep(NamedTuple):
         ok: (S,) bool; False where the step's forward scores overflowed (that slot is
             unchanged, and the other fields describe it as it still is).
         paths: (S, T) long decoded candidate index per turn, -1 after the end (T is the
-            table's turn capacity).
+            longest of these slots' lengths, at least 1: a step's cost follows the
+            sessions in it, not the longest session the table ever held).
         path_distances: (S, T) float64 graph distance into each turn along the path
             (0 at turn 0; 0 everywhere when beta = 0 or without distances).
         final_scores: (S, M) forward scores of the newest turn under the locks (-inf at
@@ -74,7 +78,7 @@ _STATE_TENSORS = (
     "alphas", "backpointers", "link_distances", "emissions", "allowed", "argmax", "window", "window_distances", "lengths"
 )
 #: The layout of :meth:`SlotDecoder.state_dict` (2: the window holds transitions and distances).
-_STATE_FORMAT = 2
+_STATE_FORMAT = 3  # 3: a checksum over the tensors and the bookkeeping
 
 
 def _links(distances: Tensor, backpointers: Tensor) -> Tensor:
@@ -138,6 +142,11 @@ class SlotDecoder:
         return int(self._tensors["alphas"].shape[1])
 
     def _blank(self, name: str, capacity: int, turns: int) -> Tensor:
+        shape, dtype, fill = self._blank_spec(name, capacity, turns)
+        return torch.full(shape, fill, dtype=dtype, device=self.device)
+
+    def _blank_spec(self, name: str, capacity: int, turns: int) -> tuple:
+        """(shape, dtype, fill) of the state tensor ``name`` at this capacity."""
         width, window = self.width, (self.fixed_lag if self.fixed_lag is not None else -1) + 1
         shapes = {
             "alphas": ((capacity, turns, width), self.dtype, -_INF),
@@ -150,8 +159,7 @@ class SlotDecoder:
             "window_distances": ((capacity, window, width, width), torch.float64, 0.0),
             "lengths": ((capacity,), torch.long, 0),
         }
-        shape, dtype, fill = shapes[name]
-        return torch.full(shape, fill, dtype=dtype, device=self.device)
+        return shapes[name]
 
     def _resize(self, capacity: int, turns: int) -> None:
         for name in _STATE_TENSORS:
@@ -179,6 +187,22 @@ class SlotDecoder:
         if not 0 <= slot < self._allocated or slot in self._free:
             raise MapMatchedValueError(f"slot {slot} is not allocated")
         self._free.append(slot)
+        self._shrink_turns()
+
+    def _shrink_turns(self) -> None:
+        """Give memory back after a long session closes: halve the turn capacity while
+        every live slot fits in a quarter of it (never below the initial 8 turns)."""
+        turns = self.turn_capacity
+        if turns <= 8:
+            return
+        live = torch.ones(self._allocated, dtype=torch.bool, device=self.device)
+        live[self._free] = False
+        longest = int(self._tensors["lengths"][: self._allocated][live].max()) if bool(live.any()) else 0
+        target = turns
+        while target > 8 and longest <= target // 4:
+            target //= 2
+        if target < turns:
+            self._resize(self.capacity, target)
 
     def _clear(self, slot: int) -> None:
         for name in _STATE_TENSORS:
@@ -345,15 +369,17 @@ class SlotDecoder:
         last = (lengths - 1).clamp_min(0)
         # shape: (S, M): a cleared slot allows nothing, so -inf without turns
         final = torch.where(state["allowed"][slots, last], state["alphas"][slots, last], -_INF)
-        turns = self.turn_capacity
+        # the columns the slots use, not the table's turn capacity: a step's cost must
+        # not depend on the longest session the table ever held (one synchronization)
+        turns = max(1, int(lengths.max())) if lengths.numel() else 1
         # shape: (S, T)
         advanced = torch.arange(turns, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)
         if self.mode is DecodingMode.POINTWISE:
-            paths = torch.where(advanced, state["argmax"][slots], -1)
+            paths = torch.where(advanced, state["argmax"][slots, :turns], -1)
             distances = torch.zeros(paths.shape, dtype=torch.float64, device=self.device)
         else:
-            paths = chain.backtrack(state["backpointers"][slots], advanced, MAX_PLUS.sum(final, dim=1)[1])
-            links = state["link_distances"][slots].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
+            paths = chain.backtrack(state["backpointers"][slots, :turns], advanced, MAX_PLUS.sum(final, dim=1)[1])
+            links = state["link_distances"][slots, :turns].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
             distances = torch.where(advanced, links, 0.0)
             distances[:, 0] = 0.0
         return SlotStep(torch.ones_like(advanced[:, 0]), paths, distances, final, lengths)
@@ -430,14 +456,18 @@ class SlotDecoder:
     # ------------------------------------------------------------- persistence
 
     def state_dict(self) -> Dict[str, object]:
-        """Every tensor of the table (copies on the CPU: later steps do not change them)
-        plus the slot bookkeeping."""
-        return {
-            "tensors": {name: tensor.detach().to("cpu", copy=True) for name, tensor in self._tensors.items()},
+        """Every tensor of the table (copies on the CPU: later steps do not change them),
+        the slot bookkeeping and a SHA-256 checksum over all of it (so that a torn or
+        bit-flipped file is refused by :meth:`load_state_dict`, not decoded from)."""
+        tensors = {name: tensor.detach().to("cpu", copy=True) for name, tensor in self._tensors.items()}
+        state: Dict[str, object] = {
+            "tensors": tensors,
             "free": list(self._free),
             "allocated": self._allocated,
             "config": self._config(),
         }
+        state["checksum"] = _checksum(state)
+        return state
 
     def _config(self) -> Dict[str, object]:
         """The configuration a saved state must match."""
@@ -450,13 +480,113 @@ class SlotDecoder:
             "format": _STATE_FORMAT,
         }
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        """Restore :meth:`state_dict` (the configuration must match)."""
-        config = state["config"]
-        mine = self._config()
-        if config != mine:
-            raise MapMatchedValueError(f"slot decoder configuration differs: saved {config}, this decoder {mine}")
+    def check_state(self, state: object, *, max_bytes: Optional[int] = None) -> None:
+        """Validate a :meth:`state_dict` completely, touching nothing.
+
+        Checks the configuration, the checksum, every tensor's name, dtype, shape
+        (consistent with one capacity and one turn capacity), density (an expanded
+        zero-stride tensor would be materialized at full size) and values (lengths,
+        indices, finiteness), and the bookkeeping (``allocated`` within the capacity,
+        the free list distinct allocated slots).
+
+        Args:
+            state: what :meth:`state_dict` returned (after ``torch.load``).
+            max_bytes: refuse a state whose tensors would take more memory than this
+                (None: no limit).
+
+        Raises:
+            MapMatchedValueError: naming the first problem.
+        """
+        _check_state(self, state, max_bytes)
+
+    def load_state_dict(self, state: Dict[str, object], *, max_bytes: Optional[int] = None) -> None:
+        """Restore :meth:`state_dict`: validated first (:meth:`check_state`), so a bad state
+        leaves this decoder exactly as it was."""
+        _check_state(self, state, max_bytes)
         # copies: two decoders loaded from one state must not write into each other
         self._tensors = {name: tensor.to(self.device, copy=True) for name, tensor in state["tensors"].items()}
         self._free = list(state["free"])
         self._allocated = int(state["allocated"])
+
+
+def _checksum(state: Dict[str, Any]) -> str:
+    """SHA-256 over the tensors (name, dtype, shape, bytes) and the bookkeeping."""
+    digest = hashlib.sha256()
+    for name in sorted(state["tensors"]):
+        tensor = state["tensors"][name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    bookkeeping = {"free": state["free"], "allocated": state["allocated"], "config": state["config"]}
+    digest.update(json.dumps(bookkeeping, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def _state_error(problem: str) -> MapMatchedValueError:
+    return MapMatchedValueError(f"refusing the slot decoder state: {problem} (nothing was changed)")
+
+
+def _check_state(decoder: "SlotDecoder", state: Any, max_bytes: Optional[int]) -> None:
+    """See :meth:`SlotDecoder.check_state`."""
+    if not isinstance(state, dict) or set(state) != {"tensors", "free", "allocated", "config", "checksum"}:
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise _state_error(
+            f"expected the keys ['allocated', 'checksum', 'config', 'free', 'tensors'], got {keys} "
+            f"(a state saved by an older version, or not a slot decoder state)"
+        )
+    mine = decoder._config()
+    if state["config"] != mine:
+        raise _state_error(f"configuration differs: saved {state['config']}, this decoder {mine}")
+    tensors = state["tensors"]
+    if not isinstance(tensors, dict) or set(tensors) != set(_STATE_TENSORS):
+        got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
+        raise _state_error(f"expected the tensors {sorted(_STATE_TENSORS)}, got {got}")
+    total = 0
+    for name in _STATE_TENSORS:
+        tensor = tensors[name]
+        if not isinstance(tensor, Tensor):
+            raise _state_error(f"{name} is a {type(tensor).__name__}, not a tensor")
+        size = tensor.numel() * tensor.element_size()
+        if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() < size:
+            raise _state_error(f"{name} is not a dense tensor (strides {tensor.stride()}): saved states always are")
+        total += size
+    if max_bytes is not None and total > max_bytes:
+        raise _state_error(f"its tensors take {total} bytes, more than max_bytes={max_bytes}")
+    lengths = tensors["lengths"]
+    if lengths.dim() != 1:
+        raise _state_error(f"lengths must be (capacity,), got shape {tuple(lengths.shape)}")
+    capacity, turns = lengths.shape[0], tensors["alphas"].shape[1] if tensors["alphas"].dim() == 3 else -1
+    if capacity < 1 or turns < 1:
+        raise _state_error(f"capacity {capacity} and turn capacity {turns} must be positive")
+    for name in _STATE_TENSORS:
+        expected = decoder._blank_spec(name, capacity, turns)
+        tensor = tensors[name]
+        if tuple(tensor.shape) != expected[0] or tensor.dtype != expected[1]:
+            raise _state_error(
+                f"{name} must be {expected[1]} of shape {expected[0]} (capacity {capacity}, turn capacity {turns}), "
+                f"got {tensor.dtype} of shape {tuple(tensor.shape)}"
+            )
+    allocated, free = state["allocated"], state["free"]
+    if isinstance(allocated, bool) or not isinstance(allocated, int) or not 0 <= allocated <= capacity:
+        raise _state_error(f"allocated must be an int in [0, {capacity}], got {allocated!r}")
+    if not isinstance(free, list) or any(isinstance(slot, bool) or not isinstance(slot, int) for slot in free):
+        raise _state_error(f"free must be a list of slot indices, got {free!r}")
+    if len(set(free)) != len(free) or any(not 0 <= slot < allocated for slot in free):
+        raise _state_error(f"free must list distinct allocated slots in [0, {allocated}), got {free}")
+    if state["checksum"] != _checksum(state):
+        raise _state_error("the checksum does not match its contents (a torn, truncated or edited file)")
+    width = decoder.width
+    problems = {
+        "lengths outside [0, turn capacity]": (lengths < 0) | (lengths > turns),
+        "lengths of never-allocated slots": lengths[allocated:] != 0,
+        "backpointers outside [0, width)": (tensors["backpointers"] < 0) | (tensors["backpointers"] >= width),
+        "argmax outside [-1, width)": (tensors["argmax"] < -1) | (tensors["argmax"] >= width),
+        "NaN or +inf forward scores": torch.isnan(tensors["alphas"]) | (tensors["alphas"] == _INF),
+        "non-finite emissions": ~torch.isfinite(tensors["emissions"]),
+        "non-finite window transitions": ~torch.isfinite(tensors["window"]),
+        "negative or non-finite distances": ~(tensors["link_distances"] >= 0) | (tensors["link_distances"] == _INF),
+        "negative or non-finite window distances": ~(tensors["window_distances"] >= 0)
+        | (tensors["window_distances"] == _INF),
+    }
+    for problem, bad in problems.items():
+        if bool(bad.any()):
+            raise _state_error(f"{problem} (first at index {first_true_index(bad)})")

@@ -14,6 +14,11 @@ those numbers out of raw graph distances, and the only code that chooses a decod
   gate on beta from per-turn features, a learned distance calibration, ...). A model
   maps distances to ONE transition tensor of the same shape, so every decoder runs the
   one dynamic program unchanged; :class:`FixedWeight` is the fixed model behind it.
+- :class:`GatedTransitions`: the learned model, an ``nn.Module``: a gate on beta per
+  move from per-move features (e.g. :func:`query_source_cosine`, the new query's cosine
+  to each candidate of the previous turn) and an optional learned saturation of the
+  distance, so that a jump between far-apart regions (an article change on a section
+  graph) stops costing beta times the full bound. Still one transition tensor.
 - :func:`decoding_mode` and :func:`decode_weighted`: the one choice "beta = 0 ->
   pointwise, a lag -> fixed lag, else full Viterbi", and the one dispatch on it.
 """
@@ -25,9 +30,9 @@ import numbers
 from typing import Optional, Protocol, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..core.checks import check_optional_lag
+from ..core.checks import check_nonnegative_int, check_optional_lag, check_weight
 from ..core.errors import MapMatchedValueError
 from .decode import Decoded, FixedLagDecoded, fixed_lag_viterbi, pointwise_decode, viterbi
 
@@ -37,6 +42,9 @@ __all__ = [
     "FixedWeight",
     "Weight",
     "as_transition_model",
+    "GatedTransitions",
+    "BoundTransitions",
+    "query_source_cosine",
     "weighted_transitions",
     "decoding_mode",
     "decode_weighted",
@@ -148,11 +156,193 @@ def as_transition_model(weight: Weight) -> TransitionModel:
     """A :class:`TransitionModel` for ``weight``: itself if it is one, else :class:`FixedWeight`."""
     if isinstance(weight, (Tensor, numbers.Real)) and not isinstance(weight, bool):
         return FixedWeight(weight)
+    if isinstance(weight, GatedTransitions):
+        return weight.bind(None)
     if callable(weight) and hasattr(weight, "is_zero"):
         return weight  # type: ignore[return-value]
     raise MapMatchedValueError(
         f"a transition weight must be a number, a tensor or a TransitionModel, got {type(weight).__name__}"
     )
+
+
+class GatedTransitions(nn.Module):
+    """A learned transition model: beta gated per move, the distance optionally saturated.
+
+    For the move from candidate ``j`` of turn t to candidate ``i`` of turn t+1::
+
+        gate[b, t, j]   = 2 * sigmoid(gate_bias + sum_k gate_weights[k] * z[b, t, j, k])
+        d'              = cap * (1 - exp(-d / cap))        (calibrate=True; else d' = d)
+        trans[b,t,j,i]  = -((beta * gate[b, t, j]) * d'[b, t, j, i])
+
+    where ``z = (features - feature_mean) / feature_std`` are standardized per-move
+    features (statistics from training data only: :meth:`standardize_`), ``beta`` is
+    ``transition_weight.clamp_min(0)`` and ``cap = softplus(cap_parameter)``. At the
+    initial values (gate parameters 0, no calibration) the gate is exactly 1 and the
+    transitions are ``-(beta * d)`` bit for bit, the fixed model. The saturation is
+    monotone, 0 at d = 0, ``~ d`` for ``d << cap`` and bounded by ``cap``: a far jump
+    costs at most ``beta * gate * cap``. Gradients reach every parameter; padding
+    features are never read where the caller masks moves (as
+    :meth:`~mapmatched_torch.fit.model.MapMatchedModel.transitions` does).
+
+    Args:
+        transition_weight: initial beta, finite and >= 0.
+        num_features: K, features per move (0: no gate).
+        calibrate: learn the saturation ``cap``.
+        cap: its initial value (> 0; default 10, the default distance bound).
+        dtype, device: of the parameters.
+
+    Shapes: ``distances`` ``(B, T-1, M, M)`` ``[b, t, from, to]``; ``features``
+    ``(B, T-1, M, K)`` per source candidate, or ``(B, T-1, 1, K)`` per turn.
+
+    Example:
+        >>> model = GatedTransitions(0.5, num_features=1)
+        >>> d = torch.tensor([[[[0.0, 2.0], [2.0, 0.0]]]], dtype=torch.float64)
+        >>> model(d, torch.zeros(1, 1, 2, 1, dtype=torch.float64))
+        tensor([[[[-0., -1.],
+                  [-1., -0.]]]], dtype=torch.float64, grad_fn=<MulBackward0>)
+    """
+
+    def __init__(
+        self,
+        transition_weight: float = 1.0,
+        *,
+        num_features: int = 0,
+        calibrate: bool = False,
+        cap: float = 10.0,
+        dtype: torch.dtype = torch.float64,
+        device: Optional[Union[str, torch.device]] = None,
+    ) -> None:
+        super().__init__()
+        beta = check_weight(transition_weight, "transition_weight")
+        features = check_nonnegative_int(num_features, "num_features")
+        cap = check_weight(cap, "cap")
+        if cap == 0.0:
+            raise MapMatchedValueError("cap must be > 0 (the distance a far jump saturates at)")
+        factory = {"dtype": dtype, "device": device}
+        self.transition_weight = nn.Parameter(torch.tensor(beta, **factory))
+        self.num_features = features
+        self.calibrate = bool(calibrate)
+        if features:
+            self.gate_bias = nn.Parameter(torch.zeros((), **factory))
+            self.gate_weights = nn.Parameter(torch.zeros(features, **factory))
+            self.register_buffer("feature_mean", torch.zeros(features, **factory))
+            self.register_buffer("feature_std", torch.ones(features, **factory))
+        if self.calibrate:
+            # softplus^-1(cap), so that softplus(parameter) == cap to rounding
+            self.cap_parameter = nn.Parameter(torch.tensor(cap, **factory).expm1().log())
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, calibrate={self.calibrate}"
+
+    @property
+    def effective_transition_weight(self) -> Tensor:
+        """beta as used: ``transition_weight.clamp_min(0)`` (0-dim, differentiable)."""
+        return self.transition_weight.clamp_min(0.0)
+
+    @property
+    def is_zero(self) -> bool:
+        """beta == 0: every transition is 0 (one synchronization)."""
+        return float(self.effective_transition_weight.detach()) == 0.0
+
+    @torch.no_grad()
+    def standardize_(self, features: Tensor, mask: Optional[Tensor] = None) -> "GatedTransitions":
+        """Set ``feature_mean`` / ``feature_std`` from training features (never test data).
+
+        Args:
+            features: ``(B, T-1, M or 1, K)``.
+            mask: ``(B, T-1, M or 1)`` bool, the entries to use (default all).
+        """
+        features = self._checked_features(features)
+        flat = features.reshape(-1, self.num_features)
+        if mask is not None:
+            flat = flat[mask.expand(features.shape[:-1]).reshape(-1)]
+        if flat.shape[0] == 0:
+            raise MapMatchedValueError("standardize_ needs at least one feature row")
+        self.feature_mean.copy_(flat.mean(dim=0))
+        self.feature_std.copy_(flat.std(dim=0, unbiased=False).clamp_min(1e-12))
+        return self
+
+    def _checked_features(self, features: Optional[Tensor]) -> Tensor:
+        if features is None:
+            raise MapMatchedValueError(
+                f"this transition model gates on {self.num_features} feature(s) per move: pass features "
+                f"of shape (B, T-1, M, {self.num_features}) (or (B, T-1, 1, {self.num_features}))"
+            )
+        if not isinstance(features, Tensor) or features.dim() < 2 or features.shape[-1] != self.num_features:
+            shape = tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__
+            raise MapMatchedValueError(
+                f"features must be a tensor whose last dimension is num_features={self.num_features}, got {shape}"
+            )
+        return features
+
+    def gate(self, features: Optional[Tensor]) -> Optional[Tensor]:
+        """``(B, T-1, M or 1)`` gate multipliers in (0, 2), or None without features."""
+        if not self.num_features:
+            return None
+        features = self._checked_features(features)
+        standardized = (features - self.feature_mean) / self.feature_std
+        return 2.0 * torch.sigmoid(self.gate_bias + standardized @ self.gate_weights)
+
+    def calibrated(self, distances: Tensor) -> Tensor:
+        """The distances the transitions use (saturated when ``calibrate``)."""
+        if not self.calibrate:
+            return distances
+        cap = nn.functional.softplus(self.cap_parameter)
+        return cap * -torch.expm1(-distances / cap)
+
+    def forward(
+        self, distances: Tensor, features: Optional[Tensor] = None, dtype: Optional[torch.dtype] = None
+    ) -> Tensor:
+        """Transitions ``(B, T-1, M, M)`` (or the distances' shape) for ``distances``.
+
+        Args:
+            distances: raw graph distances ``[..., from, to]``.
+            features: per-move features ``(..., M or 1, K)`` (required when K > 0).
+            dtype: cast the result to this dtype.
+        """
+        beta = self.effective_transition_weight
+        gate = self.gate(features)
+        if gate is not None:
+            beta = (beta * gate).unsqueeze(-1)
+        return weighted_transitions(self.calibrated(distances), beta, dtype)
+
+    def bind(self, features: Optional[Tensor]) -> "BoundTransitions":
+        """A :class:`TransitionModel` (for :func:`decode_weighted`, sessions, the server)
+        that applies this model with these features."""
+        return BoundTransitions(self, features)
+
+
+class BoundTransitions:
+    """A :class:`GatedTransitions` with its features: a :class:`TransitionModel`."""
+
+    __slots__ = ("model", "features")
+
+    def __init__(self, model: GatedTransitions, features: Optional[Tensor]) -> None:
+        self.model = model
+        self.features = features
+
+    @property
+    def is_zero(self) -> bool:
+        return self.model.is_zero
+
+    def __call__(self, distances: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+        return self.model(distances, self.features, dtype)
+
+
+def query_source_cosine(queries: Tensor, candidates: Tensor) -> Tensor:
+    """The gate feature "how close is the new query to where the conversation was".
+
+    Args:
+        queries: ``(B, T, D)`` query embeddings per turn.
+        candidates: ``(B, T, M, D)`` candidate chunk embeddings per turn.
+
+    Returns:
+        ``(B, T-1, M, 1)``: ``cos(queries[b, t+1], candidates[b, t, j])``, the feature of
+        every move out of candidate j of turn t (0 for zero vectors).
+    """
+    unit_queries = nn.functional.normalize(queries[:, 1:], dim=-1)
+    unit_candidates = nn.functional.normalize(candidates[:, :-1], dim=-1)
+    return (unit_candidates * unit_queries.unsqueeze(2)).sum(dim=-1, keepdim=True)
 
 
 def decoding_mode(weight: Weight, lag: Optional[int] = None) -> DecodingMode:

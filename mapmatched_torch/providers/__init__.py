@@ -4,7 +4,8 @@ Dense (exact top-k on tensors), FAISS, reciprocal-rank fusion, Qdrant and Chroma
 LangChain and LlamaIndex adapters are in :mod:`mapmatched_torch.integrations`.
 
 Each provider implements the ``CandidateProvider`` protocol
-(``retrieve(query, limit)``) plus a batched ``retrieve_batch(queries, limit)``;
+(``candidates(query, limit)``, mapmatched 0.1.0's name, which is the provider's
+``retrieve(query, limit)``) plus a batched ``retrieve_batch(queries, limit)``;
 optional dependencies are imported only when a provider is constructed, and a missing
 one raises an ImportError naming the pip extra.
 """

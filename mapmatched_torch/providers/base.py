@@ -15,6 +15,7 @@ from ..core.checks import check_chunk_id, check_positive_int
 from ..core.embeddings import check_embedding_ids
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
+from ..core.protocols import CandidatesMethod
 
 __all__ = [
     "QueryEmbedder",
@@ -33,8 +34,9 @@ __all__ = [
     "ranked_candidates",
 ]
 
-#: ``embed_query``: a query string -> a 1-D vector (numpy array, list, torch tensor).
-QueryEmbedder = Callable[[str], Any]
+#: ``embed_query``: a query string -> a 1-D vector. Upstream mapmatched's alias, as it
+#: spells it; at run time a numpy array or a torch tensor is accepted too.
+QueryEmbedder = Callable[[str], Sequence[float]]
 
 
 #: Non-empty, unique chunk IDs (one per index position or matrix row), as a tuple: the
@@ -43,11 +45,13 @@ check_chunk_ids = check_embedding_ids
 
 
 def check_query(query: Any, name: str) -> None:
-    """A query must be a non-empty ``str``; ``name`` says which one in the message."""
+    """A query must be a non-empty ``str``; ``name`` says which one in the message (an
+    empty one: ``"query must not be empty"``, upstream mapmatched's words; a whitespace
+    query is a query, as upstream's)."""
     if not isinstance(query, str):
         raise MapMatchedValueError(f"{name} must be a string, got {type(query).__name__}")
     if not query:
-        raise MapMatchedValueError(f"{name} must be a non-empty string")
+        raise MapMatchedValueError(f"{name} must not be empty")
 
 
 def check_request(query: Any, limit: Any) -> Tuple[str, int]:
@@ -77,9 +81,10 @@ def check_batch(queries: Any, limit: Any) -> Tuple[List[str], int]:
     return queries, limit
 
 
-class SearchProvider:
-    """``retrieve`` and ``retrieve_batch`` of a provider that embeds queries and searches
-    a store (Chroma, Qdrant, FAISS): both check their arguments, then hand the queries to
+class SearchProvider(CandidatesMethod):
+    """``retrieve`` (also named ``candidates``, upstream mapmatched's method) and
+    ``retrieve_batch`` of a provider that embeds queries and searches a store (Chroma,
+    Qdrant, FAISS): both check their arguments, then hand the queries to
     :meth:`_search` with the names error messages give them -- ``"query"`` for
     :meth:`retrieve`, ``"query 0"``, ``"query 1"``, ... by position for
     :meth:`retrieve_batch`. A subclass implements :meth:`_search`; its class docstring
@@ -238,10 +243,12 @@ def ranked_candidates(hits: Iterable[Tuple[Any, Any]], limit: int, source: str) 
 
 def dimension_mismatch_error(name: str, found: int, dimension: int, store: str) -> MapMatchedValueError:
     """The error for a query embedding of ``found`` entries searched against ``store``
-    (e.g. ``"the index"``) of ``dimension``; ``name`` says which query (``"query 2"``)."""
+    (e.g. ``"the index"``) of ``dimension``; ``name`` says which query (``"query 2"``).
+    It ends with upstream mapmatched's wording (``dimension 3; expected 2``)."""
     return MapMatchedValueError(
         f"{name} embedding has dimension {found} but {store} has dimension {dimension} "
-        f"(the query embedder and {store} disagree: embed queries with the model that embedded {store})"
+        f"(the query embedder and {store} disagree: embed queries with the model that embedded {store}); "
+        f"query vector has dimension {found}; expected {dimension}"
     )
 
 

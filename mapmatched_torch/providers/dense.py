@@ -15,6 +15,7 @@ from ..core.checks import check_choice, check_positive_int
 from ..core.embeddings import norm_overflow_error, zero_vector_error
 from ..core.errors import MapMatchedValueError
 from ..core.models import ScoredCandidate
+from ..core.protocols import CandidatesMethod
 from .base import check_batch, check_chunk_ids, dimension_mismatch_error
 
 __all__ = ["DenseProvider", "DENSE_METRICS", "exact_top_k"]
@@ -54,7 +55,7 @@ def _check_metric(metric: Any) -> str:
     return check_choice("metric", metric, DENSE_METRICS)
 
 
-class DenseProvider:
+class DenseProvider(CandidatesMethod):
     """Candidates by exact inner-product or cosine top-k over an embedding matrix.
 
     Args:

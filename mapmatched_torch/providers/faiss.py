@@ -1,8 +1,13 @@
 """A :class:`~mapmatched_torch.core.protocols.CandidateProvider` over a FAISS index (docs/spec.md 9).
 
-faiss is an optional dependency (the ``[faiss]`` extra, or ``[faiss-gpu]``): this
-module imports without it, and :class:`FAISSProvider` fails at construction with
-:class:`~mapmatched_torch.core.errors.FAISSNotInstalledError` when it is missing.
+:class:`FAISSProvider` is upstream ``mapmatched``'s ``FAISSProvider`` (same constructor,
+``candidates(query, limit)``, same error classes; messages start with upstream's text),
+plus ``retrieve`` / ``retrieve_batch``. It never imports faiss: it needs only the index
+object it is given (any :class:`FAISSIndex`: ``d``, ``ntotal`` and ``search``), so a
+wrapped or fake index works without the ``[faiss]`` extra. numpy is loaded when a search
+runs; if it cannot be, the search raises
+:class:`~mapmatched_torch.core.errors.FAISSDependencyUnavailableError` (an
+``ImportError`` naming the ``[faiss]`` extra) before ``index.search`` is called.
 
 Decisions where docs/spec.md is silent:
 
@@ -17,25 +22,81 @@ Decisions where docs/spec.md is silent:
   conversion, so a float64 value beyond float32's range is reported as infinite.
 - ``index.metric_type`` is not inspected (wrapped and custom indexes work too): pick
   the ``score_mode`` that matches the index's metric.
+- ``search``'s two results are read as upstream reads them, row by row with
+  ``result[row].tolist()``, so they need not be numpy arrays. A query may get fewer
+  hits than asked for (not more); a bad hit is a
+  :class:`~mapmatched_torch.core.errors.MapMatchedBackendError` (a ``ValueError`` and,
+  as upstream raises, a ``RuntimeError``), a label that is not an integer a
+  :class:`~mapmatched_torch.core.errors.MapMatchedTypeError` (ValueError and TypeError).
+- ``score_mode="distance"`` scores are ``0.0 - d``, so a zero distance scores ``+0.0``
+  (upstream's ``-d`` gives ``-0.0``).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Any, Iterable, List, Tuple
+import numbers
+from types import ModuleType
+from typing import Any, Iterable, List, Literal, Protocol, Tuple
 
-import numpy as np
-
-from ..core.checks import check_choice, check_positive_int
-from ..core.errors import MapMatchedValueError
+from ..core.checks import check_choice
+from ..core.errors import FAISSDependencyUnavailableError, MapMatchedBackendError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import ScoredCandidate
-from ..core.optional import require_faiss
 from .base import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
 
-__all__ = ["FAISSProvider", "SCORE_MODES"]
+__all__ = [
+    "FAISSProvider",
+    "FAISSIndex",
+    "FAISSScoreMode",
+    "FAISSDependencyUnavailableError",
+    "QueryEmbedder",
+    "SCORE_MODES",
+]
 
 #: The accepted values of ``score_mode``.
 SCORE_MODES = ("similarity", "distance")
+
+#: The type of ``score_mode`` (upstream ``mapmatched``'s alias): one of :data:`SCORE_MODES`.
+FAISSScoreMode = Literal["similarity", "distance"]
+
+
+class SearchMatrix(Protocol):
+    """What :meth:`FAISSIndex.search` returns twice (scores, labels): rows by position,
+    each row's values by ``tolist()`` -- a numpy array, or anything that reads the same."""
+
+    def __getitem__(self, index: int) -> "SearchMatrix":
+        ...
+
+    def tolist(self) -> List[object]:
+        ...
+
+
+class FAISSIndex(Protocol):
+    """The index :class:`FAISSProvider` searches (upstream ``mapmatched``'s protocol):
+    any FAISS index, CPU or GPU, or an object that answers like one.
+
+    Attributes:
+        d: the vector dimension D (an int > 0).
+        ntotal: how many vectors it holds (an int; label i is ``chunk_ids[i]``).
+    """
+
+    d: int
+    ntotal: int
+
+    def search(self, query_vectors: object, limit: int) -> Tuple[SearchMatrix, SearchMatrix]:
+        """``query_vectors``: a (Q, D) float32 C-contiguous numpy array; returns (scores,
+        labels), each (Q, k) with k <= ``limit``, rows best first."""
+        ...
+
+
+def _load_numpy() -> ModuleType:
+    """numpy, imported when a search runs; a missing (or broken) numpy is
+    :class:`FAISSDependencyUnavailableError` naming the ``[faiss]`` extra."""
+    try:
+        return importlib.import_module("numpy")
+    except ImportError as error:
+        raise FAISSDependencyUnavailableError("FAISSProvider searches", package="numpy") from error
 
 
 class FAISSProvider(SearchProvider):
@@ -53,15 +114,20 @@ class FAISSProvider(SearchProvider):
     Results are sorted by (-score, index position) and hold at most
     ``min(limit, len(chunk_ids))`` candidates. A label of -1 (FAISS found too few
     neighbours, e.g. an IVF index with a small ``nprobe``), a label out of range, a
-    repeated label or a non-finite score is an invalid FAISS result (ValueError).
+    repeated label or a non-finite score is an invalid FAISS result
+    (:class:`~mapmatched_torch.core.errors.MapMatchedBackendError`: a ValueError and a
+    RuntimeError).
+
+    :meth:`candidates` (upstream's method) and :meth:`retrieve` are one method.
 
     Cost: one ``embed_query`` call per query and one ``index.search`` of a (Q, D)
     float32 matrix per :meth:`retrieve_batch` call, plus O(Q * k log k) Python work.
 
     Args:
-        index: a FAISS index (CPU or GPU), or any object with ``ntotal``, ``d`` and
-            ``search(x, k) -> (scores, labels)`` where ``x`` is (Q, D) float32 and
-            both outputs are (Q, k).
+        index: a FAISS index (CPU or GPU), or any :class:`FAISSIndex`: an object with
+            int ``ntotal`` and ``d`` and ``search(x, k) -> (scores, labels)`` where
+            ``x`` is (Q, D) float32 and both outputs are (Q, k) (numpy arrays, or
+            anything whose rows read with ``[row].tolist()``).
         chunk_ids: the chunk ID of every index position; non-empty, unique strings,
             as many as ``index.ntotal``.
         embed_query: maps a query string to a 1-D vector of dimension ``index.d``
@@ -70,9 +136,10 @@ class FAISSProvider(SearchProvider):
         score_mode: ``"similarity"`` (default) or ``"distance"``, see above.
 
     Raises:
-        FAISSNotInstalledError: faiss is not installed (an ``ImportError`` naming the
-            ``[faiss]`` extra).
-        ValueError: a bad ``score_mode``, chunk ID list, ``embed_query`` or index.
+        ValueError: a bad chunk ID list, ``score_mode`` or index size; a
+            non-callable ``embed_query`` or an ``index.d`` / ``index.ntotal`` that is
+            not an int is a :class:`~mapmatched_torch.core.errors.MapMatchedTypeError`
+            (a ValueError and a TypeError).
 
     Example:
         >>> import faiss
@@ -94,17 +161,16 @@ class FAISSProvider(SearchProvider):
 
     def __init__(
         self,
-        index: Any,
+        index: FAISSIndex,
         chunk_ids: Iterable[str],
         embed_query: QueryEmbedder,
         *,
-        score_mode: str = "similarity",
+        score_mode: FAISSScoreMode = "similarity",
     ) -> None:
-        require_faiss("FAISSProvider")
-        self._score_mode = _check_score_mode(score_mode)
         self._chunk_ids = check_chunk_ids(chunk_ids)
+        self._score_mode = check_choice("FAISS score mode", score_mode, SCORE_MODES)
         if not callable(embed_query):
-            raise MapMatchedValueError(f"embed_query must be callable, got {type(embed_query).__name__}")
+            raise MapMatchedTypeError(f"embed_query must be callable, got {type(embed_query).__name__}")
         self._dimension = _check_index(index, len(self._chunk_ids))
         self._index = index
         self._embed_query = embed_query
@@ -127,32 +193,44 @@ class FAISSProvider(SearchProvider):
 
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
         """All the queries in one ``index.search`` of a (Q, D) float32 matrix."""
-        # shape: (Q, D) float32, C-contiguous
-        matrix = np.stack([self._embed(query, name) for query, name in zip(queries, names)])
         count = self._check_unchanged_size()
+        vectors = [self._embed(query, name) for query, name in zip(queries, names)]
+        numpy = _load_numpy()  # after the query checks, before the search (upstream's order)
+        # shape: (Q, D) float32, C-contiguous
+        matrix = numpy.stack(vectors)
         k = min(limit, count)
-        scores, labels = _check_result_arrays(*self._index.search(matrix, k), shape=(len(queries), k))
-        return [self._candidates(scores[row], labels[row], name) for row, name in enumerate(names)]
+        scores, labels = self._index.search(matrix, k)
+        return [
+            self._candidates(_result_row(scores, row, "scores", name), _result_row(labels, row, "labels", name), k, name)
+            for row, name in enumerate(names)
+        ]
 
-    def _embed(self, query: str, name: str) -> np.ndarray:
+    def _embed(self, query: str, name: str) -> Any:
         return as_query_vector(self._embed_query(query), self._dimension, name)
 
     def _check_unchanged_size(self) -> int:
         count = len(self._chunk_ids)
-        if self._index.ntotal != count:
-            raise MapMatchedValueError(
-                f"the index now holds {self._index.ntotal} vectors but the provider maps {count} chunk IDs "
-                "(was the index modified after the provider was built?)"
+        size = _integer_attribute(self._index, "ntotal", "ntotal")
+        if size != count:
+            raise MapMatchedBackendError(
+                f"FAISS index size changed after provider construction: the index now holds {size} vectors but "
+                f"the provider maps {count} chunk IDs (build a new provider after modifying the index)"
             )
         return count
 
-    def _candidates(self, scores: np.ndarray, labels: np.ndarray, name: str) -> Tuple[ScoredCandidate, ...]:
+    def _candidates(self, scores: List[object], labels: List[object], k: int, name: str) -> Tuple[ScoredCandidate, ...]:
+        if len(scores) != len(labels):
+            raise MapMatchedBackendError(
+                f"FAISS returned different score and index counts: {len(scores)} scores and {len(labels)} labels for {name}"
+            )
+        if len(labels) > k:
+            raise MapMatchedBackendError(f"FAISS returned more results than asked: {len(labels)} hits for {name}, limit {k}")
         hits = []  # (score, label)
         seen = set()
-        for rank, (label, score) in enumerate(zip(labels.tolist(), scores.tolist())):
-            _check_hit(label, score, rank, seen, len(self._chunk_ids), name)
+        for rank, (label, score) in enumerate(zip(labels, scores)):
+            value = _check_hit(label, score, rank, seen, len(self._chunk_ids), name)
             seen.add(label)
-            hits.append((self._to_score(score), label))
+            hits.append((self._to_score(value), label))
         hits.sort(key=lambda hit: (-hit[0], hit[1]))
         return tuple(ScoredCandidate(self._chunk_ids[label], score) for score, label in hits)
 
@@ -160,45 +238,65 @@ class FAISSProvider(SearchProvider):
         return distance_to_score(value) if self._score_mode == "distance" else value
 
 
-def _check_score_mode(score_mode: Any) -> str:
-    return check_choice("score mode", score_mode, SCORE_MODES)
+def _integer_attribute(index: Any, attribute: str, what: str) -> int:
+    """``index.<attribute>`` as an int (bools rejected), named ``what`` in messages."""
+    if not hasattr(index, attribute):
+        raise MapMatchedValueError(f"index has no {attribute!r} attribute; pass a FAISS index")
+    value = getattr(index, attribute)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise MapMatchedTypeError(f"FAISS index {what} must be an integer, got {value!r} (index.{attribute})")
+    return int(value)
 
 
 def _check_index(index: Any, count: int) -> int:
     """Check ``index`` against ``count`` chunk IDs; return its dimension."""
-    for attribute in ("ntotal", "d"):
-        if not hasattr(index, attribute):
-            raise MapMatchedValueError(f"index has no {attribute!r} attribute; pass a FAISS index")
+    dimension = _integer_attribute(index, "d", "dimension")
+    if dimension <= 0:
+        raise MapMatchedValueError(f"FAISS index dimension must be greater than zero, got {dimension} (index.d)")
+    size = _integer_attribute(index, "ntotal", "ntotal")
+    if size != count:
+        raise MapMatchedValueError(f"FAISS index contains {size} vectors but received {count} chunk IDs")
     if not callable(getattr(index, "search", None)):
         raise MapMatchedValueError("index has no search() method; pass a FAISS index")
-    if index.ntotal != count:
-        raise MapMatchedValueError(f"index holds {index.ntotal} vectors but {count} chunk IDs were given")
-    return check_positive_int(index.d, "index dimension (index.d)")
+    return dimension
 
 
-def _check_result_arrays(scores: Any, labels: Any, *, shape: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
-    """``index.search``'s outputs as (Q, k) arrays: float scores, integer labels."""
-    scores, labels = np.asarray(scores), np.asarray(labels)
-    for what, array in (("scores", scores), ("labels", labels)):
-        if array.shape != shape:
-            raise MapMatchedValueError(f"invalid FAISS result: {what} have shape {array.shape}, expected {shape}")
-    if labels.dtype.kind not in "iu":
-        raise MapMatchedValueError(f"invalid FAISS result: labels have dtype {labels.dtype}, expected integers")
-    if scores.dtype.kind not in "iuf":
-        raise MapMatchedValueError(f"invalid FAISS result: scores have dtype {scores.dtype}, expected real numbers")
-    return scores, labels
+def _result_row(matrix: Any, row: int, what: str, name: str) -> List[object]:
+    """Row ``row`` of one of ``index.search``'s results, read as upstream reads it:
+    ``matrix[row].tolist()``, which must give a list."""
+    try:
+        values = matrix[row].tolist()
+    except (AttributeError, IndexError, KeyError, TypeError) as error:
+        raise MapMatchedBackendError(
+            f"FAISS returned a malformed result: cannot read row {row} of its {what} for {name} "
+            f"as result[{row}].tolist() ({type(error).__name__}: {error})"
+        ) from error
+    if not isinstance(values, list):
+        raise MapMatchedBackendError(
+            f"FAISS returned a malformed result: row {row} of its {what} for {name} is {values!r}, not a list "
+            "(search must return two (Q, k) matrices)"
+        )
+    return values
 
 
-def _check_hit(label: int, score: float, rank: int, seen: set, count: int, name: str) -> None:
+def _check_hit(label: Any, score: Any, rank: int, seen: set, count: int, name: str) -> float:
+    """One hit of a query's result row; returns its score as a float. Messages start
+    with upstream's text, then say which query, rank and label."""
     where = f"for {name} at rank {rank}"
+    if isinstance(label, bool) or not isinstance(label, numbers.Integral):
+        raise MapMatchedTypeError(f"FAISS index result index must be an integer: got {label!r} {where}")
     if label == -1:
-        raise MapMatchedValueError(
-            f"invalid FAISS result {where}: label -1 (the index returned fewer neighbours than asked; "
+        raise MapMatchedBackendError(
+            f"FAISS returned invalid result index -1 {where} (the index returned fewer neighbours than asked; "
             "for IVF indexes raise nprobe)"
         )
     if not 0 <= label < count:
-        raise MapMatchedValueError(f"invalid FAISS result {where}: label {label} outside [0, {count})")
+        raise MapMatchedBackendError(f"FAISS returned invalid result index {label} {where}: labels are in [0, {count})")
     if label in seen:
-        raise MapMatchedValueError(f"invalid FAISS result {where}: label {label} repeated")
-    if not math.isfinite(score):
-        raise MapMatchedValueError(f"invalid FAISS result {where}: score {score} of label {label} is not finite")
+        raise MapMatchedBackendError(f"FAISS returned duplicate result index {label} {where}")
+    if isinstance(score, bool) or not isinstance(score, numbers.Real):
+        raise MapMatchedBackendError(f"FAISS returned a non-numeric score {where}: {score!r} for label {label}")
+    value = float(score)
+    if not math.isfinite(value):
+        raise MapMatchedBackendError(f"FAISS returned a non-finite score {where}: {value} for label {label}")
+    return value

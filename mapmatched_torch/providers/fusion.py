@@ -12,12 +12,12 @@ per-turn normalization then works on the fused scores.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.checks import check_positive_int, check_weight
-from ..core.errors import MapMatchedValueError
+from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..core.models import ScoredCandidate
+from ..core.protocols import CandidatesMethod, as_scored_candidates, provider_answer
 from .base import check_batch
 
 __all__ = ["FusionProvider", "reciprocal_rank_fusion"]
@@ -47,11 +47,14 @@ def reciprocal_rank_fusion(
     return tuple(ScoredCandidate(chunk_id, score) for chunk_id, score in ordered[:limit])
 
 
-class FusionProvider:
+class FusionProvider(CandidatesMethod):
     """A ``CandidateProvider`` fusing other providers by weighted reciprocal rank.
 
     Args:
-        providers: one or more providers (``retrieve(query, limit)``).
+        providers: one or more providers (``retrieve(query, limit)`` or
+            ``candidates(query, limit)``, asked as
+            :func:`~mapmatched_torch.core.protocols.provider_answer` says; their
+            ``retrieve_batch`` when they have one).
         weights: one weight >= 0 per provider (default all 1.0; not all zero).
         rank_constant: the ``k`` of reciprocal rank fusion (default 60, the value of
             Cormack et al. 2009); finite, >= 0.
@@ -79,8 +82,10 @@ class FusionProvider:
         if not providers:
             raise MapMatchedValueError("FusionProvider needs at least one provider")
         for position, provider in enumerate(providers):
-            if not callable(getattr(provider, "retrieve", None)):
-                raise MapMatchedValueError(f"provider {position} has no retrieve(query, limit) method")
+            try:
+                provider_answer(provider)
+            except MapMatchedTypeError as error:
+                raise MapMatchedTypeError(f"provider {position}: {error}") from None
         if weights is None:
             weights = [1.0] * len(providers)
         weights = [check_weight(weight, f"weight {position}") for position, weight in enumerate(weights)]
@@ -114,9 +119,10 @@ class FusionProvider:
 
 def _ask(provider: Any, queries: List[str], depth: int) -> List[Sequence[ScoredCandidate]]:
     batch = getattr(provider, "retrieve_batch", None)
-    results = list(batch(queries, depth)) if callable(batch) else [provider.retrieve(q, depth) for q in queries]
-    for result in results:
-        for candidate in result:
-            if not isinstance(candidate, ScoredCandidate) or not math.isfinite(candidate.score):
-                raise MapMatchedValueError(f"provider returned {candidate!r}; expected ScoredCandidate objects")
-    return results
+    if callable(batch):
+        results, name = list(batch(queries, depth)), "retrieve_batch(queries, limit)"
+    else:
+        method, answer = provider_answer(provider)
+        results, name = [answer(q, depth) for q in queries], f"{method}(query, limit)"
+    what = f"candidates from {type(provider).__name__}.{name}"
+    return [as_scored_candidates(result, what) for result in results]

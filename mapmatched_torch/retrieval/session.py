@@ -9,17 +9,10 @@ removed again, leaving the session exactly as it was.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from ..core.checks import (
-    check_decode_options,
-    check_positive_int,
-    check_sequence,
-    check_turn,
-    check_weight,
-    describe,
-    empty_turn_error,
-)
+from ..core.checks import check_decode_options, check_positive_int, check_turn, check_weight, describe
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import (
     CandidateScore,
@@ -29,7 +22,15 @@ from ..core.models import (
     RetrievalTrace,
     ScoredCandidate,
 )
-from ..core.protocols import CandidateProvider, CorpusGraph, Decoder, missing_members
+from ..core.path_reports import committed_through
+from ..core.protocols import (
+    CandidateProvider,
+    CorpusGraph,
+    Decoder,
+    as_scored_candidates,
+    missing_members,
+    provider_answer,
+)
 from ..core.scoring import check_score_normalization, normalize_candidates
 from ..core.trace import build_trace
 
@@ -39,51 +40,15 @@ __all__ = [
     "as_scored_candidates",
     "as_turn_candidates",
     "provider_answer_name",
+    "normalize_turn",
     "context_chunk_ids",
+    "decode_turns",
     "finish_turn",
     "revised_indices",
     "revised_turns",
     "turn_result",
     "turn_trace",
 ]
-
-
-def as_scored_candidates(candidates: Iterable[Any], what: str = "candidates") -> Tuple[ScoredCandidate, ...]:
-    """Accept :class:`ScoredCandidate` objects or ``(chunk_id, score)`` pairs.
-
-    Args:
-        candidates: one turn's candidates, in provider order.
-        what: names them in error messages (``"candidates"``, or
-            :func:`provider_answer_name`'s ``"candidates from P.retrieve(query, limit)"``).
-
-    Returns:
-        The candidates as a tuple of :class:`ScoredCandidate`.
-
-    Raises:
-        MapMatchedTypeError: (a ValueError and a TypeError) ``candidates`` is not a
-            sequence (None, a number, a string), or an entry is neither a
-            ScoredCandidate nor a pair; the message names ``what`` and the position.
-        MapMatchedValueError: a pair with a bad chunk ID or score (naming the position).
-    """
-    if isinstance(candidates, (list, tuple)) and set(map(type, candidates)) == {ScoredCandidate}:
-        return tuple(candidates)  # the common case, checked in C
-    result = []
-    for position, candidate in enumerate(
-        check_sequence(candidates, what, "a sequence of ScoredCandidate or (chunk_id, score) pairs")
-    ):
-        if isinstance(candidate, ScoredCandidate):
-            result.append(candidate)
-        elif isinstance(candidate, tuple) and len(candidate) == 2:
-            try:
-                result.append(ScoredCandidate(*candidate))
-            except MapMatchedValueError as error:
-                raise MapMatchedValueError(f"{what}: candidate {position}: {error}") from None
-        else:
-            raise MapMatchedTypeError(
-                f"{what}: candidate {position} must be a ScoredCandidate or a (chunk_id, score) pair, "
-                f"got {describe(candidate)}"
-            )
-    return tuple(result)
 
 
 def as_turn_candidates(
@@ -98,22 +63,38 @@ def as_turn_candidates(
 
 
 def provider_answer_name(provider: Any) -> str:
-    """How error messages name the candidates ``provider.retrieve`` returned (the
-    ``what`` of :func:`as_scored_candidates`, after the turn)."""
-    return f"candidates from {type(provider).__name__}.retrieve(query, limit)"
+    """How error messages name the candidates the provider's answer method
+    (:func:`~mapmatched_torch.core.protocols.provider_answer`) returned: the ``what``
+    of :func:`as_scored_candidates`, after the turn, e.g. ``"candidates from
+    P.candidates(query, limit)"``."""
+    try:
+        name = provider_answer(provider)[0]
+    except MapMatchedTypeError:  # no answer method: the call raises, naming the type
+        name = "candidates"
+    return f"candidates from {type(provider).__name__}.{name}(query, limit)"
+
+
+def normalize_turn(candidates: Sequence[ScoredCandidate], method: str, turn_index: int) -> Tuple[DecoderCandidate, ...]:
+    """One turn's kept candidates as checked trellis states, or the error a session
+    (and the server, for the same turn) raises for them: upstream mapmatched's message
+    (``"candidate set must not be empty"``, ``"candidate chunk_ids must be unique
+    within a turn"``, from :func:`~mapmatched_torch.core.scoring.normalize_candidates`)
+    naming the turn after it, e.g. ``"candidate set must not be empty (turn 0)"``."""
+    return check_turn(normalize_candidates(candidates, method, turn_index=turn_index), turn_index)
 
 
 def context_chunk_ids(
     chunk_id: str,
-    neighborhood: Iterable[Tuple[str, float]],
+    neighborhood: Iterable[str],
     candidates: Sequence[Any],
     context_limit: Optional[int],
 ) -> Tuple[str, ...]:
-    """The context of one turn: the decoded chunk, its neighbourhood, then the turn's
-    candidates (objects with ``chunk_id``, or chunk IDs) in provider order; duplicates
-    dropped keeping the first; cut at ``context_limit`` (None: no cut)."""
+    """The context of one turn: the decoded chunk, its neighbourhood (the chunk IDs
+    ``graph.neighborhood`` returns, by distance), then the turn's candidates (objects
+    with ``chunk_id``, or chunk IDs) in provider order; duplicates dropped keeping the
+    first; cut at ``context_limit`` (None: no cut)."""
     candidate_ids = (c if isinstance(c, str) else c.chunk_id for c in candidates)
-    ordered = [chunk_id, *(neighbor for neighbor, _ in neighborhood), *candidate_ids]
+    ordered = [chunk_id, *neighborhood, *candidate_ids]
     unique = tuple(dict.fromkeys(ordered))
     return unique if context_limit is None else unique[:context_limit]
 
@@ -169,9 +150,10 @@ class MapMatchedRetriever:
         self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
             emission_weight, transition_weight, fixed_lag
         )
-        self.score_normalization = check_score_normalization(score_normalization)
+        # checked in upstream mapmatched's order, so the first bad option is the one named
         self.context_radius = check_weight(context_radius, "context_radius")
         self.context_limit = None if context_limit is None else check_positive_int(context_limit, "context_limit")
+        self.score_normalization = check_score_normalization(score_normalization)
 
     def session(self) -> "MapMatchedSession":
         """Open a new conversation."""
@@ -230,29 +212,48 @@ class MapMatchedSession:
         return tuple(self._trellis)
 
     def retrieve(self, query: str) -> RetrievalResult:
-        """Ask the provider for ``candidate_limit`` candidates and decode a new turn."""
-        if not isinstance(query, str) or not query.strip():
-            raise MapMatchedValueError("query must be a non-empty string")
+        """Ask the provider for ``candidate_limit`` candidates and decode a new turn.
+
+        The provider is asked as :func:`~mapmatched_torch.core.protocols.provider_answer`
+        says: ``provider.retrieve(query, candidate_limit)``, else
+        ``provider.candidates(query, candidate_limit)`` (upstream's method).
+
+        Raises:
+            MapMatchedValueError: an empty query (``"query must not be empty"``; a
+                whitespace query is passed on, as upstream does), or a bad answer (see
+                :meth:`retrieve_candidates`).
+            MapMatchedTypeError: a query that is not a string.
+            MapMatchedRuntimeError: (a RuntimeError) the retriever has no provider.
+        """
+        if not query:
+            raise MapMatchedValueError("query must not be empty")
+        if not isinstance(query, str):
+            raise MapMatchedTypeError(f"query must be a string, got {describe(query)}")
         provider = self._retriever.provider
         if provider is None:
             raise MapMatchedRuntimeError(
-                "retrieve(query) needs a CandidateProvider: pass provider= to MapMatchedRetriever, "
-                "or call retrieve_candidates(candidates)"
+                "retrieve(query) requires a CandidateProvider; use retrieve_candidates instead "
+                "(or pass provider= to MapMatchedRetriever)"
             )
-        answer = provider.retrieve(query, self._retriever.candidate_limit)
+        answer = provider_answer(provider)[1](query, self._retriever.candidate_limit)
         return self._retrieve_turn(answer, provider_answer_name(provider))
 
     def retrieve_candidates(self, candidates: Iterable[Any]) -> RetrievalResult:
         """Decode a new turn from candidates given directly (provider order).
 
         The first ``candidate_limit`` candidates are kept and normalized; the whole
-        trellis is re-decoded. If anything raises, the turn is removed again.
+        trellis is re-decoded. If anything raises, the turn is removed again. The
+        result's ``candidates`` are the kept ones as :class:`ScoredCandidate` (raw
+        scores); the normalized turn is ``session.trellis[-1]``.
 
         Raises:
             MapMatchedTypeError: (a ValueError and a TypeError) ``candidates`` is not a
-                sequence of ScoredCandidate or ``(chunk_id, score)`` pairs; the message
-                names the turn and the position.
-            MapMatchedValueError: empty candidates, a bad chunk ID or score, repeated IDs.
+                sequence of ScoredCandidate, ``(chunk_id, score)`` pairs or objects with
+                ``chunk_id`` and ``score``; the message names the turn and the position.
+            MapMatchedValueError: a bad chunk ID or score; no candidates (``"candidate
+                set must not be empty (turn 0)"``) or repeated IDs (``"candidate chunk_ids
+                must be unique within a turn (turn 0)"``), upstream's messages first.
+            MapMatchedRuntimeError: a fixed-lag decoder changed a committed turn.
         """
         return self._retrieve_turn(candidates, "candidates")
 
@@ -261,9 +262,7 @@ class MapMatchedSession:
         retriever = self._retriever
         turn_index = len(self._trellis)
         kept = as_turn_candidates(candidates, turn_index, what)[: retriever.candidate_limit]
-        if not kept:
-            raise empty_turn_error(turn_index)
-        normalized = check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)
+        normalized = normalize_turn(kept, retriever.score_normalization, turn_index)
         self._trellis.append(normalized)
         pushed = False
         try:
@@ -271,14 +270,8 @@ class MapMatchedSession:
                 path, ranking = self._stream.push(normalized)
                 pushed = True
             else:
-                path, ranking = retriever.decoder.decode_ranked(
-                    self._trellis,
-                    retriever.graph,
-                    emission_weight=retriever.emission_weight,
-                    transition_weight=retriever.transition_weight,
-                    fixed_lag=retriever.fixed_lag,
-                )
-            result = finish_turn(retriever, self._trellis, path, ranking, self._path, self._trace)
+                path, ranking = decode_turns(retriever, self._trellis)
+            result = finish_turn(retriever, self._trellis, kept, path, ranking, self._path, self._trace)
         except BaseException:
             self._trellis.pop()
             if pushed:
@@ -289,12 +282,36 @@ class MapMatchedSession:
         return result
 
 
+def decode_turns(
+    retriever: MapMatchedRetriever, trellis: Sequence[Sequence[DecoderCandidate]]
+) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
+    """Decode a session's trellis with the retriever's decoder and options, all passed
+    by keyword (``graph=`` too, as upstream does): its ``decode_ranked`` when it has
+    one, else its ``decode`` with an empty ranking (a decoder with only upstream's
+    ``decode`` plugs in)."""
+    decoder = retriever.decoder
+    options = dict(
+        graph=retriever.graph,
+        emission_weight=retriever.emission_weight,
+        transition_weight=retriever.transition_weight,
+        fixed_lag=retriever.fixed_lag,
+    )
+    ranked = getattr(decoder, "decode_ranked", None)
+    if callable(ranked):
+        return ranked(trellis, **options)
+    return decoder.decode(trellis, **options), ()
 
-def revised_indices(previous: Optional[DecodedPath], path: DecodedPath) -> Tuple[int, ...]:
-    """Earlier turns whose decoded chunk changed; RuntimeError if a committed one did."""
+
+def revised_indices(
+    previous: Optional[DecodedPath], path: DecodedPath, fixed_lag: Optional[int] = None
+) -> Tuple[int, ...]:
+    """Earlier turns whose decoded chunk changed; RuntimeError if a committed one did
+    (committed: the turns through ``T - L - 1`` of the previous path, by the session's
+    ``fixed_lag``, whatever the decoder's path says)."""
     if previous is None:
         return ()
-    return revised_turns(previous.chunk_ids, previous.committed_through_index, path.chunk_ids)
+    committed = committed_through(len(previous.chunk_ids), fixed_lag)
+    return revised_turns(previous.chunk_ids, committed, path.chunk_ids)
 
 
 def revised_turns(
@@ -312,19 +329,22 @@ def revised_turns(
 def finish_turn(
     retriever: MapMatchedRetriever,
     trellis: Sequence[Tuple[DecoderCandidate, ...]],
+    candidates: Sequence[ScoredCandidate],
     path: DecodedPath,
     ranking: Tuple[CandidateScore, ...],
     previous_path: Optional[DecodedPath],
     previous_trace: Optional[RetrievalTrace],
 ) -> RetrievalResult:
-    """Everything after decoding a turn: revision check, trace, context, the result.
+    """Everything after decoding a turn: revision check, trace, context, the result
+    (``candidates``: the turn's kept candidates, raw, as the result holds them).
 
     Shared by the session and the batched server (whose results are built lazily from
     :func:`turn_trace` and :func:`turn_result`, the two halves of this), so both report
     identically.
     """
-    trace = turn_trace(retriever, trellis, path, revised_indices(previous_path, path), previous_trace)
-    return turn_result(retriever, trellis, path, ranking, trace)
+    revised = revised_indices(previous_path, path, retriever.fixed_lag)
+    trace = turn_trace(retriever, trellis, path, revised, previous_trace)
+    return turn_result(retriever, candidates, path, ranking, trace)
 
 
 def turn_trace(
@@ -335,10 +355,14 @@ def turn_trace(
     previous_trace: Optional[RetrievalTrace] = None,
 ) -> RetrievalTrace:
     """The trace of a decoded turn (``revised``: earlier turns whose chunk changed;
-    ``previous_trace``: the last turn's, whose unchanged steps are reused)."""
+    ``previous_trace``: the last turn's, whose unchanged steps are reused).
+
+    Its ``fixed_lag`` and ``committed_through_index`` are the session's (the
+    retriever's lag, ``T - L - 1``), as upstream reports them, whatever the decoder's
+    path carries."""
     if len(path.steps) != len(trellis):
         raise MapMatchedRuntimeError(f"decoder returned {len(path.steps)} steps for {len(trellis)} turns")
-    return build_trace(
+    trace = build_trace(
         path,
         trellis,
         emission_weight=retriever.emission_weight,
@@ -346,25 +370,30 @@ def turn_trace(
         revised_prior_indices=revised,
         reuse=previous_trace.steps if previous_trace is not None else (),
     )
+    committed = committed_through(len(trellis), retriever.fixed_lag)
+    if trace.fixed_lag != retriever.fixed_lag or trace.committed_through_index != committed:
+        trace = dataclasses.replace(trace, fixed_lag=retriever.fixed_lag, committed_through_index=committed)
+    return trace
 
 
 def turn_result(
     retriever: MapMatchedRetriever,
-    trellis: Sequence[Tuple[DecoderCandidate, ...]],
+    candidates: Sequence[ScoredCandidate],
     path: DecodedPath,
     ranking: Tuple[CandidateScore, ...],
     trace: RetrievalTrace,
-    neighborhood: Optional[Sequence[Tuple[str, float]]] = None,
+    neighborhood: Optional[Sequence[str]] = None,
 ) -> RetrievalResult:
-    """The :class:`RetrievalResult` of a decoded turn: its context and everything else."""
+    """The :class:`RetrievalResult` of a decoded turn: its context and everything else
+    (``candidates``: the turn's kept candidates, raw, in provider order)."""
     chunk_id = path.steps[-1].chunk_id
     if neighborhood is None:
         neighborhood = retriever.graph.neighborhood(chunk_id, retriever.context_radius)
-    context = context_chunk_ids(chunk_id, neighborhood, trellis[-1], retriever.context_limit)
+    context = context_chunk_ids(chunk_id, neighborhood, candidates, retriever.context_limit)
     return RetrievalResult(
         chunk_id=chunk_id,
         context_chunk_ids=context,
-        candidates=trellis[-1],
+        candidates=candidates,
         path=path,
         trace=trace,
         candidate_ranking=ranking,

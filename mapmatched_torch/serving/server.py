@@ -18,7 +18,10 @@ reported in ``errors`` and leaves that session exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -30,20 +33,16 @@ from ..core.checks import (
     check_finite,
     check_positive_int,
     check_sequence,
-    check_turn,
     describe,
-    duplicate_ids_error,
-    empty_turn_error,
 )
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, ScoredCandidate, TraceStep
 from ..core.path_reports import NONFINITE_MESSAGE
-from ..core.protocols import CorpusGraph, implements
-from ..core.scoring import normalize_candidates
+from ..core.protocols import CorpusGraph, implements, provider_answer
 from ..kernels.normalization import normalize_score_rows
 from ..graph.protocols import TensorGraph
 from ..kernels.slot_decoder import SlotDecoder
-from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, provider_answer_name
+from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, normalize_turn, provider_answer_name
 from ..retrieval.streaming import step_distances
 from ..retrieval.trellis import packed_rows
 from .step_results import NeighborhoodCache, ServedTurn, StepRecord, StepResults
@@ -378,7 +377,7 @@ class MapMatchedServer:
                 what = answer if session_id in queries else "candidates"
                 kept = as_turn_candidates(request, len(session.turns), what)[: retriever.candidate_limit]
                 if not kept:
-                    raise empty_turn_error(len(session.turns))
+                    normalize_turn(kept, retriever.score_normalization, len(session.turns))  # the session's error
                 listed.append((session_id, len(session.turns), kept))
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
@@ -402,7 +401,7 @@ class MapMatchedServer:
                 if not clean[row] or len(set(ids[row])) != count:
                     # the session's own functions: they raise its error for this turn
                     checked = ServedTurn.from_candidates(
-                        check_turn(normalize_candidates(kept, retriever.score_normalization), turn_index)
+                        normalize_turn(kept, retriever.score_normalization, turn_index)
                     )
                     row_raw, row_normalized = checked.raw, checked.normalized
                     normalized[row, :count] = torch.tensor(row_normalized, dtype=torch.float64)
@@ -497,7 +496,7 @@ class MapMatchedServer:
                 if flagged[row]:
                     _raise_row_error(every[row].tolist(), every_raw[row].tolist(), count, nodes, names, turn_index)
                 if not count:
-                    raise empty_turn_error(turn_index)
+                    normalize_turn((), retriever.score_normalization, turn_index)  # the session's error
                 first = row * columns
                 turn_nodes, turn_normalized = index_flat[first:first + count], normalized_flat[first:first + count]
                 if overflowed[row]:
@@ -529,8 +528,8 @@ class MapMatchedServer:
                 errors[session_id] = MapMatchedRuntimeError(
                     "a query needs a CandidateProvider: pass provider= to MapMatchedServer, or send candidates"
                 )
-            elif not query.strip():
-                errors[session_id] = MapMatchedValueError("query must be a non-empty string")
+            elif not query:  # as a session: a whitespace query goes to the provider
+                errors[session_id] = MapMatchedValueError("query must not be empty")
         pending = [key for key in queries if key not in errors]
         batch = getattr(provider, "retrieve_batch", None)
         if pending and callable(batch):
@@ -544,7 +543,7 @@ class MapMatchedServer:
                 answers.clear()
         for key in pending:
             try:
-                answers[key] = provider.retrieve(queries[key], limit)
+                answers[key] = provider_answer(provider)[1](queries[key], limit)
             except Exception as error:
                 errors[key] = error
         return answers
@@ -586,15 +585,57 @@ class MapMatchedServer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` into a server built with the same options."""
+        """Restore :meth:`state_dict` into a server built with the same options.
+
+        Everything is validated before anything changes (the options, each session's
+        record, the decoder's tensors and checksum, and that every session owns a
+        distinct live slot whose turn count matches its trellis): a refused state
+        raises :class:`~mapmatched_torch.core.errors.MapMatchedValueError` and leaves the
+        running server exactly as it was.
+        """
         options = self._options()
-        if state.get("version") != 1 or state.get("options") != options:
-            raise MapMatchedValueError(
-                f"server state does not match this server: saved options {state.get('options')}, these {options}"
-            )
+        if not isinstance(state, Mapping) or state.get("version") != 1 or state.get("options") != options:
+            saved = state.get("options") if isinstance(state, Mapping) else type(state).__name__
+            raise MapMatchedValueError(f"server state does not match this server: saved options {saved}, these {options}")
+        try:
+            sessions = self._parsed_sessions(state["sessions"])
+        except MapMatchedValueError:
+            raise
+        except Exception as error:  # a malformed entry: say so, change nothing
+            raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
+        decoder_state = state["decoder"]
+        self._decoder.check_state(decoder_state)
+        free, allocated = set(decoder_state["free"]), decoder_state["allocated"]
+        lengths = decoder_state["tensors"]["lengths"]
+        seen: Dict[int, SessionId] = {}
+        for session_id, session in sessions.items():
+            slot = session.slot
+            if not 0 <= slot < allocated or slot in free:
+                raise MapMatchedValueError(
+                    f"refusing the server state: session {session_id!r} holds slot {slot}, which the decoder "
+                    f"state does not have live (allocated {allocated}, free {sorted(free)}); nothing was changed"
+                )
+            if slot in seen:
+                raise MapMatchedValueError(
+                    f"refusing the server state: sessions {seen[slot]!r} and {session_id!r} share slot {slot}; "
+                    "nothing was changed"
+                )
+            seen[slot] = session_id
+            if int(lengths[slot]) != len(session.turns):
+                raise MapMatchedValueError(
+                    f"refusing the server state: session {session_id!r} has {len(session.turns)} turns but its "
+                    f"slot {slot} holds {int(lengths[slot])}; nothing was changed"
+                )
+        self._decoder.load_state_dict(decoder_state)
+        self._sessions = sessions
+
+    def _parsed_sessions(self, entries: Any) -> Dict[SessionId, _Session]:
+        """The saved sessions as :class:`_Session` objects (nothing is changed here)."""
         sessions: Dict[SessionId, _Session] = {}
-        for session_id, slot, trellis, path, trace in state["sessions"]:
+        for session_id, slot, trellis, path, trace in entries:
             session_id = tuple(session_id) if isinstance(session_id, list) else session_id
+            if isinstance(slot, bool) or not isinstance(slot, int):
+                raise MapMatchedValueError(f"refusing the server state: session {session_id!r} has slot {slot!r}")
             turns = []
             for turn in trellis:
                 checked = ServedTurn.from_candidates(tuple(DecoderCandidate(*candidate) for candidate in turn))
@@ -603,10 +644,46 @@ class MapMatchedServer:
             record = StepRecord.restored(turns, path, trace) if path is not None else None
             magnitudes = torch.tensor([[max(map(abs, turn.normalized))] for turn in turns], dtype=torch.float64)
             extreme = bool(_large_scores(magnitudes.view(-1, 1), self.retriever.emission_weight).any())
-            sessions[session_id] = _Session(slot=int(slot), turns=turns, record=record, extreme=extreme)
-        # the sessions parsed first: a malformed state changes nothing
-        self._decoder.load_state_dict(state["decoder"])
-        self._sessions = sessions
+            if session_id in sessions:
+                raise MapMatchedValueError(f"refusing the server state: session {session_id!r} appears twice")
+            sessions[session_id] = _Session(slot=slot, turns=turns, record=record, extreme=extreme)
+        return sessions
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Write :meth:`state_dict` to ``path`` atomically: into a temporary file beside it,
+        flushed to disk, then renamed over ``path``, so a crash leaves the old file or the
+        new one, never a torn one."""
+        target = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(target))
+        handle, temporary = tempfile.mkstemp(prefix=".mapmatched-server-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                torch.save(self.state_dict(), stream)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+    def load(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
+        :meth:`load_state_dict`). A torn, truncated or edited file is refused with a
+        MapMatchedValueError naming it, and the running server is untouched."""
+        try:
+            state = torch.load(os.fspath(path), weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise MapMatchedValueError(
+                f"cannot read the server state file {os.fspath(path)!r}: {error.__class__.__name__}: {error} "
+                "(a torn, truncated or foreign file?); nothing was changed"
+            ) from error
+        try:
+            self.load_state_dict(state)
+        except MapMatchedValueError as error:
+            raise MapMatchedValueError(f"{os.fspath(path)!r}: {error}") from error
 
 
 def _as_requests(turns: Any) -> Dict[SessionId, Any]:
@@ -643,11 +720,8 @@ def _raise_row_error(
         raise MapMatchedValueError(f"trellis turn {turn_index}: padding (-1) must come after every candidate, got {nodes}")
     for node, score in zip(nodes[:count], raw):
         check_finite(score, f"trellis turn {turn_index} candidate {names[node]!r} raw_score")
-    seen = set()
-    for node in nodes[:kept]:
-        if node in seen:
-            raise duplicate_ids_error(f"trellis turn {turn_index}", names[node])
-        seen.add(node)
+    if len(set(nodes[:kept])) != kept:  # a repeated chunk: the session's error
+        normalize_turn([ScoredCandidate(names[node], score) for node, score in zip(nodes[:kept], raw)], "none", turn_index)
 
 
 _STEP_FIELDS = tuple(DecodedStep.__dataclass_fields__)
@@ -665,7 +739,8 @@ def _path_from_state(state: Optional[list]) -> Optional[DecodedPath]:
     if state is None:
         return None
     steps, total, lag, committed = state
-    return DecodedPath(tuple(DecodedStep(*step) for step in steps), total, lag, committed)
+    decoded = tuple(DecodedStep(*step) for step in steps)
+    return DecodedPath(decoded, tuple(step.chunk_id for step in decoded), total, lag, committed)
 
 
 def _trace_state(trace: Optional[RetrievalTrace]) -> Optional[list]:

@@ -24,6 +24,7 @@ from ..core.models import (
     DecoderCandidate,
     RetrievalResult,
     RetrievalTrace,
+    ScoredCandidate,
     trusted_constructor,
 )
 from ..core.path_reports import committed_through
@@ -38,6 +39,7 @@ SessionId = Hashable
 
 #: A turn's values were checked when it came in: its candidates are rebuilt unchecked.
 _candidate = trusted_constructor(DecoderCandidate)
+_scored = trusted_constructor(ScoredCandidate)
 
 
 class ServedTurn(Sequence):
@@ -109,6 +111,12 @@ class ServedTurn(Sequence):
     def candidates(self) -> Tuple[DecoderCandidate, ...]:
         """Every candidate, built now."""
         return tuple(map(_candidate, self.chunk_ids, self.raw, self.normalized))
+
+    @property
+    def scored(self) -> Tuple[ScoredCandidate, ...]:
+        """Every candidate as the provider gave it (:class:`ScoredCandidate`, raw score),
+        built now: a result's ``candidates``."""
+        return tuple(map(_scored, self.chunk_ids, self.raw))
 
 
 class StepRecord:
@@ -190,18 +198,19 @@ class StepRecord:
             self._reuse = None
         return self._decoded
 
-    def result(self, retriever: MapMatchedRetriever, neighborhood: Optional[Sequence[Tuple[str, float]]]) -> RetrievalResult:
+    def result(self, retriever: MapMatchedRetriever, neighborhood: Optional[Sequence[str]]) -> RetrievalResult:
         """The step's :class:`RetrievalResult`, built on first call (``neighborhood``: the
-        decoded chunk's context neighbourhood, or None to ask the graph)."""
+        chunk IDs of the decoded chunk's context neighbourhood, or None to ask the graph)."""
         if self._result is None:
-            last, path, ranking, trace = self.decoded(retriever)
-            self._result = turn_result(retriever, [last], path, ranking, trace, neighborhood)
+            _, path, ranking, trace = self.decoded(retriever)
+            scored = self.turns[self.length - 1].scored
+            self._result = turn_result(retriever, scored, path, ranking, trace, neighborhood)
         return self._result
 
 
 class NeighborhoodCache:
-    """An LRU of context neighbourhoods (chunk ID -> ``graph.neighborhood(chunk, radius)``)
-    for a graph that answers many at once (an immutable
+    """An LRU of context neighbourhoods (chunk ID -> ``graph.neighborhood(chunk, radius)``,
+    the chunk IDs by distance) for a graph that answers many at once (an immutable
     :class:`~mapmatched_torch.graph.NeighborhoodGraph`, e.g. a tensor graph); any other
     graph is asked one chunk at a time, every time."""
 

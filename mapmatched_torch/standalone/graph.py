@@ -17,9 +17,21 @@ Semantics, in one place:
   length is the left fold ``((w1 + w2) + w3) + ...`` of its edge distances from the
   source, so ``dist[v] = dist[u] + w`` along the search. Unreachable pairs, pairs
   beyond the bound and unknown IDs all get ``maximum_distance``.
-- ``distance(a, b)`` is always answered from the row of the source ``a`` (never from
-  ``b``'s row, even in an undirected graph), so the value never depends on the state
-  of the cache.
+- ``distance(a, b)`` is answered from the row of the source ``a``, except in an
+  undirected graph whose cache holds ``b``'s row but not ``a``'s: then from ``b``'s row
+  with no second search (mapmatched 0.1.0's rule), when that gives the identical
+  float. It does whenever every path sum the search can form is exact, i.e. all edge
+  distances are multiples of one power of two ``2**-k`` with ``(maximum_distance +
+  the longest edge) * 2**k < 2**53`` (unit, integer and dyadic distances such as 0.25
+  or 1.5); then every fold order gives the same sum and ``d(b, a) == d(a, b)`` bit for
+  bit. With other distances (0.1, cosine distances) a path's left fold from ``b`` can
+  differ from the one from ``a`` in the last bit, so the source's own row is searched
+  instead: a value never depends on the state of the cache, and every tensor engine
+  (which reads source rows) agrees with it bit for bit.
+- ``neighborhood(c, radius)`` returns chunk IDs, ``neighborhood_distances(c, radius)``
+  the same nodes with their distances: every node but ``c`` within ``min(radius,
+  maximum_distance)`` (inclusive; in a directed graph, the out-reachable ones), ordered
+  by (distance, chunk ID).
 
 Node order: :attr:`InMemoryCorpusGraph.nodes` lists the declared ``nodes`` first (in
 their input order), then edge endpoints as the edges first mention them (source, then
@@ -34,11 +46,21 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from fractions import Fraction
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int, check_radius
+from ..core.checks import check_not_a_string, check_positive_finite, check_positive_int
 from ..core.errors import MapMatchedValueError
-from ..core.graph_types import CacheInfo, EdgeLike, GraphEdge, coerce_edge
+from ..core.graph_types import (
+    CacheInfo,
+    EdgeLike,
+    GraphEdge,
+    check_neighborhood_centre,
+    check_neighborhood_radius,
+    check_node_id,
+    coerce_edge,
+    empty_distance_ids_error,
+)
 
 __all__ = ["GraphEdge", "EdgeLike", "CacheInfo", "InMemoryCorpusGraph"]
 
@@ -78,6 +100,8 @@ class InMemoryCorpusGraph:
         >>> graph.distance("a", "c"), graph.distance("a", "zzz"), graph.distance("x", "x")
         (0.75, 1.0, 0.0)
         >>> graph.neighborhood("b", 1.0)
+        ('c', 'a')
+        >>> graph.neighborhood_distances("b", 1.0)
         (('c', 0.25), ('a', 0.5))
     """
 
@@ -96,30 +120,46 @@ class InMemoryCorpusGraph:
         self._adjacency = self._build_adjacency(edges, nodes)
         self._nodes: Tuple[str, ...] = tuple(self._adjacency)
         self._edge_count = sum(len(arcs) for arcs in self._adjacency.values())
+        self._reverse_rows = not self._directed and _exact_path_sums(self._adjacency, self._maximum_distance)
         self._rows: "OrderedDict[str, Dict[str, float]]" = OrderedDict()
         self._hits = 0
         self._misses = 0
 
     @classmethod
-    def from_edges(cls, pairs: Iterable[Tuple[str, str]], **kwargs: Any) -> "InMemoryCorpusGraph":
-        """A graph with a unit-distance edge for every ``(a, b)`` pair.
+    def from_edges(
+        cls,
+        edges: Iterable[Tuple[str, str]],
+        *,
+        nodes: Iterable[str] = (),
+        directed: bool = False,
+        maximum_distance: float = 10.0,
+        distance_cache_size: int = 256,
+    ) -> "InMemoryCorpusGraph":
+        """A graph with a unit-distance edge for every ``(a, b)`` pair (mapmatched
+        0.1.0's signature).
 
         Args:
-            pairs: ``(a, b)`` chunk-ID pairs.
-            **kwargs: the keyword arguments of the constructor (``nodes``,
-                ``directed``, ``maximum_distance``, ``distance_cache_size``).
+            edges: ``(a, b)`` chunk-ID pairs.
+            nodes, directed, maximum_distance, distance_cache_size: as for the
+                constructor.
 
         Returns:
             The new graph.
         """
-        pairs = check_not_a_string(pairs, "pairs")
-        return cls([_unit_edge(pair, position) for position, pair in enumerate(pairs)], **kwargs)
+        edges = check_not_a_string(edges, "edges")
+        return cls(
+            [_unit_edge(pair, position) for position, pair in enumerate(edges)],
+            nodes=nodes,
+            directed=directed,
+            maximum_distance=maximum_distance,
+            distance_cache_size=distance_cache_size,
+        )
 
     def _build_adjacency(self, edges: Iterable[EdgeLike], nodes: Iterable[str]) -> Dict[str, Dict[str, float]]:
         """The adjacency ``{source: {target: distance}}`` in node order, arcs sorted by target order."""
         adjacency: Dict[str, Dict[str, float]] = {}
         for node in check_not_a_string(nodes, "nodes"):
-            adjacency.setdefault(check_chunk_id(node, "node chunk ID"), {})
+            adjacency.setdefault(check_node_id(node), {})
         for position, item in enumerate(check_not_a_string(edges, "edges")):
             edge = coerce_edge(item, position)
             _add_arc(adjacency, edge.source_chunk_id, edge.target_chunk_id, edge.distance)
@@ -210,13 +250,26 @@ class InMemoryCorpusGraph:
         Returns:
             0.0 when the IDs are equal (even unknown ones); the shortest path length
             when it is ``<= maximum_distance``; ``maximum_distance`` for unreachable,
-            too-far or unknown pairs. Always read from the source's row.
+            too-far or unknown pairs. Read from the source's row, or in an undirected
+            graph from the target's row when only that one is cached (see the module
+            docstring).
+
+        Raises:
+            ValueError: an empty chunk ID (``distance chunk IDs must not be empty``),
+                checked before the IDs are compared.
 
         Cost: O(1) on a cache hit; on a miss one bounded Dijkstra from the source,
         O((N_b + E_b) log E_b) for the N_b nodes and E_b arcs within the bound.
         """
+        if not source_chunk_id or not target_chunk_id:
+            raise empty_distance_ids_error(source_chunk_id, target_chunk_id)
         if source_chunk_id == target_chunk_id:
             return 0.0
+        rows = self._rows
+        if self._reverse_rows and source_chunk_id not in rows and target_chunk_id in rows:
+            self._hits += 1
+            rows.move_to_end(target_chunk_id)
+            return rows[target_chunk_id].get(source_chunk_id, self._maximum_distance)
         row = self._row(source_chunk_id)
         if row is None:
             return self._maximum_distance
@@ -239,21 +292,41 @@ class InMemoryCorpusGraph:
             return {source_chunk_id: 0.0}
         return dict(row)
 
-    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
-        """Every other node within ``min(radius, maximum_distance)`` of ``chunk_id``.
-
-        Args:
-            chunk_id: the centre.
-            radius: a number >= 0 (``inf`` allowed).
+    def neighborhood(self, chunk_id: str, radius: float) -> Tuple[str, ...]:
+        """The chunk IDs within ``min(radius, maximum_distance)`` of ``chunk_id``: the
+        IDs of :meth:`neighborhood_distances`, in its order (mapmatched 0.1.0's
+        ``neighborhood``; what the library's context expansion calls).
 
         Returns:
-            ``(chunk_id, distance)`` pairs ordered by (distance, chunk ID); ``()`` for
-            an unknown centre. Cost: :meth:`distance`'s, plus O(N_b log N_b) to sort.
+            Chunk IDs ordered by (distance, chunk ID), ``chunk_id`` itself excluded;
+            ``()`` for an unknown centre or radius 0.
 
         Raises:
-            ValueError: ``radius`` is NaN, negative or not a number.
+            ValueError: an empty ``chunk_id``, or a ``radius`` that is not a finite
+                number >= 0.
         """
-        limit = min(check_radius(radius), self._maximum_distance)
+        return tuple(node for node, _ in self.neighborhood_distances(chunk_id, radius))
+
+    def neighborhood_distances(self, chunk_id: str, radius: float) -> Tuple[Tuple[str, float], ...]:
+        """Every other node within ``min(radius, maximum_distance)`` of ``chunk_id``, with
+        its distance.
+
+        Args:
+            chunk_id: the centre, a non-empty ID.
+            radius: a finite number >= 0; the bound is inclusive.
+
+        Returns:
+            ``(chunk_id, distance)`` pairs ordered by (distance, chunk ID), the centre
+            excluded (in a directed graph, the nodes reachable from it); ``()`` for an
+            unknown centre. Cost: :meth:`distance`'s, plus O(N_b log N_b) to sort.
+
+        Raises:
+            ValueError: an empty ``chunk_id`` (``neighborhood chunk_id must not be
+                empty``); a ``radius`` that is NaN, infinite, negative or not a number
+                (``neighborhood radius must be finite and nonnegative``).
+        """
+        check_neighborhood_centre(chunk_id)
+        limit = min(check_neighborhood_radius(radius), self._maximum_distance)
         row = self._row(chunk_id)
         if row is None:
             return ()
@@ -286,20 +359,23 @@ class InMemoryCorpusGraph:
             self._rows.move_to_end(source_chunk_id)
             return row
         self._misses += 1
-        row = self._bounded_dijkstra(source_chunk_id)
+        row = self._bounded_distances(source_chunk_id, self._maximum_distance)
         self._rows[source_chunk_id] = row
         if len(self._rows) > self._distance_cache_size:
             self._rows.popitem(last=False)
         return row
 
-    def _bounded_dijkstra(self, source_chunk_id: str) -> Dict[str, float]:
-        """``{node: distance}`` for every node within the bound, in settling order.
+    def _bounded_distances(self, source: str, cutoff: float) -> Dict[str, float]:
+        """``{node: distance}`` for every node within ``cutoff`` of a known ``source``,
+        in settling order (the search hook, as mapmatched 0.1.0 names it; the cache
+        calls it with ``cutoff = maximum_distance``).
 
         Tentative distances are ``dist[u] + w`` (float64 left fold from the source);
-        a tentative distance above ``maximum_distance`` is never queued, so only
-        paths within the bound are searched. The heap orders by (distance, ID).
+        a tentative distance above ``cutoff`` is never queued, so only paths within
+        the bound are searched (inclusive). The heap orders by (distance, ID).
         """
-        bound = self._maximum_distance
+        bound = cutoff
+        source_chunk_id = source
         settled: Dict[str, float] = {}
         tentative: Dict[str, float] = {source_chunk_id: 0.0}
         heap = [(0.0, source_chunk_id)]
@@ -314,6 +390,19 @@ class InMemoryCorpusGraph:
                     tentative[neighbor] = candidate
                     heapq.heappush(heap, (candidate, neighbor))
         return settled
+
+
+def _exact_path_sums(adjacency: Dict[str, Dict[str, float]], bound: float) -> bool:
+    """Whether every sum a bounded search forms is exact in float64: all distances are
+    multiples of ``1 / D`` (``D``, their largest power-of-two denominator) and ``(bound +
+    the longest edge) * D < 2**53``, so any order of adding them gives the same float.
+    O(E)."""
+    denominator, longest = 1, 0.0
+    for arcs in adjacency.values():
+        for distance in arcs.values():
+            denominator = max(denominator, distance.as_integer_ratio()[1])
+            longest = max(longest, distance)
+    return (Fraction(bound) + Fraction(longest)) * denominator < 2**53
 
 
 def _add_arc(adjacency: Dict[str, Dict[str, float]], source: str, target: str, distance: float) -> None:

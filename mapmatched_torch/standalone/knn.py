@@ -77,12 +77,15 @@ class KNNGraph(InMemoryCorpusGraph):
 
     Build it with :meth:`from_embeddings`. The constructor takes ready-made edges (for
     example the :meth:`edges` of a saved graph) and only records the kNN parameters;
-    it is always undirected.
+    it has :class:`InMemoryCorpusGraph`'s signature (mapmatched 0.1.0's), plus the kNN
+    parameters.
 
     Args:
         edges: as for :class:`InMemoryCorpusGraph`.
         nodes: as for :class:`InMemoryCorpusGraph` (``from_embeddings`` declares every
             chunk, in input order, so :attr:`nodes` follows ``chunk_ids``).
+        directed: as for :class:`InMemoryCorpusGraph` (default False; a kNN graph of
+            :meth:`from_embeddings` is undirected).
         neighbor_count: the k the graph was built with, an ``int`` > 0.
         maximum_distance: the bound, finite and > 0.
         minimum_edge_distance: the smallest edge distance, in (0, maximum_distance].
@@ -97,10 +100,11 @@ class KNNGraph(InMemoryCorpusGraph):
         edges: Iterable[EdgeLike] = (),
         *,
         nodes: Iterable[str] = (),
-        neighbor_count: int = 10,
+        directed: bool = False,
         maximum_distance: float = 10.0,
-        minimum_edge_distance: float = 1e-6,
         distance_cache_size: int = 256,
+        neighbor_count: int = 10,
+        minimum_edge_distance: float = 1e-6,
     ) -> None:
         self._neighbor_count, _, self._minimum_edge_distance = check_knn_options(
             neighbor_count, maximum_distance, minimum_edge_distance
@@ -108,7 +112,7 @@ class KNNGraph(InMemoryCorpusGraph):
         super().__init__(
             edges,
             nodes=nodes,
-            directed=False,
+            directed=directed,
             maximum_distance=maximum_distance,
             distance_cache_size=distance_cache_size,
         )
@@ -159,9 +163,9 @@ class KNNGraph(InMemoryCorpusGraph):
             >>> graph.neighbors("c")
             (('a', 1.0),)
         """
+        ids = check_embedding_ids(chunk_ids)  # mapmatched's order: the IDs, then the options
         count, maximum, minimum = check_knn_options(neighbor_count, maximum_distance, minimum_edge_distance)
         check_positive_int(distance_cache_size, "distance_cache_size")
-        ids = check_embedding_ids(chunk_ids)
         picks = _picks(ids, embeddings, count)
         edges = [
             GraphEdge(source, target, min(max(distance, minimum), maximum))

@@ -36,24 +36,39 @@ def step(**overrides):
 @pytest.mark.parametrize(
     "factory, message",
     [
-        (lambda: ScoredCandidate("", 1.0), "non-empty"),
+        (lambda: ScoredCandidate("", 1.0), "^candidate chunk_id must not be empty$"),
         (lambda: ScoredCandidate(3, 1.0), "must be a string"),
-        (lambda: ScoredCandidate("a", math.nan), "finite"),
-        (lambda: ScoredCandidate("a", math.inf), "finite"),
-        (lambda: ScoredCandidate("a", "1.0"), "finite number"),
-        (lambda: ScoredCandidate("a", True), "finite number"),
-        (lambda: DecoderCandidate("a", 1.0, math.nan), "normalized score"),
+        (lambda: ScoredCandidate("a", math.nan), r"^candidate score must be finite, got nan \(candidate 'a'\)$"),
+        (lambda: ScoredCandidate("a", math.inf), "^candidate score must be finite"),
+        (lambda: ScoredCandidate("a", "1.0"), "^candidate score must be finite.*a real number is required"),
+        (lambda: ScoredCandidate("a", True), "^candidate score must be finite.*a real number is required"),
+        (lambda: DecoderCandidate("", 1.0, 0.0), "^decoder candidate chunk_id must not be empty$"),
+        (lambda: DecoderCandidate("a", math.nan, 0.0), "^raw score must be finite, got nan"),
+        (lambda: DecoderCandidate("a", 1.0, math.nan), "^normalized score must be finite, got nan"),
         (lambda: CandidateScore("a", -math.inf), "finite"),
         (lambda: step(graph_distance=-1.0), "nonnegative"),
         (lambda: step(cumulative_score=math.nan), "cumulative_score"),
         (lambda: step(turn_index=-1), "turn_index"),
-        (lambda: DecodedPath(steps=(), total_score=0.0), "at least one step"),
+        (lambda: DecodedPath(steps=(), chunk_ids=(), total_score=0.0), "^decoded path must contain at least one step"),
+        (lambda: DecodedPath((step(),), ("b",), 0.0), "^decoded path chunk_ids must match its steps"),
+        (lambda: DecodedPath((step(),), 0.0, 0.0), "^decoded path chunk_ids must match its steps"),
+        (lambda: DecodedPath((step(),), ("a",), math.nan), "^decoded path total score must be finite"),
         (lambda: RetrievalTrace(steps=(), path_chunk_ids=("a",)), "1 entries for 0 steps"),
     ],
 )
 def test_invalid_values_raise_value_error(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
+
+
+@pytest.mark.parametrize("score", ["1.0", None, True])
+def test_a_score_that_is_not_a_number_is_a_type_error_too(score):
+    # mapmatched 0.1.0's math.isfinite raised a TypeError there: both excepts keep working
+    for build in (lambda: ScoredCandidate("a", score), lambda: DecoderCandidate("a", 1.0, score)):
+        with pytest.raises(TypeError):
+            build()
+        with pytest.raises(ValueError):
+            build()
 
 
 def test_frozen_and_slotted():
@@ -71,8 +86,9 @@ def test_trace_step_move_is_validated():
 
 
 def test_decoded_path_chunk_ids_and_len():
-    path = DecodedPath(steps=[step(), step(turn_index=1, chunk_id="b")], total_score=0.5)
+    path = DecodedPath(steps=[step(), step(turn_index=1, chunk_id="b")], chunk_ids=["a", "b"], total_score=0.5)
     assert path.chunk_ids == ("a", "b")
+    assert path == DecodedPath(path.steps, ("a", "b"), 0.5)  # mapmatched's positional order
     assert len(path) == 2
     assert isinstance(path.steps, tuple)
 

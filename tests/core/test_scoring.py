@@ -56,10 +56,20 @@ def test_normalize_candidates_keeps_raw_and_order():
 
 def test_softmax_entropy_values():
     assert softmax_entropy([0.3]) == 0.0
-    assert softmax_entropy([]) == 0.0
+    assert softmax_entropy(scores=[2.0, 2.0]) == pytest.approx(math.log(2.0))  # mapmatched's parameter name
     assert softmax_entropy([1.0, 1.0, 1.0, 1.0]) == pytest.approx(math.log(4.0), abs=1e-15)
     p = [math.exp(1.0) / (math.exp(1.0) + 1.0), 1.0 / (math.exp(1.0) + 1.0)]
     assert softmax_entropy([1.0, 0.0]) == pytest.approx(-sum(x * math.log(x) for x in p), abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "scores, message",
+    [([], "^entropy requires at least one score$"), ([1.0, math.nan], "^entropy scores must be finite"),
+     ([1.0, math.inf], "^entropy scores must be finite"), ([-math.inf], "^entropy scores must be finite")],
+)
+def test_softmax_entropy_rejects_empty_and_nonfinite_scores(scores, message):
+    with pytest.raises(ValueError, match=message):
+        softmax_entropy(scores)
 
 
 def test_softmax_entropy_is_safe_for_large_inputs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from mapmatched_torch.core.models import ScoredCandidate
-from mapmatched_torch.core.trace import TRACE_COLUMNS, classify_move
+from mapmatched_torch.core.trace import DETAIL_COLUMNS, STEP_KEYS, TRACE_COLUMNS, classify_move
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 
@@ -34,12 +34,16 @@ def test_trace_steps_carry_diagnostics_runner_up_and_move():
 
 def test_to_dict_and_json_round_trip_with_sorted_keys():
     trace = run_session(fixed_lag=1).trace
-    data = trace.to_dict()
+    data = trace.to_dict(extended=True)
     assert set(data) == {"steps", "path_chunk_ids", "revised_prior_indices", "fixed_lag", "committed_through_index"}
     assert data["steps"][3]["move"] == "jump"
     assert data["steps"][0]["runner_up_chunk_id"] == "b"
     text = trace.to_json()
-    assert json.loads(text) == data
+    assert json.loads(text) == data  # the JSON keeps the detail keys
+    plain = trace.to_dict()
+    assert [list(step) for step in plain["steps"]] == [list(STEP_KEYS)] * 4
+    assert plain["steps"] == [step.to_dict() for step in trace.steps]
+    assert json.loads(trace.to_json(extended=False)) == plain
     keys = list(json.loads(text).keys())
     assert keys == sorted(keys)
     assert "\n" in trace.to_json(indent=2)
@@ -53,8 +57,14 @@ def test_render_has_the_header_and_table():
     assert lines[2] == "revised prior turns: none"
     assert lines[3] == "committed through turn: 2"
     assert lines[5].split() == list(TRACE_COLUMNS)
-    assert lines[-1].split()[-2:] == ["b", "jump"]
-    assert len(lines) == 6 + 4
+    assert set(lines[6]) == {"-", " "}
+    assert lines[-1].split()[1] == "far"
+    assert len(lines) == 7 + 4
+    detail = run_session(fixed_lag=1).trace.render(detail=True).splitlines()
+    assert detail[:5] == lines[:5]
+    assert detail[5].split() == list(TRACE_COLUMNS + DETAIL_COLUMNS)
+    assert detail[-1].split()[-2:] == ["b", "jump"]
+    assert len(detail) == 6 + 4
     full = run_session().trace.render().splitlines()
     assert full[1] == "mode: full"
     assert full[3] == "committed through turn: none"

@@ -68,7 +68,7 @@ def _session_rankings(graph, ids, cands: Candidates, setting: Setting, decoder) 
             candidates = [ScoredCandidate(ids[i], s) for i, s in
                           zip(cands.index[b, t][real].tolist(), cands.scores[b, t][real].tolist())]
             result = session.retrieve_candidates(candidates)
-            turns.append((result.chunk_id, [(c.chunk_id, c.score) for c in result.candidate_ranking]))
+            turns.append((result.chunk_id, [(c.chunk_id, c.trajectory_score) for c in result.candidate_ranking]))
         out.append(turns)
     return out
 

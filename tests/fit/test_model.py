@@ -269,3 +269,68 @@ def test_model_on_device(device):
     torch.testing.assert_close(moved.nll(*args, gold.to(device)).cpu(), model.nll(scores, distances, mask, gold))
     emissions, transitions = moved.emissions(args[0], args[2]), moved.transitions(args[1], args[2])
     assert log_partition(emissions, transitions, args[2]).device.type == device.type
+
+
+# ------------------------------------------------- a learned transition model inside the module
+
+
+def test_fitting_recovers_the_gate_and_lambda_from_data_sampled_from_the_model():
+    """Sample gold paths from a gated model, then fit lambda, beta and the gate by the
+    CRF negative log-likelihood from neutral starting values: the fit lands near the
+    truth (the likelihood is the model's own, so this is a check of the gradients and
+    of identifiability, not of retrieval quality)."""
+    from mapmatched_torch.kernels.sampling import sample_paths
+    from mapmatched_torch.kernels.transitions import GatedTransitions
+
+    generator = torch.Generator().manual_seed(0)
+    batch, turns, candidates = 1500, 5, 4
+    scores = torch.randn(batch, turns, candidates, generator=generator, dtype=torch.float64)
+    distances = torch.rand(batch, turns - 1, candidates, candidates, generator=generator, dtype=torch.float64) * 3
+    features = torch.randn(batch, turns - 1, candidates, 1, generator=generator, dtype=torch.float64)
+    mask = torch.ones(batch, turns, candidates, dtype=torch.bool)
+    truth = MapMatchedModel(1.5, transition_model=GatedTransitions(1.2, num_features=1))
+    with torch.no_grad():
+        truth.transition_model.gate_bias.fill_(-0.4)
+        truth.transition_model.gate_weights.fill_(1.1)
+        gold = sample_paths(
+            truth.emissions(scores), truth.transitions(distances, mask, features), mask, generator=generator
+        )[0]
+
+    model = MapMatchedModel(1.0, transition_model=GatedTransitions(1.0, num_features=1))
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(scores, distances, mask, gold, features=features)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    gate = model.transition_model
+    assert model.emission_weight.item() == pytest.approx(1.5, abs=0.12)
+    assert model.transition_weight.item() == pytest.approx(1.2, abs=0.15)
+    assert gate.gate_weights.item() == pytest.approx(1.1, abs=0.2)
+    assert gate.gate_bias.item() == pytest.approx(-0.4, abs=0.2)
+    assert model.transition_weight is gate.transition_weight  # one beta
+
+
+def test_a_gated_model_at_neutral_values_decodes_like_the_fixed_model():
+    from mapmatched_torch.kernels.transitions import GatedTransitions
+
+    generator = torch.Generator().manual_seed(4)
+    scores = torch.randn(6, 4, 3, generator=generator, dtype=torch.float64)
+    distances = torch.randint(0, 3, (6, 3, 3, 3), generator=generator).double()
+    features = torch.full((6, 3, 3, 2), float("nan"), dtype=torch.float64)
+    mask = torch.ones(6, 4, 3, dtype=torch.bool)
+    mask[0, 3] = False
+    features[:, :, :, :] = torch.randn(6, 3, 3, 2, generator=generator, dtype=torch.float64)
+    features[0, 2] = float("nan")  # the moves out of a padded turn: never read
+    fixed = MapMatchedModel(1.0, 0.7)
+    gated = MapMatchedModel(1.0, 0.7, transition_model=GatedTransitions(0.7, num_features=2))
+    for lag in (None, 1):
+        expected = fixed.decode(scores, distances, mask, lag)
+        decoded = gated.decode(scores, distances, mask, lag, features=features)
+        assert torch.equal(decoded.paths, expected.paths) and torch.equal(decoded.scores, expected.scores)
+    loss = gated(scores, distances, mask, torch.zeros(6, 4, dtype=torch.long), features=features)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in gated.parameters())

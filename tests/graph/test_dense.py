@@ -39,7 +39,7 @@ def test_graph_uses_its_table(device) -> None:
     assert graph.dense_table is not None
     ids = list(reference.nodes) + ["unknown"]
     assert [graph.distance(a, b) for a in ids for b in ids] == [reference.distance(a, b) for a in ids for b in ids]
-    assert [graph.neighborhood(a, 1.5) for a in ids] == [reference.neighborhood(a, 1.5) for a in ids]
+    assert [graph.neighborhood_distances(a, 1.5) for a in ids] == [reference.neighborhood_distances(a, 1.5) for a in ids]
     index = graph.index_trellis([[ids[:3], ids[3:6]]])
     dense = graph.trellis_distances(index, engine="dense")
     assert torch.equal(dense, graph.trellis_distances(index))

@@ -169,11 +169,11 @@ def test_missing_fields_of_objects_are_named() -> None:
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"adjacent_distance": 0.0}, "adjacent_distance must be positive and finite"),
-        ({"same_section_distance": math.nan}, "same_section_distance must be positive and finite"),
-        ({"hierarchy_distance": -2.0}, "hierarchy_distance must be positive and finite"),
-        ({"hierarchy_distance": math.inf}, "hierarchy_distance must be positive and finite"),
-        ({"max_position_gap": 0}, "max_position_gap must be positive"),
+        ({"adjacent_distance": 0.0}, "adjacent_distance must be finite and greater than zero"),
+        ({"same_section_distance": math.nan}, "same_section_distance must be finite and greater than zero"),
+        ({"hierarchy_distance": -2.0}, "hierarchy_distance must be finite and greater than zero"),
+        ({"hierarchy_distance": math.inf}, "hierarchy_distance must be finite and greater than zero"),
+        ({"max_position_gap": 0}, "max_position_gap must be greater than zero"),
         ({"max_position_gap": 1.5}, "max_position_gap must be an integer"),
     ],
 )
@@ -187,7 +187,7 @@ def test_bad_containers_and_maximum_distance() -> None:
     for passages in ("A:1", FIXTURE[0]):
         with pytest.raises(MapMatchedValueError, match="iterable of passages"):
             section_edges(passages)
-    with pytest.raises(MapMatchedValueError, match="maximum_distance must be positive and finite"):
+    with pytest.raises(MapMatchedValueError, match="maximum_distance must be finite and greater than zero"):
         section_graph(FIXTURE, maximum_distance=0.0)
     assert section_edges([]) == []
 

@@ -103,14 +103,14 @@ def test_from_networkx_multigraph_keeps_the_smallest_distance() -> None:
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
 def test_bad_edge_distances_name_the_edge(bad) -> None:
-    with pytest.raises(MapMatchedValueError, match="edge distance of 'a' -> 'b' must be positive and finite"):
+    with pytest.raises(MapMatchedValueError, match=r"^graph edge distance must be finite and greater than zero, got .* \(edge 'a' -> 'b'\)$"):
         TensorCorpusGraph.from_edges([("a", "b", bad)])
     edge_index = torch.tensor([[0, 1], [1, 2]])
-    with pytest.raises(MapMatchedValueError, match=r"edge 1 \('y' -> 'z'\) has distance .*positive and finite"):
+    with pytest.raises(MapMatchedValueError, match=r"^graph edge distance must be finite and greater than zero, got .* \(edge 1: 'y' -> 'z'\)$"):
         TensorCorpusGraph.from_edge_index(edge_index, torch.tensor([1.0, bad]), chunk_ids=["x", "y", "z"])
     network = nx.Graph()
     network.add_edge("a", "b", weight=bad)
-    with pytest.raises(MapMatchedValueError, match=r"edge 0 \('a' -> 'b'\) has distance"):
+    with pytest.raises(MapMatchedValueError, match=r"greater than zero, got .* \(edge 0: 'a' -> 'b'\)"):
         TensorCorpusGraph.from_networkx(network)
 
 
@@ -120,7 +120,7 @@ def test_bad_maximum_distance(bad) -> None:
         lambda: TensorCorpusGraph.from_edges([("a", "b")], maximum_distance=bad),
         lambda: TensorCorpusGraph.from_edge_index(torch.tensor([[0], [1]]), maximum_distance=bad),
     ):
-        with pytest.raises(MapMatchedValueError, match="maximum_distance must be positive and finite"):
+        with pytest.raises(MapMatchedValueError, match="maximum_distance must be finite and greater than zero"):
             build()
 
 
@@ -164,8 +164,10 @@ def test_a_stray_edge_index_is_named_not_allocated() -> None:
 def test_bad_edges_and_nodes() -> None:
     with pytest.raises(ValueError, match="edge 0 must be a GraphEdge"):
         TensorCorpusGraph.from_edges([("a",)])
-    with pytest.raises(ValueError, match="edge source chunk ID must be non-empty"):
+    with pytest.raises(ValueError, match="^graph edge chunk IDs must not be empty"):
         TensorCorpusGraph.from_edges([("", "b")])
+    with pytest.raises(ValueError, match="^graph node IDs must not be empty$"):
+        TensorCorpusGraph.from_edges([("a", "b")], nodes=[""])
     with pytest.raises(ValueError, match="must be an iterable, not a string"):
         TensorCorpusGraph.from_edges("ab")
     network = nx.Graph()
@@ -187,12 +189,14 @@ def test_distance_and_neighborhood_match_the_standalone(device, weights, directe
         for a in ids:
             assert [graph.distance(a, b) for b in ids] == [reference.distance(a, b) for b in ids]
         small_rounds = TensorCorpusGraph.from_graph(reference, device=device, memory_budget=1)  # a centre per round
-        for radius in (0.0, 0.5, 1.0, math.inf):
-            expected = tuple(reference.neighborhood(a, radius) for a in ids)
+        for radius in (0.0, 0.5, 1.0, 1e300):
+            expected = tuple(reference.neighborhood_distances(a, radius) for a in ids)
             for engine in ("auto", "scipy", "compiled"):
-                assert graph.neighborhoods(ids, radius, engine=engine) == expected, engine
-            assert small_rounds.neighborhoods(ids, radius, engine="compiled") == expected
+                assert graph.neighborhoods(ids, radius, engine=engine, distances=True) == expected, engine
+            assert small_rounds.neighborhoods(ids, radius, engine="compiled", distances=True) == expected
+            assert graph.neighborhoods(ids, radius) == tuple(reference.neighborhood(a, radius) for a in ids)
         assert graph.neighborhood(ids[0], 2.0) == reference.neighborhood(ids[0], 2.0)
+        assert graph.neighborhood_distances(ids[0], 2.0) == reference.neighborhood_distances(ids[0], 2.0)
 
 
 def test_distance_uses_and_counts_the_row_cache() -> None:
@@ -207,9 +211,15 @@ def test_distance_uses_and_counts_the_row_cache() -> None:
 
 def test_neighborhood_rejects_bad_radii() -> None:
     graph = TensorCorpusGraph.from_edges([("a", "b")])
-    for bad in (-1.0, math.nan, "1"):
-        with pytest.raises(ValueError, match="radius must be a nonnegative number"):
-            graph.neighborhood("a", bad)
+    for bad in (-1.0, math.nan, math.inf, "1"):
+        for method in (graph.neighborhood, graph.neighborhood_distances):
+            with pytest.raises(ValueError, match="^neighborhood radius must be finite and nonnegative"):
+                method("a", bad)
+    for method in (graph.neighborhood, graph.neighborhood_distances, lambda c, r: graph.neighborhoods(["a", c], r)):
+        with pytest.raises(ValueError, match="^neighborhood chunk_id must not be empty"):
+            method("", 1.0)
+    with pytest.raises(ValueError, match="^distance chunk IDs must not be empty"):
+        graph.distance("", "")
 
 
 def test_to_moves_everything_and_starts_a_new_cache(device) -> None:

@@ -303,14 +303,14 @@ def test_bad_store_answers_are_rejected(hits: Any, kwargs: Dict[str, Any], messa
 # --------------------------------------------------------------------------- provider: queries, batches, async
 
 
-@pytest.mark.parametrize(("query", "message"), [("", "non-empty"), (None, "must be a string"), (b"q", "must be a string")])
+@pytest.mark.parametrize(("query", "message"), [("", "must not be empty"), (None, "must be a string"), (b"q", "must be a string")])
 def test_rejects_bad_queries(query: Any, message: str) -> None:
     store = ScriptedStore([(_doc("a"), 0.5)])
     check_rejects_query(LangChainProvider(store, score_mode="similarity"), query, message)
     assert store.calls == []
 
 
-@pytest.mark.parametrize(("limit", "message"), [(0, "limit must be positive, got 0"), (-1, "must be positive"),
+@pytest.mark.parametrize(("limit", "message"), [(0, "limit must be greater than zero, got 0"), (-1, "must be greater than zero"),
                                                 (True, "must be an integer, got True"), (2.0, "must be an integer")])
 def test_rejects_bad_limits(limit: Any, message: str) -> None:
     store = ScriptedStore([(_doc("a"), 0.5)])
@@ -480,8 +480,10 @@ def test_the_adapter_is_a_langchain_retriever_and_reports_each_chunk() -> None:
     assert _ids(documents) == list(result.context_chunk_ids)
     assert [d.page_content for d in documents] == [TEXTS[c] for c in result.context_chunk_ids]
     assert [d.metadata["source"] for d in documents] == [f"doc-{c}" for c in result.context_chunk_ids]  # kept
-    candidates = {c.chunk_id: c for c in result.candidates}
-    ranking = {r.chunk_id: r.score for r in result.candidate_ranking}
+    # the result holds the provider's raw candidates; the normalized turn is the session's
+    candidates = {c.chunk_id: c for c in retriever.session.trellis[-1]}
+    assert [(c.chunk_id, c.raw_score) for c in candidates.values()] == [(c.chunk_id, c.score) for c in result.candidates]
+    ranking = {r.chunk_id: r.trajectory_score for r in result.candidate_ranking}
     step = dataclasses.asdict(result.trace.steps[-1])
     for rank, document in enumerate(documents):
         report = document.metadata["map_matched"]

@@ -197,12 +197,12 @@ def test_rejects_what_is_neither_a_retriever_nor_a_vector_index() -> None:
         LlamaIndexProvider([])
 
 
-@pytest.mark.parametrize(("query", "message"), [("", "non-empty"), (None, "must be a string")])
+@pytest.mark.parametrize(("query", "message"), [("", "must not be empty"), (None, "must be a string")])
 def test_rejects_bad_queries_and_limits(query: Any, message: str) -> None:
     retriever = ListRetriever([(_node("a"), 0.5)])
     provider = LlamaIndexProvider(retriever)
     check_rejects_query(provider, query, message)
-    for limit, limit_message in ((0, "limit must be positive, got 0"), (True, "limit must be an integer")):
+    for limit, limit_message in ((0, "limit must be greater than zero, got 0"), (True, "limit must be an integer")):
         with pytest.raises(ValueError, match=limit_message):
             provider.retrieve("q", limit)
         with pytest.raises(ValueError, match=limit_message):
@@ -268,7 +268,7 @@ def test_the_adapter_is_a_llamaindex_retriever_and_reports_each_chunk() -> None:
         assert report["context_rank"] == rank and report["trace_step"] == step
         assert item.node.metadata["source"] == f"doc-{chunk}"  # the node's own metadata is kept
         if chunk in candidates:
-            assert item.score == report["raw_score"] == candidates[chunk].raw_score
+            assert item.score == report["raw_score"] == candidates[chunk].score
         else:
             assert item.score is None and report["raw_score"] is None and report["role"] == "neighbor"
     assert roles[0] == "decoded" and {"candidate", "neighbor"} <= set(roles)

@@ -765,7 +765,7 @@ class TestStandaloneParity:
                             ((trellis[-1][m].chunk_id, s) for m, s in enumerate(finals[: len(trellis[-1])]) if s > -math.inf),
                             key=lambda item: (-item[1], item[0]),
                         )
-                        assert ours == [(item.chunk_id, item.score) for item in ranking]
+                        assert ours == [(item.chunk_id, item.trajectory_score) for item in ranking]
 
     def test_single_turn_single_candidate_and_repeated_ids(self):
         decoder = StandaloneDecoder()

@@ -118,7 +118,7 @@ def test_allocate_release_reuse_and_growth():
     fresh = decoder.current(torch.tensor([1]))
     assert decoder.length(1) == 0 and (fresh.paths == -1).all() and (fresh.final_scores == -math.inf).all()
     empty = decoder.current(torch.empty(0, dtype=torch.long))
-    assert empty.paths.shape == (0, decoder.turn_capacity) and empty.final_scores.shape == (0, 2)
+    assert empty.paths.shape == (0, 1) and empty.final_scores.shape == (0, 2)  # columns: the longest slot
 
 
 def test_step_refuses_no_slots_and_rows_without_candidates():
@@ -223,7 +223,7 @@ def test_final_results_equal_the_standalone_decoder(integer):
                         ((f"t{length - 1}m{m}", finals[m].item()) for m in columns[-1] if finals[m] > -math.inf),
                         key=lambda item: (-item[1], item[0]),
                     )
-                    assert ours == [(item.chunk_id, item.score) for item in ranking]
+                    assert ours == [(item.chunk_id, item.trajectory_score) for item in ranking]
                     assert max(score for _, score in ours) == path.total_score
 
 
@@ -347,3 +347,123 @@ def test_a_state_counts_an_overflowing_turn_and_raises_at_backtrack():
     assert state.lengths.tolist() == [2, 2] and state.steps == 2
     with pytest.raises(ValueError, match=f"{NONFINITE}.*b=\\[1\\]"):
         state.backtrack()
+
+
+# ------------------------------------------------------------ state files (issue 14 faults)
+
+
+def _used_decoder():
+    decoder = SlotDecoder(3, transition_weight=0.5, fixed_lag=1, capacity=2)
+    slots = torch.tensor([decoder.allocate(), decoder.allocate()])
+    decoder.allocate()
+    for turn in range(3):
+        decoder.step(slots, torch.tensor([[1.0, 0.0, 0.5], [0.0, 0.2, 0.1]]), torch.ones(2, 3, dtype=torch.bool),
+                     None if turn == 0 else torch.tensor([[[0.0, 1.0, 2.0]] * 3] * 2, dtype=torch.float64))
+    decoder.release(2)
+    return decoder, slots
+
+
+def _resealed(state):
+    """An edited state with a valid checksum (as a deliberate forgery would have)."""
+    from mapmatched_torch.kernels.slot_decoder import _checksum
+
+    state["checksum"] = _checksum(state)
+    return state
+
+
+def _edits():
+    def tensor_edit(name, change):
+        def edit(state):
+            state["tensors"][name] = change(state["tensors"][name].clone())
+            return _resealed(state)
+
+        return edit
+
+    def assign(index, value):
+        def change(tensor):
+            tensor[index] = value
+            return tensor
+
+        return change
+
+    return {
+        "missing checksum": lambda state: {key: value for key, value in state.items() if key != "checksum"},
+        "repeated free slot": lambda state: _resealed({**state, "free": state["free"] * 2}),
+        "allocated beyond the capacity": lambda state: _resealed({**state, "allocated": 99}),
+        "allocated below a free slot": lambda state: _resealed({**state, "allocated": 1}),
+        "allocated a bool": lambda state: _resealed({**state, "allocated": True}),
+        "wrong dtype": tensor_edit("alphas", lambda tensor: tensor.float()),
+        "wrong shape": tensor_edit("backpointers", lambda tensor: tensor[:, :1]),
+        "backpointer out of range": tensor_edit("backpointers", assign((0, 1, 0), 7)),
+        "argmax out of range": tensor_edit("argmax", assign((0, 0), 5)),
+        "NaN forward score": tensor_edit("alphas", assign((1, 0, 0), math.nan)),
+        "length beyond the turn capacity": tensor_edit("lengths", assign(0, 1000)),
+        "negative distance": tensor_edit("link_distances", assign((0, 1, 1), -1.0)),
+        "expanded zero tensor": tensor_edit(
+            "emissions", lambda tensor: torch.zeros(1, dtype=tensor.dtype).expand(tensor.shape)
+        ),
+        "unknown key": lambda state: {**state, "extra": 1},
+        "other configuration": lambda state: _resealed({**state, "config": {**state["config"], "width": 4}}),
+    }
+
+
+@pytest.mark.parametrize("edit", sorted(_edits()))
+def test_a_crafted_state_is_refused_and_the_decoder_is_untouched(edit):
+    source, _ = _used_decoder()
+    target, _ = _used_decoder()
+    target.allocate()  # differs from source: a partial load would show
+    before = target.state_dict()
+    with pytest.raises(MapMatchedValueError, match="refusing the slot decoder state"):
+        target.load_state_dict(_edits()[edit](source.state_dict()))
+    after = target.state_dict()
+    assert after["checksum"] == before["checksum"] and after["free"] == before["free"]
+
+
+def test_every_single_bit_flip_of_a_saved_state_is_refused(tmp_path):
+    source, _ = _used_decoder()
+    path = tmp_path / "state.pt"
+    torch.save(source.state_dict(), path)
+    data = path.read_bytes()
+    generator = random.Random(0)
+    refused = 0
+    for position in generator.sample(range(len(data)), 60):
+        flipped = bytearray(data)
+        flipped[position] ^= 1 << generator.randrange(8)
+        (tmp_path / "flip.pt").write_bytes(bytes(flipped))
+        target, _ = _used_decoder()
+        try:
+            state = torch.load(tmp_path / "flip.pt", weights_only=True)
+            target.load_state_dict(state)
+        except Exception:  # torch.load's own errors, or ours
+            refused += 1
+            continue
+        # accepted only if the flip hit bytes that carry no content (zip padding, names)
+        assert target.state_dict()["checksum"] == source.state_dict()["checksum"]
+    assert refused > 0
+
+
+def test_a_state_larger_than_max_bytes_is_refused():
+    source, _ = _used_decoder()
+    state = source.state_dict()
+    target, _ = _used_decoder()
+    with pytest.raises(MapMatchedValueError, match="max_bytes"):
+        target.load_state_dict(state, max_bytes=100)
+    target.load_state_dict(state, max_bytes=10**8)
+    assert target.state_dict()["checksum"] == state["checksum"]
+
+
+def test_a_steps_cost_follows_its_sessions_and_a_closed_long_session_gives_memory_back():
+    decoder = SlotDecoder(2, transition_weight=0.5)
+    long_slot, short_slot = decoder.allocate(), decoder.allocate()
+    scores, mask = torch.tensor([[1.0, 0.0]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    distances = torch.ones(1, 2, 2, dtype=torch.float64)
+    for _ in range(300):
+        decoder.step(torch.tensor([long_slot]), scores, mask, distances)
+    grown = decoder.turn_capacity
+    assert grown >= 300
+    step = decoder.step(torch.tensor([short_slot]), scores, mask, None)
+    assert step.paths.shape == (1, 1)  # not (1, turn capacity)
+    decoder.release(long_slot)
+    assert decoder.turn_capacity == 8 < grown
+    again = decoder.step(torch.tensor([short_slot]), scores, mask, distances)
+    assert again.paths.tolist() == [[0, 0]] and decoder.length(short_slot) == 2

@@ -18,9 +18,11 @@ from mapmatched_torch.kernels.decode import fixed_lag_viterbi, pointwise_decode,
 from mapmatched_torch.kernels.transitions import (
     DecodingMode,
     FixedWeight,
+    GatedTransitions,
     as_transition_model,
     decode_weighted,
     decoding_mode,
+    query_source_cosine,
     weighted_transitions,
 )
 from mapmatched_torch.testing import random_trellis
@@ -214,3 +216,119 @@ def test_no_module_weights_distances_or_chooses_the_decoder_on_its_own():
             if (weighting or choosing) and _mentions_beta(_source(node, text)):
                 found.append(f"{relative}:{node.lineno}: {_source(node, text)}")
     assert found == []
+
+
+# ------------------------------------------------------------- the learned (gated) model
+
+
+def _gated_inputs(seed, batch=3, turns=4, candidates=3, features=2):
+    generator = torch.Generator().manual_seed(seed)
+    distances = torch.randint(0, 4, (batch, turns - 1, candidates, candidates), generator=generator).double()
+    move_features = torch.randn(batch, turns - 1, candidates, features, generator=generator, dtype=torch.float64)
+    return distances, move_features
+
+
+def test_gated_model_at_its_initial_values_is_the_fixed_model_bit_for_bit():
+    distances, features = _gated_inputs(0)
+    for beta in (0.0, 0.3, 1.0, 2.5):
+        fixed = weighted_transitions(distances, beta)
+        assert same_bits(GatedTransitions(beta)(distances), fixed)
+        assert same_bits(GatedTransitions(beta, num_features=2)(distances, features), fixed)
+
+
+class _PairTable:
+    """A graph answering d(a, b) from a table (the standalone decoder's view of a matrix)."""
+
+    maximum_distance = 1e9
+
+    def __init__(self, table):
+        self.table = table
+
+    def distance(self, a, b):
+        return self.table[(a, b)]
+
+    def neighborhood(self, chunk_id, radius):
+        return ()
+
+
+def test_gated_transitions_decode_as_the_standalone_decoder_given_the_same_matrix():
+    from mapmatched_torch.core.models import DecoderCandidate
+    from mapmatched_torch.standalone import StandaloneDecoder
+
+    model = GatedTransitions(0.8, num_features=2, calibrate=True, cap=2.5)
+    with torch.no_grad():
+        model.gate_bias.fill_(0.4)
+        model.gate_weights.copy_(torch.tensor([1.3, -0.7]))
+    for seed in range(4):
+        distances, features = _gated_inputs(seed)
+        transitions = model(distances, features).detach()
+        batch, turns, candidates = distances.shape[0], distances.shape[1] + 1, distances.shape[2]
+        scores = torch.randint(-2, 3, (batch, turns, candidates), generator=torch.Generator().manual_seed(seed)).double()
+        mask = torch.ones(batch, turns, candidates, dtype=torch.bool)
+        for lag in (None, 1):
+            decoded = decode_weighted(scores, None, mask, model.bind(features), lag, transitions=transitions)
+            for b in range(batch):
+                trellis = [[DecoderCandidate(f"{t}:{m}", 0.0, scores[b, t, m].item()) for m in range(candidates)]
+                           for t in range(turns)]
+                table = {(f"{t}:{j}", f"{t + 1}:{i}"): -transitions[b, t, j, i].item()
+                         for t in range(turns - 1) for j in range(candidates) for i in range(candidates)}
+                path = StandaloneDecoder().decode(trellis, _PairTable(table), emission_weight=1.0,
+                                                  transition_weight=1.0, fixed_lag=lag)
+                chosen = decoded.paths[b].tolist()
+                assert tuple(f"{t}:{chosen[t]}" for t in range(turns)) == path.chunk_ids
+                assert decoded.scores[b].item() == path.total_score
+
+
+def test_gated_transitions_gradcheck():
+    """Analytic gradients of log Z through the module equal finite differences, for
+    every parameter (beta, gate bias, gate weights, the saturation)."""
+    from torch.func import functional_call
+
+    from mapmatched_torch.kernels.decode import log_partition
+
+    distances, features = _gated_inputs(1, batch=2, turns=3, candidates=2, features=1)
+    scores = torch.randn(2, 3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 3, 2, dtype=torch.bool)
+    mask[1, 2, 1] = False
+    model = GatedTransitions(0.7, num_features=1, calibrate=True, cap=3.0)
+    names = ("transition_weight", "gate_bias", "gate_weights", "cap_parameter")
+    start = (torch.tensor(0.7), torch.tensor(0.3), torch.tensor([0.9]), torch.tensor(1.2))
+    inputs = tuple(value.double().requires_grad_(True) for value in start)
+
+    def log_z(*values):
+        transitions = functional_call(model, dict(zip(names, values)), (distances, features))
+        return log_partition(scores, torch.where(mask[:, :-1, :, None] & mask[:, 1:, None, :], transitions, 0.0), mask)
+
+    assert torch.autograd.gradcheck(log_z, inputs)
+
+
+def test_calibration_bounds_a_far_jump_and_keeps_near_moves():
+    model = GatedTransitions(1.0, calibrate=True, cap=3.0)
+    distances = torch.tensor([[[[0.0, 0.01], [10.0, 1e6]]]], dtype=torch.float64)
+    transitions = model(distances).detach()
+    assert transitions[0, 0, 0, 0].item() == 0.0
+    assert transitions[0, 0, 0, 1].item() == pytest.approx(-0.01, rel=1e-2)
+    assert -3.0 <= transitions[0, 0, 1, 1].item() < transitions[0, 0, 1, 0].item() < 0.0
+
+
+def test_gated_model_standardizes_from_training_features_and_checks_its_inputs():
+    _, features = _gated_inputs(2, features=2)
+    model = GatedTransitions(1.0, num_features=2).standardize_(features)
+    flat = features.reshape(-1, 2)
+    assert torch.allclose(model.feature_mean, flat.mean(0)) and torch.allclose(model.feature_std, flat.std(0, unbiased=False))
+    distances = torch.zeros(3, 3, 3, 3, dtype=torch.float64)
+    with pytest.raises(MapMatchedValueError, match="gates on 2 feature"):
+        model(distances)
+    with pytest.raises(MapMatchedValueError, match="num_features=2"):
+        model(distances, features[..., :1])
+    with pytest.raises(MapMatchedValueError, match="cap must be > 0"):
+        GatedTransitions(1.0, calibrate=True, cap=0.0)
+    assert decoding_mode(GatedTransitions(0.0, num_features=2).bind(features)) is DecodingMode.POINTWISE
+
+
+def test_query_source_cosine_is_the_new_querys_cosine_to_each_previous_candidate():
+    queries = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]])
+    candidates = torch.tensor([[[[3.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[0.0, 0.0]] * 3]])
+    cosine = query_source_cosine(queries, candidates)
+    assert cosine.shape == (1, 1, 3, 1)
+    assert torch.allclose(cosine[0, 0, :, 0], torch.tensor([0.0, 1.0, 2**-0.5]))

@@ -61,7 +61,7 @@ def test_limit_above_n_and_batch_equals_single():
         ({"embeddings": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "metric": "cosine"}, "row 1 is a zero vector"),
         ({"metric": "l2"}, "unsupported metric: 'l2' \\(expected one of 'inner_product', 'cosine'\\)"),
         ({"metric": "cos"}, "did you mean 'cosine'\\?"),
-        ({"chunk_ids": ["a", "a"]}, "duplicate chunk ID 'a' at positions 0 and 1"),
+        ({"chunk_ids": ["a", "a"]}, "chunk IDs must be unique: 'a' at positions 0 and 1"),
         # a float32 norm that overflows: refused as the kNN graphs refuse it, not turned into zeros
         ({"embeddings": torch.tensor([[1.0, 0.0], [3e38, 3e38]]), "metric": "cosine"},
          "^embeddings row 1 has a norm too large for float32$"),
@@ -103,9 +103,9 @@ def test_dense_query_validation():
         provider.retrieve("x", 1)
     with pytest.raises(ValueError, match="non-finite"):
         provider.retrieve("n", 1)
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="^query 0 must not be empty$"):
         provider.retrieve("", 1)
-    with pytest.raises(ValueError, match="limit must be positive"):
+    with pytest.raises(ValueError, match="limit must be greater than zero"):
         provider.retrieve("x", 0)
     with pytest.raises(ValueError, match="embed_query"):
         DenseProvider(torch.eye(2), ["a", "b"]).retrieve("x", 1)
@@ -139,12 +139,12 @@ def test_fusion_ties_by_chunk_id_and_limit():
     "args, kwargs, message",
     [
         ([], {}, "at least one provider"),
-        ([object()], {}, "no retrieve"),
+        ([object()], {}, "provider 0: provider must implement the CandidateProvider protocol"),
         ([Fixed(["a"])], {"weights": [1.0, 2.0]}, "2 weights for 1 providers"),
         ([Fixed(["a"])], {"weights": [0.0]}, "at least one fusion weight"),
         ([Fixed(["a"])], {"weights": [-1.0]}, "weight 0 must be finite and nonnegative"),
         ([Fixed(["a"])], {"rank_constant": math.nan}, "rank_constant"),
-        ([Fixed(["a"])], {"depth": 0}, "depth must be positive"),
+        ([Fixed(["a"])], {"depth": 0}, "depth must be greater than zero"),
     ],
 )
 def test_fusion_validation(args, kwargs, message):

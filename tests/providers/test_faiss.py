@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from mapmatched_torch.core import optional as _optional
-from mapmatched_torch.core.errors import FAISSNotInstalledError, MissingDependencyError
+from mapmatched_torch.core.errors import (
+    FAISSDependencyUnavailableError,
+    FAISSNotInstalledError,
+    MapMatchedBackendError,
+    MapMatchedTypeError,
+    MissingDependencyError,
+)
 from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.core.protocols import CandidateProvider
 from mapmatched_torch.providers import faiss as faiss_provider
@@ -41,8 +47,8 @@ def fresh_probe_cache():
 
 @pytest.fixture
 def no_faiss_needed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let fake-index tests run without faiss installed."""
-    monkeypatch.setattr(faiss_provider, "require_faiss", lambda feature="FAISSProvider": None)
+    """Run a fake-index test with faiss unimportable: the provider never needs it."""
+    monkeypatch.setitem(sys.modules, "faiss", None)  # makes `import faiss` raise ImportError
 
 
 def _vectors(seed: int = 0, count: int = len(IDS), dimension: int = 4) -> np.ndarray:
@@ -226,8 +232,8 @@ def test_retrieve_batch_edge_cases(no_faiss_needed: None) -> None:
     ("chunk_ids", "message"),
     [
         # the kNN graphs' check and messages (core.embeddings.check_embedding_ids)
-        (["a", "b", "a"], r"duplicate chunk ID 'a' at positions 0 and 2"),
-        (["a", "", "c"], r"chunk ID at position 1 must be non-empty"),
+        (["a", "b", "a"], r"^chunk IDs must be unique: 'a' at positions 0 and 2"),
+        (["a", "", "c"], r"^chunk IDs must not be empty \(position 1\)"),
         (["a", 7, "c"], r"chunk ID at position 1 must be a string"),
         ("abc", r"not a string: 'abc'"),
     ],
@@ -238,12 +244,12 @@ def test_rejects_bad_chunk_ids(no_faiss_needed: None, chunk_ids: Any, message: s
 
 
 def test_rejects_empty_chunk_ids(no_faiss_needed: None) -> None:
-    with pytest.raises(ValueError, match="at least one chunk ID"):
+    with pytest.raises(ValueError, match="^chunk_ids must contain at least one ID"):
         FAISSProvider(FakeIndex(0, 2, [], []), [], str)
 
 
 def test_rejects_size_mismatch(faiss: Any) -> None:
-    with pytest.raises(ValueError, match="index holds 5 vectors but 4 chunk IDs were given"):
+    with pytest.raises(ValueError, match="^FAISS index contains 5 vectors but received 4 chunk IDs$"):
         FAISSProvider(_flat(faiss, _vectors()), IDS[:4], str)
 
 
@@ -252,23 +258,31 @@ def test_rejects_index_that_changed_after_construction(faiss: Any) -> None:
     index = _flat(faiss, vectors)
     provider = FAISSProvider(index, IDS, _embedder({"q": vectors[0]}))
     index.add(vectors[:1])
-    with pytest.raises(ValueError, match="now holds 6 vectors but the provider maps 5"):
+    with pytest.raises(MapMatchedBackendError, match="^FAISS index size changed after provider construction: the index now holds 6 vectors but the provider maps 5") as caught:
         provider.retrieve("q", 2)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
 
 
 @pytest.mark.parametrize("score_mode", ["cosine", "Distance", "", None])
 def test_rejects_unknown_score_mode(no_faiss_needed: None, score_mode: Any) -> None:
-    with pytest.raises(ValueError, match=f"unsupported score mode: {score_mode!r}"):
+    with pytest.raises(ValueError, match=f"^unsupported FAISS score mode: {score_mode!r}"):
         FAISSProvider(FakeIndex(1, 2, [], []), ["a"], str, score_mode=score_mode)
 
 
 def test_rejects_non_index_and_non_callable_embedder(no_faiss_needed: None) -> None:
-    with pytest.raises(ValueError, match="embed_query must be callable"):
+    with pytest.raises(MapMatchedTypeError, match="^embed_query must be callable, got str"):
         FAISSProvider(FakeIndex(1, 2, [], []), ["a"], "not callable")
-    with pytest.raises(ValueError, match="no 'ntotal' attribute"):
+    with pytest.raises(ValueError, match="no 'd' attribute"):
         FAISSProvider(object(), ["a"], str)
-    with pytest.raises(ValueError, match=r"index dimension \(index.d\) must be positive, got 0"):
+    with pytest.raises(ValueError, match=r"^FAISS index dimension must be greater than zero, got 0 \(index.d\)"):
         FAISSProvider(FakeIndex(1, 0, [], []), ["a"], str)
+    for d, ntotal, what in ((2.0, 1, "dimension"), (True, 1, "dimension"), (2, 1.0, "ntotal")):
+        with pytest.raises(MapMatchedTypeError, match=f"^FAISS index {what} must be an integer"):
+            FAISSProvider(FakeIndex(ntotal, d, [], []), ["a"], str)
+    index = FakeIndex(1, 2, [], [])
+    index.search = None
+    with pytest.raises(ValueError, match="index has no search"):
+        FAISSProvider(index, ["a"], str)
 
 
 # --------------------------------------------------------------------------- query checks
@@ -277,7 +291,7 @@ def test_rejects_non_index_and_non_callable_embedder(no_faiss_needed: None) -> N
 @pytest.mark.parametrize(
     ("vector", "message"),
     [
-        ([1.0, 2.0, 3.0], r"^query embedding has dimension 3 but the index has dimension 2 \(the query embedder and the index disagree"),
+        ([1.0, 2.0, 3.0], r"^query embedding has dimension 3 but the index has dimension 2 \(the query embedder and the index disagree.*; query vector has dimension 3; expected 2$"),
         ([[1.0, 2.0], [3.0, 4.0]], r"shape \(2, 2\) for query; expected \(2,\) or \(1, 2\)"),
         (5.0, r"shape \(\) for query"),
         ([1.0, float("nan")], r"must be finite, got nan at dimension 1"),
@@ -293,7 +307,7 @@ def test_rejects_bad_query_vectors(no_faiss_needed: None, vector: Any, message: 
         provider.retrieve("q", 1)
 
 
-@pytest.mark.parametrize(("query", "message"), [("", "non-empty"), (None, "must be a string"), (b"q", "must be a string")])
+@pytest.mark.parametrize(("query", "message"), [("", "must not be empty"), (None, "must be a string"), (b"q", "must be a string")])
 def test_rejects_bad_queries(no_faiss_needed: None, query: Any, message: str) -> None:
     provider, index = _fake_provider([[1.0]], [[0]], count=1)
     with pytest.raises(ValueError, match=message):
@@ -314,47 +328,91 @@ def test_rejects_bad_limits(no_faiss_needed: None, limit: Any, message: str) -> 
 @pytest.mark.parametrize(
     ("scores", "labels", "message"),
     [
-        ([[2.0, 1.0]], [[0, -1]], r"invalid FAISS result for query at rank 1: label -1"),
-        ([[2.0, 1.0]], [[3, 0]], r"invalid FAISS result for query at rank 0: label 3 outside \[0, 3\)"),
-        ([[2.0, 1.0]], [[0, -2]], r"label -2 outside \[0, 3\)"),
-        ([[2.0, 1.0]], [[1, 1]], r"invalid FAISS result for query at rank 1: label 1 repeated"),
-        ([[2.0, float("nan")]], [[0, 1]], r"invalid FAISS result for query at rank 1: score nan"),
-        ([[float("-inf"), 1.0]], [[0, 1]], r"score -inf of label 0 is not finite"),
-        ([[2.0]], [[0]], r"invalid FAISS result: scores have shape \(1, 1\), expected \(1, 2\)"),
+        ([[2.0, 1.0]], [[0, -1]], r"^FAISS returned invalid result index -1 for query at rank 1 \(the index returned fewer"),
+        ([[2.0, 1.0]], [[3, 0]], r"^FAISS returned invalid result index 3 for query at rank 0: labels are in \[0, 3\)"),
+        ([[2.0, 1.0]], [[0, -2]], r"^FAISS returned invalid result index -2 .*\[0, 3\)"),
+        ([[2.0, 1.0]], [[1, 1]], r"^FAISS returned duplicate result index 1 for query at rank 1$"),
+        ([[2.0, float("nan")]], [[0, 1]], r"^FAISS returned a non-finite score for query at rank 1: nan for label 1$"),
+        ([[float("-inf"), 1.0]], [[0, 1]], r"^FAISS returned a non-finite score for query at rank 0: -inf for label 0$"),
+        ([[2.0, 1.0]], [[0]], r"^FAISS returned different score and index counts: 2 scores and 1 labels for query$"),
+        ([[2.0, 1.0, 0.5]], [[0, 1, 2]], r"^FAISS returned more results than asked: 3 hits for query, limit 2$"),
+        ([2.0, 1.0], [0, 1], r"^FAISS returned a malformed result: row 0 of its scores for query is 2.0, not a list"),
+        ([], [], r"^FAISS returned a malformed result: cannot read row 0 of its scores for query as result\[0\].tolist\(\) \(IndexError"),
     ],
 )
 def test_rejects_invalid_faiss_results(no_faiss_needed: None, scores: Any, labels: Any, message: str) -> None:
     provider, _ = _fake_provider(scores, labels)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(MapMatchedBackendError, match=message) as caught:
         provider.retrieve("q", 2)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)  # ours, and upstream's
+
+
+def test_fewer_hits_than_asked_are_fine(no_faiss_needed: None) -> None:
+    provider, _ = _fake_provider([[2.0]], [[1]])
+    assert _pairs(provider.retrieve("q", 2)) == [("c1", 2.0)]
+
+
+class RowMatrix:
+    """A search result that is not a numpy array: rows by ``[i]``, values by ``tolist()``."""
+
+    def __init__(self, rows: List[List[Any]]) -> None:
+        self._rows = rows
+
+    def __getitem__(self, row: int) -> "RowMatrix":
+        return RowMatrix(self._rows[row])
+
+    def tolist(self) -> List[Any]:
+        return list(self._rows)
+
+
+def test_search_results_need_only_rows_and_tolist(no_faiss_needed: None) -> None:
+    provider, index = _fake_provider([], [])
+    index.search = lambda x, k: (RowMatrix([[1.0, 3], [0.5, 2.0]]), RowMatrix([[2, 0], [1, 0]]))
+    assert [_pairs(answer) for answer in provider.retrieve_batch(["a", "b"], 2)] == [
+        [("c0", 3.0), ("c2", 1.0)],
+        [("c0", 2.0), ("c1", 0.5)],
+    ]
+    index.search = lambda x, k: (RowMatrix([["high"]]), RowMatrix([[0]]))
+    with pytest.raises(MapMatchedBackendError, match="^FAISS returned a non-numeric score for query at rank 0: 'high' for label 0$"):
+        provider.retrieve("q", 1)
 
 
 def test_invalid_result_names_the_batch_position(no_faiss_needed: None) -> None:
     provider, _ = _fake_provider([[2.0], [1.0]], [[0], [-1]])
-    with pytest.raises(ValueError, match="for query 1 at rank 0: label -1"):
+    with pytest.raises(ValueError, match="invalid result index -1 for query 1 at rank 0"):
         provider.retrieve_batch(["a", "b"], 1)
 
 
 def test_rejects_float_labels(no_faiss_needed: None) -> None:
     provider, index = _fake_provider([[2.0]], [[0]])
     index.search = lambda x, k: (np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32))
-    with pytest.raises(ValueError, match="labels have dtype float32"):
+    with pytest.raises(MapMatchedTypeError, match="^FAISS index result index must be an integer: got 0.0 for query at rank 0$") as caught:
         provider.retrieve("q", 1)
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
 
 
 # --------------------------------------------------------------------------- optional dependency
 
 
-def test_missing_faiss_fails_at_construction(
-    monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None
-) -> None:
-    monkeypatch.setitem(sys.modules, "faiss", None)  # makes `import faiss` raise ImportError
-    with pytest.raises(FAISSNotInstalledError) as caught:
-        FAISSProvider(FakeIndex(1, 2, [], []), ["a"], str)
-    assert isinstance(caught.value, ImportError)
-    assert isinstance(caught.value, MissingDependencyError)
-    assert "[faiss]" in str(caught.value) and "FAISSProvider" in str(caught.value)
+def test_missing_numpy_fails_the_search_before_it_runs(no_faiss_needed: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider, index = _fake_provider([[1.0]], [[0]], count=1)  # no faiss needed to build it
+    real_import = faiss_provider.importlib.import_module
+
+    def without_numpy(name: str, package: Any = None) -> Any:
+        if name == "numpy":
+            raise ImportError("no numpy here")
+        return real_import(name, package)
+
+    monkeypatch.setattr(faiss_provider.importlib, "import_module", without_numpy)
+    with pytest.raises(FAISSDependencyUnavailableError) as caught:
+        provider.retrieve("q", 1)
+    assert FAISSDependencyUnavailableError is FAISSNotInstalledError
+    assert isinstance(caught.value, ImportError) and isinstance(caught.value, MissingDependencyError)
+    assert str(caught.value).startswith("numpy is required for FAISSProvider searches; install it with `pip install 'mapmatched-torch[faiss]'`")
     assert isinstance(caught.value.__cause__, ImportError)
+    assert index.calls == []
+    monkeypatch.undo()
+    assert provider.retrieve("q", 1) == (ScoredCandidate("c0", 1.0),)
 
 
 def test_require_faiss_and_import_optional(monkeypatch: pytest.MonkeyPatch, fresh_probe_cache: None) -> None:
@@ -389,17 +447,21 @@ def test_module_imports_without_faiss() -> None:
         """
         import sys
         sys.modules["faiss"] = None
-        from mapmatched_torch.core.errors import FAISSNotInstalledError
+        import numpy as np
         from mapmatched_torch.providers.faiss import FAISSProvider
-        try:
-            FAISSProvider(object(), ["a"], str)
-        except FAISSNotInstalledError as error:
-            print(error)
+
+        class Index:
+            d, ntotal = 2, 2
+
+            def search(self, x, k):
+                return np.array([[0.5, 1.0]]), np.array([[1, 0]])
+
+        print(FAISSProvider(Index(), ["a", "b"], lambda query: [1.0, 0.0]).retrieve("q", 2))
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "[faiss]" in result.stdout
+    assert "ScoredCandidate(chunk_id='a', score=1.0), ScoredCandidate(chunk_id='b', score=0.5)" in result.stdout
 
 
 def test_docstring_examples_run(faiss: Any) -> None:

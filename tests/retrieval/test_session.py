@@ -75,21 +75,24 @@ def test_candidate_limit_keeps_provider_order_prefix():
 
 def test_retrieve_needs_a_query_and_a_provider():
     session = MapMatchedRetriever(line_graph()).session()
-    with pytest.raises(ValueError, match="query"):
-        session.retrieve("  ")
-    with pytest.raises(RuntimeError, match="CandidateProvider"):
-        session.retrieve("hello")
+    with pytest.raises(ValueError, match="query must not be empty"):
+        session.retrieve("")
+    with pytest.raises(TypeError, match="query must be a string, got int 3"):
+        session.retrieve(3)
+    for query in ("hello", "  "):  # a whitespace query is not empty (as in mapmatched 0.1.0)
+        with pytest.raises(RuntimeError, match="retrieve\\(query\\) requires a CandidateProvider"):
+            session.retrieve(query)
     assert session.turn_count == 0
 
 
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ([], "turn 1 must contain candidates"),
-        ([ScoredCandidate("a", 1.0), ScoredCandidate("a", 2.0)], "duplicate chunk IDs"),
+        ([], "candidate set must not be empty \\(turn 1\\)"),
+        ([ScoredCandidate("a", 1.0), ScoredCandidate("a", 2.0)], "candidate chunk_ids must be unique within a turn"),
         ([("a", math.nan)], "finite"),
         (["a"], "ScoredCandidate"),
-        ([("", 1.0)], "non-empty"),
+        ([("", 1.0)], "candidate chunk_id must not be empty"),
     ],
 )
 def test_a_failed_turn_leaves_the_session_unchanged(bad, message):
@@ -129,7 +132,9 @@ class RevisingDecoder:
             first = path.steps[0]
             other = next(c for c in trellis[0] if c.chunk_id != first.chunk_id)
             steps = (type(first)(**{**{f: getattr(first, f) for f in first.__slots__}, "chunk_id": other.chunk_id}),)
-            path = DecodedPath(steps + path.steps[1:], path.total_score, path.fixed_lag, path.committed_through_index)
+            steps += path.steps[1:]
+            ids = tuple(step.chunk_id for step in steps)
+            path = DecodedPath(steps, ids, path.total_score, path.fixed_lag, path.committed_through_index)
         return path, ranking
 
 
@@ -158,13 +163,13 @@ def test_ranking_is_attached_to_the_result():
     session.retrieve_candidates(candidates(("a", 1.0)))
     result = session.retrieve_candidates(candidates(("d", 1.0), ("b", 0.5)))
     assert [r.chunk_id for r in result.candidate_ranking] == ["b", "d"]
-    assert result.candidate_ranking[0].score == result.path.total_score
+    assert result.candidate_ranking[0].trajectory_score == result.path.total_score
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"candidate_limit": 0}, "candidate_limit must be positive"),
+        ({"candidate_limit": 0}, "candidate_limit must be greater than zero"),
         ({"candidate_limit": 2.5}, "candidate_limit must be an integer"),
         ({"emission_weight": -1}, "emission_weight must be finite and nonnegative"),
         ({"transition_weight": math.inf}, "transition_weight must be finite and nonnegative"),
@@ -172,7 +177,7 @@ def test_ranking_is_attached_to_the_result():
         ({"fixed_lag": -2}, "fixed_lag must be nonnegative"),
         ({"context_radius": math.inf}, "context_radius must be finite and nonnegative"),
         ({"context_radius": -1.0}, "context_radius must be finite and nonnegative"),
-        ({"context_limit": 0}, "context_limit must be positive"),
+        ({"context_limit": 0}, "context_limit must be greater than zero"),
     ],
 )
 def test_retriever_validation(kwargs, message):

@@ -107,9 +107,9 @@ def test_bad_requests_fail_alone_and_leave_state_unchanged():
     assert set(errors) == {"a", "b", "c", "d", "e", "zzz"}
     assert all(isinstance(error, ValueError) for key, error in errors.items() if key != "e")
     assert isinstance(errors["e"], RuntimeError)  # SPEC section 6: no provider is a RuntimeError
-    assert "must contain candidates" in str(errors["a"])
+    assert str(errors["a"]) == "candidate set must not be empty (turn 1)"  # mapmatched 0.1.0's text first
     assert "finite" in str(errors["b"])
-    assert "duplicate chunk IDs" in str(errors["c"])
+    assert str(errors["c"]).startswith("candidate chunk_ids must be unique within a turn")
     assert "nonfinite score" in str(errors["d"])
     assert "CandidateProvider" in str(errors["e"])
     assert "unknown session" in str(errors["zzz"])
@@ -284,11 +284,11 @@ def test_step_indexed_isolates_bad_rows_and_leaves_them_unchanged():
         session.retrieve_candidates([(graph.nodes[0], 1.0), (graph.nodes[1], 1.0)])
     n = len(graph)
     rows = {
-        "a": ([-1, -1, -1], [0.0, 0.0, 0.0], "must contain candidates"),
+        "a": ([-1, -1, -1], [0.0, 0.0, 0.0], "^candidate set must not be empty \\(turn 1\\)$"),
         "b": ([2, n, -1], [1.0, 1.0, 0.0], "must be -1 \\(padding\\) or in"),
         "c": ([2, -2, -1], [1.0, 1.0, 0.0], "must be -1 \\(padding\\) or in"),
         "d": ([-1, 2, 3], [0.0, 1.0, 1.0], "padding \\(-1\\) must come after"),
-        "e": ([4, 4, -1], [1.0, 2.0, 0.0], "duplicate chunk IDs"),
+        "e": ([4, 4, -1], [1.0, 2.0, 0.0], "^candidate chunk_ids must be unique within a turn: turn 1 contains"),
         "f": ([4, 5, -1], [math.nan, 2.0, 0.0], "raw_score must be finite"),
         "g": ([4, 5, -1], [1.0, math.inf, 0.0], "raw_score must be finite"),
         "h": ([4, 5, -1], [1e308, 1.0, 0.0], "nonfinite score"),  # 4 * 1e308 overflows in the decoder
@@ -687,3 +687,72 @@ def test_a_server_on_the_device_equals_sessions(device, dense):
     candidates, scores, pairs = indexed_turns(rng, graph, keys)
     results, errors = restored.step_indexed(keys, candidates.to(device), scores.to(device))
     assert not errors and all(results[key] == sessions[key].retrieve_candidates(pairs[key]) for key in keys)
+
+
+# ------------------------------------------------- state files: crafted, torn, atomic (issue 14)
+
+
+def _stepped_server():
+    rng = random.Random(21)
+    server = MapMatchedServer(make_graph(5), candidate_limit=5, fixed_lag=1)
+    for key in ("a", "b", "c"):
+        server.open(key)
+    for _ in range(3):
+        server.step({key: random_turn(rng) for key in ("a", "b", "c")})
+    server.close("b")
+    return server
+
+
+def _resealed_decoder(state):
+    from mapmatched_torch.kernels.slot_decoder import _checksum
+
+    state["decoder"]["checksum"] = _checksum(state["decoder"])
+    return state
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["live slot in the free list", "allocated zero", "shared slot", "turn count", "malformed session", "bad slot type"],
+)
+def test_a_crafted_server_state_is_refused_and_the_server_is_untouched(edit):
+    state = _stepped_server().state_dict()
+    sessions = state["sessions"]
+    if edit == "live slot in the free list":
+        state["decoder"]["free"].append(sessions[0][1])
+        _resealed_decoder(state)
+    elif edit == "allocated zero":
+        state["decoder"]["allocated"], state["decoder"]["free"] = 0, []
+        _resealed_decoder(state)
+    elif edit == "shared slot":
+        sessions[1][1] = sessions[0][1]
+    elif edit == "turn count":
+        sessions[0][2] = sessions[0][2][:-1]
+    elif edit == "malformed session":
+        sessions[0] = sessions[0][:3]
+    else:
+        sessions[0][1] = "0"
+    target = _stepped_server()
+    target.open("z")
+    before = target.state_dict()
+    with pytest.raises(ValueError, match="refusing the server state|slot"):
+        target.load_state_dict(state)
+    after = target.state_dict()
+    assert after["decoder"]["checksum"] == before["decoder"]["checksum"]
+    assert [entry[0] for entry in after["sessions"]] == [entry[0] for entry in before["sessions"]]
+
+
+def test_save_is_atomic_and_a_torn_file_is_refused(tmp_path):
+    server = _stepped_server()
+    path = tmp_path / "server.pt"
+    server.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["server.pt"]  # no temporary left behind
+    data = path.read_bytes()
+    restored = MapMatchedServer(make_graph(5), candidate_limit=5, fixed_lag=1)
+    restored.load(path)
+    assert restored.session_ids == server.session_ids
+    for cut in (len(data) // 3, len(data) - 7):
+        (tmp_path / "torn.pt").write_bytes(data[:cut])
+        target = _stepped_server()
+        with pytest.raises(ValueError, match="torn.pt"):
+            target.load(tmp_path / "torn.pt")
+        assert target.state_dict()["decoder"]["checksum"] == server.state_dict()["decoder"]["checksum"]

@@ -210,7 +210,7 @@ def test_ranking_orders_by_score_then_id_and_uses_the_locks():
     trellis = [turn(("a", 1.0), ("b", 0.75)), turn(("d", 1.0), ("c", 1.5))]
     path, ranking = DECODER.decode_ranked(trellis, graph)
     # d: 1 + max(1 - 0, 0.75 - 1) = 2; c: 1.5 + max(1 - 10, 0.75 - 0.5) = 1.75
-    assert [(r.chunk_id, r.score) for r in ranking] == [("d", 2.0), ("c", 1.75)]
+    assert [(r.chunk_id, r.trajectory_score) for r in ranking] == [("d", 2.0), ("c", 1.75)]
     assert path.chunk_ids[-1] == ranking[0].chunk_id
     # Lag 0 commits the final turn too: only the decoded chunk remains rankable.
     path, ranking = DECODER.decode_ranked(trellis, graph, fixed_lag=0)
@@ -275,7 +275,7 @@ def test_one_turn_one_candidate():
     path, ranking = DECODER.decode_ranked([turn(("only", -3.0))], TableGraph({}), emission_weight=2.0)
     assert path.chunk_ids == ("only",)
     assert path.total_score == -6.0
-    assert [(r.chunk_id, r.score) for r in ranking] == [("only", -6.0)]
+    assert [(r.chunk_id, r.trajectory_score) for r in ranking] == [("only", -6.0)]
 
 
 def test_unknown_ids_and_disconnected_graph_pay_the_maximum():

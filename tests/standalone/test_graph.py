@@ -33,15 +33,16 @@ def test_graph_edge_defaults_and_float_conversion() -> None:
 
 @pytest.mark.parametrize("distance", [0.0, -1.0, math.inf, -math.inf, math.nan, True, "1.0", None])
 def test_graph_edge_rejects_bad_distance(distance) -> None:
-    with pytest.raises(ValueError, match=r"edge distance of 'a' -> 'b' must be positive and finite") as info:
+    with pytest.raises(ValueError, match=r"^graph edge distance must be finite and greater than zero, got .* \(edge 'a' -> 'b'\)$") as info:
         GraphEdge("a", "b", distance)
     assert isinstance(info.value, MapMatchedValueError)
 
 
 @pytest.mark.parametrize(
     ("source", "target", "words"),
-    [("", "b", "edge source chunk ID must be non-empty"), ("a", "", "edge target chunk ID must be non-empty"),
-     (1, "b", "edge source chunk ID must be a string")],
+    [("", "b", r"^graph edge chunk IDs must not be empty \(source_chunk_id is ''\)"),
+     ("a", "", r"^graph edge chunk IDs must not be empty \(target_chunk_id is ''\)"),
+     (1, "b", "graph edge source_chunk_id must be a string")],
 )
 def test_graph_edge_rejects_bad_ids(source, target, words) -> None:
     with pytest.raises(ValueError, match=words):
@@ -117,7 +118,7 @@ def test_self_loops_are_accepted_and_ignored() -> None:
     assert graph.neighbors("c") == ()
     assert graph.edge_count == 2
     assert graph.distance("a", "a") == 0.0
-    with pytest.raises(ValueError, match="must be positive and finite"):
+    with pytest.raises(ValueError, match="must be finite and greater than zero"):
         InMemoryCorpusGraph([("a", "a", -1.0)])
 
 
@@ -128,7 +129,7 @@ def test_declared_isolated_nodes() -> None:
     assert graph.distance("a", "lonely") == 4.0
     assert graph.distance("lonely", "lonely") == 0.0
     assert graph.distances_from("lonely") == {"lonely": 0.0}
-    assert graph.neighborhood("lonely", math.inf) == ()
+    assert graph.neighborhood("lonely", 100.0) == ()
 
 
 def test_empty_graph() -> None:
@@ -143,13 +144,13 @@ def test_empty_graph() -> None:
 
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan, True, "10", None])
 def test_rejects_bad_maximum_distance(value) -> None:
-    with pytest.raises(ValueError, match="maximum_distance must be positive and finite"):
+    with pytest.raises(ValueError, match="^maximum_distance must be finite and greater than zero"):
         InMemoryCorpusGraph(maximum_distance=value)
 
 
 @pytest.mark.parametrize(
     ("value", "words"),
-    [(0, "distance_cache_size must be positive"), (-3, "distance_cache_size must be positive"),
+    [(0, "distance_cache_size must be greater than zero"), (-3, "distance_cache_size must be greater than zero"),
      (True, "distance_cache_size must be an integer"), (2.0, "distance_cache_size must be an integer")],
 )
 def test_rejects_bad_cache_size(value, words) -> None:
@@ -160,12 +161,12 @@ def test_rejects_bad_cache_size(value, words) -> None:
 @pytest.mark.parametrize(
     ("edges", "words"),
     [
-        ([("a", "b", 0.0)], "must be positive and finite, got 0.0"),
-        ([("a", "b", -0.5)], "must be positive and finite, got -0.5"),
-        ([("a", "b", math.inf)], "must be positive and finite, got inf"),
-        ([("a", "b", math.nan)], "must be positive and finite, got nan"),
-        ([("", "b")], "edge source chunk ID must be non-empty"),
-        ([("a", "")], "edge target chunk ID must be non-empty"),
+        ([("a", "b", 0.0)], "must be finite and greater than zero, got 0.0"),
+        ([("a", "b", -0.5)], "must be finite and greater than zero, got -0.5"),
+        ([("a", "b", math.inf)], "must be finite and greater than zero, got inf"),
+        ([("a", "b", math.nan)], "must be finite and greater than zero, got nan"),
+        ([("", "b")], "graph edge chunk IDs must not be empty"),
+        ([("a", "")], "graph edge chunk IDs must not be empty"),
         ([("a",)], r"edge 0 must be a GraphEdge or an \(a, b\)"),
         ([("a", "b"), ("a", "b", 1.0, 2.0)], r"edge 1 must be a GraphEdge"),
         (["ab"], r"edge 0 must be a GraphEdge"),
@@ -179,7 +180,7 @@ def test_rejects_bad_edges(edges, words) -> None:
 
 @pytest.mark.parametrize(
     ("nodes", "words"),
-    [([""], "node chunk ID must be non-empty"), ([3], "node chunk ID must be a string"),
+    [([""], "^graph node IDs must not be empty$"), ([3], "graph node ID must be a string"),
      ("abc", "nodes must be an iterable, not a string")],
 )
 def test_rejects_bad_nodes(nodes, words) -> None:
@@ -190,7 +191,7 @@ def test_rejects_bad_nodes(nodes, words) -> None:
 @pytest.mark.parametrize(
     ("pairs", "words"),
     [([("a", "b", 2.0)], r"pair 0 must be an \(a, b\) pair"), ([("a", "b"), "ab"], "pair 1"),
-     ([("", "b")], "non-empty"), ("ab", "pairs must be an iterable, not a string")],
+     ([("", "b")], "must not be empty"), ("ab", "edges must be an iterable, not a string")],
 )
 def test_from_edges_rejects_bad_pairs(pairs, words) -> None:
     with pytest.raises(ValueError, match=words):
@@ -198,8 +199,11 @@ def test_from_edges_rejects_bad_pairs(pairs, words) -> None:
 
 
 def test_from_edges_passes_keyword_arguments() -> None:
-    graph = InMemoryCorpusGraph.from_edges([("a", "b")], nodes=["x"], directed=True, maximum_distance=3.0)
+    graph = InMemoryCorpusGraph.from_edges(
+        edges=[("a", "b")], nodes=["x"], directed=True, maximum_distance=3.0, distance_cache_size=4
+    )
     assert graph.nodes == ("x", "a", "b") and graph.directed and graph.distance("b", "a") == 3.0
+    assert graph.distance_cache_size == 4
 
 
 # ---------------------------------------------------------------------- distance
@@ -245,17 +249,31 @@ def test_disconnected_components() -> None:
     assert graph.distance("a", "b") == 1.0
     assert graph.distance("a", "c") == 7.0
     assert graph.distance("d", "a") == 7.0
-    assert graph.neighborhood("a", math.inf) == (("b", 1.0),)
+    assert graph.neighborhood_distances("a", 7.0) == (("b", 1.0),)
 
 
-def test_distance_is_answered_from_the_source_row() -> None:
-    # Cache the target's row first: the answer must not change.
+def test_an_inexact_distance_is_answered_from_the_source_row() -> None:
+    # 0.1 + 0.2 + 0.3 rounds differently from each end: the target's cached row is not
+    # used, so the answer never depends on the cache
     edges = [("a", "b", 0.1), ("b", "c", 0.2), ("c", "d", 0.3)]
     fresh = InMemoryCorpusGraph(edges).distance("a", "d")
     graph = InMemoryCorpusGraph(edges)
     graph.distances_from("d")
     assert graph.distance("a", "d") == fresh == (0.1 + 0.2) + 0.3
-    assert graph.distance("d", "a") == (0.3 + 0.2) + 0.1
+    assert graph.distance("d", "a") == (0.3 + 0.2) + 0.1 != fresh
+    assert graph.cache_info().misses == 2
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (0.25, 1.5, 0.125), (3.0, 2.0, 7.0)])
+def test_an_exact_undirected_distance_reuses_the_reverse_row(weights) -> None:
+    edges = [("a", "b", weights[0]), ("b", "c", weights[1]), ("c", "d", weights[2])]
+    graph = InMemoryCorpusGraph(edges)
+    forward = graph.distance("a", "d")
+    assert graph.distance("d", "a") == forward and graph.distance("c", "a") == weights[0] + weights[1]
+    assert graph.cache_info().misses == 1  # d and c read a's row: no second search
+    directed = InMemoryCorpusGraph(edges + [(b, a, w) for a, b, w in edges], directed=True)
+    directed.distance("a", "d")
+    assert directed.distance("d", "a") == forward and directed.cache_info().misses == 2
 
 
 # ---------------------------------------------------------------------- neighborhood
@@ -266,25 +284,34 @@ def test_neighborhood_orders_by_distance_then_id() -> None:
         [("m", "z", 0.5), ("m", "b", 0.5), ("m", "a", 0.25), ("m", "q", 0.5), ("b", "far", 1.0)],
         maximum_distance=10.0,
     )
-    assert graph.neighborhood("m", 0.5) == (("a", 0.25), ("b", 0.5), ("q", 0.5), ("z", 0.5))
-    assert graph.neighborhood("m", 0.25) == (("a", 0.25),)
-    assert graph.neighborhood("m", 0.0) == ()
-    assert graph.neighborhood("m", 2.0)[-1] == ("far", 1.5)
-    assert graph.neighborhood("unknown", 5.0) == ()
+    assert graph.neighborhood_distances("m", 0.5) == (("a", 0.25), ("b", 0.5), ("q", 0.5), ("z", 0.5))
+    assert graph.neighborhood("m", 0.5) == ("a", "b", "q", "z")
+    assert graph.neighborhood_distances("m", 0.25) == (("a", 0.25),)
+    assert graph.neighborhood("m", 0.0) == graph.neighborhood_distances("m", 0.0) == ()
+    assert graph.neighborhood_distances("m", 2.0)[-1] == ("far", 1.5)
+    assert graph.neighborhood("unknown", 5.0) == graph.neighborhood_distances("unknown", 5.0) == ()
 
 
 def test_neighborhood_radius_is_clipped_at_maximum_distance() -> None:
     graph = chain(maximum_distance=1.0)
     expected = (("b", 0.5), ("c", 0.75), ("d", 1.0))
-    assert graph.neighborhood("a", math.inf) == expected
-    assert graph.neighborhood("a", 100) == expected
-    assert graph.neighborhood("a", 0.75) == expected[:2]
+    assert graph.neighborhood_distances("a", 1e300) == expected
+    assert graph.neighborhood_distances("a", 100) == expected
+    assert graph.neighborhood_distances("a", 0.75) == expected[:2]
+    assert graph.neighborhood("a", 100) == ("b", "c", "d")
 
 
-@pytest.mark.parametrize("radius", [-0.5, math.nan, "1", None, True])
-def test_neighborhood_rejects_bad_radius(radius) -> None:
-    with pytest.raises(ValueError, match="radius must be a nonnegative number"):
-        chain().neighborhood("a", radius)
+@pytest.mark.parametrize("radius", [-0.5, math.nan, math.inf, "1", None, True])
+@pytest.mark.parametrize("method", ["neighborhood", "neighborhood_distances"])
+def test_neighborhood_rejects_bad_radius(radius, method) -> None:
+    with pytest.raises(ValueError, match="^neighborhood radius must be finite and nonnegative"):
+        getattr(chain(), method)("a", radius)
+
+
+@pytest.mark.parametrize("method", ["neighborhood", "neighborhood_distances"])
+def test_neighborhood_rejects_an_empty_centre(method) -> None:
+    with pytest.raises(ValueError, match="^neighborhood chunk_id must not be empty"):
+        getattr(chain(), method)("", 1.0)
 
 
 # ---------------------------------------------------------------------- cache
@@ -298,18 +325,21 @@ def test_lru_cache_counts_and_eviction() -> None:
     graph.distance("b", "e")  # miss b
     assert graph.cache_info() == CacheInfo(1, 2, 2, 2)
     graph.distance("a", "c")  # hit a: a is now most recent, b is least recent
-    graph.distance("c", "a")  # miss c: evicts b
-    assert graph.cache_info() == CacheInfo(2, 3, 2, 2)
+    graph.distance("c", "a")  # c is not cached, a is (undirected): a's row answers, a hit
+    assert graph.cache_info() == CacheInfo(3, 2, 2, 2)
+    graph.distance("c", "e")  # miss c: evicts b
+    assert graph.cache_info() == CacheInfo(3, 3, 2, 2)
     graph.distance("a", "d")  # hit: a survived
-    assert graph.cache_info().hits == 3
-    graph.distance("b", "a")  # miss: b was evicted
-    assert graph.cache_info() == CacheInfo(3, 4, 2, 2)
-    graph.distance("zz", "a")  # unknown source: no lookup counted
+    assert graph.cache_info().hits == 4
+    graph.distance("b", "e")  # miss: b was evicted (and e is not cached); evicts c
+    assert graph.cache_info() == CacheInfo(4, 4, 2, 2)
+    assert graph.distance("zz", "a") == 10.0  # unknown source: a's cached row answers
+    graph.distance("zz", "yy")  # unknown IDs, nothing cached: no lookup counted
     graph.distance("a", "a")
-    assert graph.cache_info() == CacheInfo(3, 4, 2, 2)
+    assert graph.cache_info() == CacheInfo(5, 4, 2, 2)
     graph.neighborhood("b", 1.0)  # hit
     graph.distances_from("a")  # hit (cache holds a and b)
-    assert graph.cache_info() == CacheInfo(5, 4, 2, 2)
+    assert graph.cache_info() == CacheInfo(7, 4, 2, 2)
     graph.clear_cache()
     assert graph.cache_info() == CacheInfo(0, 0, 0, 2)
     assert graph.distance("a", "e") == 1.5
@@ -381,5 +411,5 @@ def test_matches_bellman_ford_on_random_graphs(directed: bool) -> None:
             for target in graph.nodes:
                 assert graph.distance(source, target) == min(oracle[target], bound), (source, target, arcs)
             within = sorted((d, node) for node, d in oracle.items() if node != source and d <= bound)
-            assert graph.neighborhood(source, math.inf) == tuple((node, d) for d, node in within)
+            assert graph.neighborhood_distances(source, bound) == tuple((node, d) for d, node in within)
             assert graph.distances_from(source) == {node: d for node, d in oracle.items() if d <= bound}

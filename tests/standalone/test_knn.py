@@ -235,26 +235,26 @@ def test_cosine_distance_is_the_column_order_rule() -> None:
 @pytest.mark.parametrize(
     ("ids", "embeddings", "words"),
     [
-        (["a", "b"], [1.0, 2.0], r"2-D matrix: embeddings row 0 \(chunk 'a'\) is a float"),
-        (["a", "b"], np.array([1.0, 2.0]), "2-D matrix"),
-        (["a"], [[[1.0]]], r"2-D matrix of numbers: embeddings row 0 \(chunk 'a'\), column 0"),
-        (["a"], "ab", "2-D matrix"),
-        (["a"], 3.0, "2-D matrix"),
+        (["a", "b"], [1.0, 2.0], r"two-dimensional matrix: embeddings row 0 \(chunk 'a'\) is a float"),
+        (["a", "b"], np.array([1.0, 2.0]), "two-dimensional matrix"),
+        (["a"], [[[1.0]]], r"two-dimensional matrix of numbers: embeddings row 0 \(chunk 'a'\), column 0"),
+        (["a"], "ab", "two-dimensional matrix"),
+        (["a"], 3.0, "two-dimensional matrix"),
         (["a", "b"], [[1.0, 2.0], [1.0]], r"ragged matrix\): embeddings row 1 \(chunk 'b'\) has 1"),
-        (["a", "b", "c"], [[1.0], [2.0]], "embeddings have 2 rows but there are 3 chunk IDs"),
-        (["a", "b"], [[], []], "at least one column"),
-        (["a", "b"], np.zeros((2, 0)), "at least one column"),
-        (["a", "b"], [[1.0], [math.nan]], r"row 1 \(chunk 'b'\) contains a non-finite value at column 0"),
-        (["a", "b"], [[1.0, math.inf], [1.0, 0.0]], r"row 0 \(chunk 'a'\) contains a non-finite value at column 1"),
+        (["a", "b", "c"], [[1.0], [2.0]], "^received 2 embeddings for 3 chunk IDs$"),
+        (["a", "b"], [[], []], "^embedding dimension must be greater than zero"),
+        (["a", "b"], np.zeros((2, 0)), "^embedding dimension must be greater than zero"),
+        (["a", "b"], [[1.0], [math.nan]], r"row 1 \(chunk 'b'\) has .* at column 0"),
+        (["a", "b"], [[1.0, math.inf], [1.0, 0.0]], r"row 0 \(chunk 'a'\) has .* at column 1"),
         (["a", "b"], [[1.0, 0.0], [0.0, 0.0]], r"row 1 \(chunk 'b'\) is a zero vector"),
         (["a", "b"], [[1.0, 0.0], [1e-200, 0.0]], r"row 1 \(chunk 'b'\) is a zero vector"),
         (["a", "b"], [[1.0, 0.0], [1e200, 1e200]], r"row 1 \(chunk 'b'\) has a norm too large"),
-        (["a", "b"], [[1.0, 0.0], [True, 1.0]], r"2-D matrix of numbers: embeddings row 1 \(chunk 'b'\), column 0"),
-        (["a", "b"], [[1.0, 0.0], ["1", 1.0]], "2-D matrix of numbers"),
-        ([], [], "at least one chunk ID"),
-        (["a", ""], [[1.0], [2.0]], "chunk ID at position 1 must be non-empty"),
+        (["a", "b"], [[1.0, 0.0], [True, 1.0]], r"two-dimensional matrix of numbers: embeddings row 1 \(chunk 'b'\), column 0"),
+        (["a", "b"], [[1.0, 0.0], ["1", 1.0]], "two-dimensional matrix of numbers"),
+        ([], [], "^chunk_ids must contain at least one ID$"),
+        (["a", ""], [[1.0], [2.0]], "^chunk IDs must not be empty \\(position 1\\)"),
         (["a", 7], [[1.0], [2.0]], "chunk ID at position 1 must be a string"),
-        (["a", "b", "a"], [[1.0], [2.0], [3.0]], "duplicate chunk ID 'a' at positions 0 and 2"),
+        (["a", "b", "a"], [[1.0], [2.0], [3.0]], "^chunk IDs must be unique: 'a' at positions 0 and 2"),
         ("ab", [[1.0], [2.0]], "not a string"),
     ],
 )
@@ -268,19 +268,19 @@ def test_rejects_bad_embeddings_and_ids(ids, embeddings, words) -> None:
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"neighbor_count": 0}, "neighbor_count must be positive"),
-        ({"neighbor_count": -2}, "neighbor_count must be positive"),
+        ({"neighbor_count": 0}, "neighbor_count must be greater than zero"),
+        ({"neighbor_count": -2}, "neighbor_count must be greater than zero"),
         ({"neighbor_count": 2.0}, "neighbor_count must be an integer"),
         ({"neighbor_count": True}, "neighbor_count must be an integer"),
-        ({"maximum_distance": 0.0}, "maximum_distance must be positive and finite"),
-        ({"maximum_distance": math.inf}, "maximum_distance must be positive and finite"),
-        ({"maximum_distance": math.nan}, "maximum_distance must be positive and finite"),
-        ({"minimum_edge_distance": 0.0}, "minimum_edge_distance must be positive and finite"),
-        ({"minimum_edge_distance": -1e-6}, "minimum_edge_distance must be positive and finite"),
-        ({"minimum_edge_distance": math.nan}, "minimum_edge_distance must be positive and finite"),
-        ({"minimum_edge_distance": 10.5}, r"minimum_edge_distance must be in \(0, maximum_distance=10.0\], got 10.5"),
-        ({"minimum_edge_distance": 2.0, "maximum_distance": 1.0}, r"in \(0, maximum_distance=1.0\]"),
-        ({"distance_cache_size": 0}, "distance_cache_size must be positive"),
+        ({"maximum_distance": 0.0}, "^maximum_distance must be finite and greater than zero"),
+        ({"maximum_distance": math.inf}, "^maximum_distance must be finite and greater than zero"),
+        ({"maximum_distance": math.nan}, "^maximum_distance must be finite and greater than zero"),
+        ({"minimum_edge_distance": 0.0}, "^minimum_edge_distance must be finite, greater than zero, and no greater than maximum_distance"),
+        ({"minimum_edge_distance": -1e-6}, "^minimum_edge_distance must be finite, greater than zero, and no greater than maximum_distance"),
+        ({"minimum_edge_distance": math.nan}, "^minimum_edge_distance must be finite, greater than zero, and no greater than maximum_distance"),
+        ({"minimum_edge_distance": 10.5}, r"no greater than maximum_distance, got 10.5 \(maximum_distance=10.0\)"),
+        ({"minimum_edge_distance": 2.0, "maximum_distance": 1.0}, r"got 2.0 \(maximum_distance=1.0\)"),
+        ({"distance_cache_size": 0}, "distance_cache_size must be greater than zero"),
     ],
 )
 def test_rejects_bad_options(options, words) -> None:
@@ -291,7 +291,7 @@ def test_rejects_bad_options(options, words) -> None:
 
 
 def test_knn_neighbors_rejects_bad_neighbor_count() -> None:
-    with pytest.raises(ValueError, match="neighbor_count must be positive"):
+    with pytest.raises(ValueError, match="neighbor_count must be greater than zero"):
         knn_neighbors(IDS, VECTORS, 0)
 
 
