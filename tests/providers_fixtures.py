@@ -297,7 +297,7 @@ def check_batch_error_names_the_query(build: Callable[[Callable[[str], Any]], An
     """A bad query vector in a batch is named by its position; ``build(embed_query)``
     makes the provider."""
     table = dict(STORE_QUERIES, bad=np.full(STORE_DIMENSION, np.nan, dtype=np.float32))
-    with pytest.raises(ValueError, match="query vector for query 1 must be finite, got nan at dimension 0"):
+    with pytest.raises(ValueError, match="^query vector values must be finite: the vector for query 1 has nan at dimension 0"):
         build(table.__getitem__).retrieve_batch(["q0", "bad"], 2)
 
 

@@ -40,8 +40,9 @@ _Choice = TypeVar("_Choice")
 def check_choice(name: str, value: Any, choices: Iterable[_Choice]) -> _Choice:
     """``value`` must equal one of ``choices`` (an option naming a mode, engine, metric ...).
 
-    The one message of every such check: ``unsupported {name}: {value!r} (expected one
-    of 'a', 'b')``, plus ``; did you mean 'a'?`` when a string value is close to a
+    The one message of every such check: ``unsupported {name}: {value} (expected one
+    of 'a', 'b')`` (a plain word unquoted, as mapmatched 0.1.0 words it; anything else
+    as its repr), plus ``; did you mean 'a'?`` when a string value is close to a
     string choice (a typo). A value matches a choice only when it is an instance of the
     choice's type (so ``1`` is not ``"1"``, and ``True`` is not ``1``).
 
@@ -74,7 +75,11 @@ def check_choice(name: str, value: Any, choices: Iterable[_Choice]) -> _Choice:
         if close:
             hint = f"; did you mean {close[0]!r}?"
     expected = ", ".join(map(repr, choices))
-    raise MapMatchedValueError(f"unsupported {name}: {value!r} (expected one of {expected}{hint})")
+    # a plain word is shown as upstream mapmatched shows it ("unsupported score
+    # normalization: minmax"), so code matching upstream's message still matches
+    plain = isinstance(value, str) and value and value.isprintable() and value.strip() == value
+    shown = value if plain and all(isinstance(choice, str) for choice in choices) else repr(value)
+    raise MapMatchedValueError(f"unsupported {name}: {shown} (expected one of {expected}{hint})")
 
 
 def check_chunk_id(value: Any, what: str = "chunk ID") -> str:

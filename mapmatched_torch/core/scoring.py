@@ -35,7 +35,7 @@ def check_score_normalization(method: object) -> str:
     """Return ``method`` if it names a normalization, else raise ValueError.
 
     The message is SPEC's, listing the choices (:func:`~mapmatched_torch.core.checks.check_choice`):
-    ``"unsupported score normalization: 'X' (expected one of 'zscore', 'center', 'none')"``.
+    ``"unsupported score normalization: X (expected one of 'zscore', 'center', 'none')"``.
     """
     return check_choice("score normalization", method, SCORE_NORMALIZATIONS)
 

@@ -129,6 +129,7 @@ class SlotDecoder:
         self._free: List[int] = []
         self._allocated = 0
         self._tensors: Dict[str, Tensor] = {}
+        self._undo: Optional[tuple] = None
         self._resize(check_positive_int(capacity, "capacity"), check_positive_int(turn_capacity, "turn_capacity"))
 
     # ------------------------------------------------------------------ storage
@@ -205,6 +206,7 @@ class SlotDecoder:
             self._resize(self.capacity, target)
 
     def _clear(self, slot: int) -> None:
+        self._undo = None  # a reused slot must never get an older step's values back
         for name in _STATE_TENSORS:
             self._tensors[name][slot] = self._blank(name, 1, self.turn_capacity)[0]
 
@@ -430,28 +432,56 @@ class SlotDecoder:
 
     def _write(self, slots, turn, new, updates, ok, window, argmax) -> None:
         state = self._tensors
-        state["alphas"][slots, turn] = new["alpha"][ok]
-        state["backpointers"][slots, turn] = new["backpointers"][ok]
-        state["link_distances"][slots, turn] = new["links"][ok]
-        state["allowed"][slots, turn] = new["allowed"][ok]
-        state["emissions"][slots, turn] = new["emissions"][ok]
+        undo: List[tuple] = []  # (name, index, the values it held), replayed backwards by undo_last
+
+        def put(name: str, where: tuple, values: Tensor) -> None:
+            undo.append((name, where, state[name][where].clone()))
+            state[name][where] = values
+
+        put("alphas", (slots, turn), new["alpha"][ok])
+        put("backpointers", (slots, turn), new["backpointers"][ok])
+        put("link_distances", (slots, turn), new["links"][ok])
+        put("allowed", (slots, turn), new["allowed"][ok])
+        put("emissions", (slots, turn), new["emissions"][ok])
         if argmax is not None:
-            state["argmax"][slots, turn] = argmax[ok]
+            put("argmax", (slots, turn), argmax[ok])
         committing = updates.pop("rows", None)
         # only conversations that committed rewrite older turns (others gathered clamped copies)
         rows = committing[ok] if committing is not None else None
         for turns, alpha, backpointers, links, allowed in updates.values():
             where = (slots[rows], turns[ok][rows])
-            state["alphas"][where] = alpha[ok][rows]
-            state["backpointers"][where] = backpointers[ok][rows]
+            put("alphas", where, alpha[ok][rows])
+            put("backpointers", where, backpointers[ok][rows])
             if links is not None:
-                state["link_distances"][where] = links[ok][rows]
+                put("link_distances", where, links[ok][rows])
             if allowed is not None:
-                state["allowed"][where] = allowed[ok][rows]
+                put("allowed", where, allowed[ok][rows])
         if window is not None:
             position = turn % (self.fixed_lag + 1)
-            state["window"][slots, position], state["window_distances"][slots, position] = window
-        state["lengths"][slots] = turn + 1
+            put("window", (slots, position), window[0])
+            put("window_distances", (slots, position), window[1])
+        put("lengths", (slots,), turn + 1)
+        self._undo = (undo, self.turn_capacity)
+
+    def undo_last(self) -> None:
+        """Take back the last :meth:`advance` / :meth:`step` entirely (one level): every
+        cell it wrote gets its old value back. For a caller whose own bookkeeping failed
+        after the step (an exception, KeyboardInterrupt, out of memory), so that the
+        table and the caller agree again.
+
+        Raises:
+            MapMatchedValueError: nothing to undo (no step since the last undo), or the
+                table was resized since (allocate/release) and the step cannot be undone.
+        """
+        if self._undo is None:
+            raise MapMatchedValueError("nothing to undo: no step since the last undo")
+        undo, turns = self._undo
+        if turns != self.turn_capacity:
+            raise MapMatchedValueError("cannot undo the last step: the table was resized since")
+        state = self._tensors
+        for name, where, values in reversed(undo):
+            state[name][where] = values
+        self._undo = None
 
     # ------------------------------------------------------------- persistence
 
@@ -507,6 +537,7 @@ class SlotDecoder:
         self._tensors = {name: tensor.to(self.device, copy=True) for name, tensor in state["tensors"].items()}
         self._free = list(state["free"])
         self._allocated = int(state["allocated"])
+        self._undo = None
 
 
 def _checksum(state: Dict[str, Any]) -> str:

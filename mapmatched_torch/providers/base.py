@@ -281,7 +281,7 @@ def as_query_vector(vector: Any, dimension: int, name: str, store: str = "the in
     if bad.size:
         position = int(bad[0])
         raise MapMatchedValueError(
-            f"query vector for {name} must be finite, got {array[position]} at dimension {position} "
-            f"({bad.size} non-finite values as float32)"
+            f"query vector values must be finite: the vector for {name} has {array[position]} at dimension "
+            f"{position} ({bad.size} non-finite values as float32)"
         )
     return array

@@ -10,6 +10,7 @@ removed again, leaving the session exactly as it was.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from ..core.checks import check_decode_options, check_positive_int, check_turn, check_weight, describe
@@ -161,10 +162,16 @@ class MapMatchedRetriever:
 
 
 class MapMatchedSession:
-    """One conversation: a growing trellis, re-decoded after every turn."""
+    """One conversation: a growing trellis, re-decoded after every turn.
+
+    Concurrency: a turn (:meth:`retrieve`, :meth:`retrieve_candidates`) holds the
+    session's lock, so turns from several threads are serialized, and a turn is all
+    or nothing (anything raised, even KeyboardInterrupt, removes it again).
+    """
 
     def __init__(self, retriever: MapMatchedRetriever) -> None:
         self._retriever = retriever
+        self._lock = threading.RLock()
         self._trellis: List[Tuple[DecoderCandidate, ...]] = []
         self._path: Optional[DecodedPath] = None
         self._trace: Optional[RetrievalTrace] = None
@@ -259,6 +266,10 @@ class MapMatchedSession:
 
     def _retrieve_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
         """:meth:`retrieve_candidates`; ``what`` names the candidates in error messages."""
+        with self._lock:
+            return self._locked_turn(candidates, what)
+
+    def _locked_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
         retriever = self._retriever
         turn_index = len(self._trellis)
         kept = as_turn_candidates(candidates, turn_index, what)[: retriever.candidate_limit]

@@ -133,19 +133,23 @@ class DecodingStream:
         snapshot = decoder.snapshot(self._slot)
         slots = torch.tensor([self._slot], dtype=torch.long, device=decoder.device)
         out = decoder.step(slots, scores, mask, distances)
-        if not bool(out.ok[0]):
-            raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {len(self._trellis)}")
-        trellis = self._trellis + [turn]
-        path, ranking = report_step(
-            trellis,
-            out.paths[0].tolist(),
-            out.path_distances[0].tolist(),
-            out.final_scores[0].double().tolist(),
-            emission_weight=decoder.emission_weight,
-            transition_weight=decoder.transition_weight,
-            fixed_lag=decoder.fixed_lag,
-            reuse=self._path.steps if self._path is not None else (),
-        )
+        try:  # all or nothing: a failure after the step (even KeyboardInterrupt) restores the slot
+            if not bool(out.ok[0]):
+                raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {len(self._trellis)}")
+            trellis = self._trellis + [turn]
+            path, ranking = report_step(
+                trellis,
+                out.paths[0].tolist(),
+                out.path_distances[0].tolist(),
+                out.final_scores[0].double().tolist(),
+                emission_weight=decoder.emission_weight,
+                transition_weight=decoder.transition_weight,
+                fixed_lag=decoder.fixed_lag,
+                reuse=self._path.steps if self._path is not None else (),
+            )
+        except BaseException:
+            decoder.restore(self._slot, snapshot)
+            raise
         self._undo = (snapshot, self._path)
         self._trellis = trellis
         self._path = path

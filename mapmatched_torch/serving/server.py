@@ -22,8 +22,10 @@ import contextlib
 import math
 import os
 import tempfile
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import wraps
 from operator import attrgetter
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -39,8 +41,8 @@ from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatche
 from ..core.models import DecodedPath, DecodedStep, DecoderCandidate, RetrievalTrace, ScoredCandidate, TraceStep
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, implements, provider_answer
-from ..kernels.normalization import normalize_score_rows
 from ..graph.protocols import TensorGraph
+from ..kernels.normalization import normalize_score_rows
 from ..kernels.slot_decoder import SlotDecoder
 from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, normalize_turn, provider_answer_name
 from ..retrieval.streaming import step_distances
@@ -52,6 +54,17 @@ __all__ = ["MapMatchedServer"]
 SessionId = Hashable
 
 _CHUNK_ID, _SCORE = attrgetter("chunk_id"), attrgetter("score")
+
+
+def _serialized(method):
+    """Run ``method`` holding the server's lock: one call at a time (see the class docstring)."""
+
+    @wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 #: Above this |normalized score| (times lambda when lambda > 1) a trace's margin or
@@ -91,6 +104,16 @@ class MapMatchedServer:
     Results come back as :class:`~mapmatched_torch.serving.step_results.StepResults`: a mapping
     whose :class:`~mapmatched_torch.core.models.RetrievalResult` values are built when read
     (see :mod:`~mapmatched_torch.serving.step_results`).
+
+    Concurrency: every public method holds one lock of the server (a ``threading.RLock``),
+    so calls from several threads are serialized: one batch steps at a time, and a step
+    is all or nothing for every session in it (a failure after the decoding step, even
+    KeyboardInterrupt or an out-of-memory error, takes the whole step back with
+    :meth:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder.undo_last`). Batch the
+    sessions of one tick into one :meth:`step` rather than stepping from many threads.
+    Results (:class:`StepResults`) are built lazily from immutable records, so reading
+    them from another thread is safe. The graph's distance cache is safe under
+    concurrent readers.
 
     Latency (``benchmarks/serving.py``, 2 CPU cores): a 1024-session step takes about
     40 ms with tensors in (:meth:`step_indexed`) and a warm distance cache, 50 ms with
@@ -150,17 +173,20 @@ class MapMatchedServer:
             graph, self.retriever.context_radius, check_positive_int(neighborhood_cache, "neighborhood_cache")
         )
         self._sessions: Dict[SessionId, _Session] = {}
+        self._lock = threading.RLock()  # one call at a time: see "Concurrency" above
         # (chunk IDs -> node indices, node names) of a tensor graph, for _served_turn
         self._node_lookup = (graph.vocabulary.indices_of, graph.nodes) if implements(graph, TensorGraph) else None
 
     # ------------------------------------------------------------- sessions
 
+    @_serialized
     def open(self, session_id: SessionId) -> None:
         """Open a new, empty session (ValueError if the ID is already open)."""
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
         self._sessions[session_id] = _Session(self._decoder.allocate())
 
+    @_serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open)."""
         session = self._sessions.pop(self._known(session_id), None)
@@ -176,16 +202,19 @@ class MapMatchedServer:
     def session_ids(self) -> Tuple[SessionId, ...]:
         return tuple(self._sessions)
 
+    @_serialized
     def path(self, session_id: SessionId) -> Optional[DecodedPath]:
         """The session's latest decoded path (None before its first turn)."""
         record = self._sessions[self._known(session_id)].record
         return record.decoded(self.retriever)[1] if record is not None else None
 
+    @_serialized
     def trace(self, session_id: SessionId) -> Optional[RetrievalTrace]:
         """The session's latest trace (None before its first turn)."""
         record = self._sessions[self._known(session_id)].record
         return record.decoded(self.retriever)[3] if record is not None else None
 
+    @_serialized
     def turn_count(self, session_id: SessionId) -> int:
         return len(self._sessions[self._known(session_id)].turns)
 
@@ -206,6 +235,7 @@ class MapMatchedServer:
 
     # ----------------------------------------------------------------- a step
 
+    @_serialized
     def step(self, turns: Mapping[SessionId, Any]) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """Decode one new turn for every session in ``turns``, in one batched pass.
 
@@ -231,6 +261,7 @@ class MapMatchedServer:
         prepared, codes, normalized = self._prepare(turns, errors)
         return self._decode(prepared, codes, errors, normalized), errors
 
+    @_serialized
     def step_indexed(
         self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor
     ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
@@ -296,39 +327,48 @@ class MapMatchedServer:
             snapshots = {session.slot: decoder.snapshot(session.slot) for session, now in zip(sessions, eager) if now}
             slots = torch.tensor([session.slot for session in sessions], dtype=torch.long, device=self.device)
             out = decoder.step(slots, scores, mask, distances)
-            ok_rows = out.ok.tolist()
-            # flat lists, sliced per row: a nested tolist() would leave S lists alive
-            # through the step, promoting them into the collector's oldest generation
-            turns_wide, width = out.paths.shape[1], out.final_scores.shape[1]
-            paths, path_distances = out.paths.reshape(-1).tolist(), out.path_distances.reshape(-1).tolist()
-            finals = out.final_scores.double().reshape(-1).tolist()
-            for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
-                length = len(session.turns) + 1
-                if ok_rows[row]:
-                    previous = session.record
-                    session.turns.append(turn)
-                    session.record = StepRecord(
-                        session.turns, length, tuple(paths[row * turns_wide:row * turns_wide + length]),
-                        tuple(path_distances[row * turns_wide:row * turns_wide + length]),
-                        tuple(finals[row * width:row * width + len(turn)]),
-                        previous.row if previous is not None else None,
-                        previous.successor_reuse() if previous is not None else None,
-                    )
-                    try:
-                        if eager[row]:
-                            session.record.decoded(self.retriever)
-                    except Exception as error:  # the turn a session would refuse
-                        session.turns.pop()
-                        session.record = previous
-                        errors[session_id] = error
+            touched: List[Tuple[_Session, int, Optional[StepRecord], bool]] = []
+            try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
+                ok_rows = out.ok.tolist()
+                # flat lists, sliced per row: a nested tolist() would leave S lists alive
+                # through the step, promoting them into the collector's oldest generation
+                turns_wide, width = out.paths.shape[1], out.final_scores.shape[1]
+                paths, path_distances = out.paths.reshape(-1).tolist(), out.path_distances.reshape(-1).tolist()
+                finals = out.final_scores.double().reshape(-1).tolist()
+                for row, (session_id, session, turn) in enumerate(zip(ids, sessions, new_turns)):
+                    touched.append((session, len(session.turns), session.record, session.extreme))
+                    length = len(session.turns) + 1
+                    if ok_rows[row]:
+                        previous = session.record
+                        session.turns.append(turn)
+                        session.record = StepRecord(
+                            session.turns, length, tuple(paths[row * turns_wide:row * turns_wide + length]),
+                            tuple(path_distances[row * turns_wide:row * turns_wide + length]),
+                            tuple(finals[row * width:row * width + len(turn)]),
+                            previous.row if previous is not None else None,
+                            previous.successor_reuse() if previous is not None else None,
+                        )
+                        try:
+                            if eager[row]:
+                                session.record.decoded(self.retriever)
+                        except Exception as error:  # the turn a session would refuse
+                            session.turns.pop()
+                            session.record = previous
+                            errors[session_id] = error
+                        else:
+                            session.extreme = eager[row]
+                            records[session_id] = session.record
+                            continue
                     else:
-                        session.extreme = eager[row]
-                        records[session_id] = session.record
-                        continue
-                else:
-                    errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {length - 1}")
-                if session.slot in snapshots:
-                    decoder.restore(session.slot, snapshots[session.slot])
+                        errors[session_id] = MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {length - 1}")
+                    if session.slot in snapshots:
+                        decoder.restore(session.slot, snapshots[session.slot])
+            except BaseException:
+                decoder.undo_last()
+                for session, count, record, extreme in touched:
+                    del session.turns[count:]
+                    session.record, session.extreme = record, extreme
+                raise
         return StepResults(self.retriever, records, self._neighborhoods)
 
     def _distances(
@@ -550,6 +590,7 @@ class MapMatchedServer:
 
     # ------------------------------------------------------------ persistence
 
+    @_serialized
     def state_dict(self) -> Dict[str, Any]:
         """Every session's trellis, decoded path, trace and decoder state, and the
         options: plain tensors and Python values, loadable with
@@ -584,6 +625,7 @@ class MapMatchedServer:
             "context_limit": retriever.context_limit,
         }
 
+    @_serialized
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` into a server built with the same options.
 
@@ -649,6 +691,7 @@ class MapMatchedServer:
             sessions[session_id] = _Session(slot=slot, turns=turns, record=record, extreme=extreme)
         return sessions
 
+    @_serialized
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Write :meth:`state_dict` to ``path`` atomically: into a temporary file beside it,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file or the
@@ -667,6 +710,7 @@ class MapMatchedServer:
                 os.unlink(temporary)
             raise
 
+    @_serialized
     def load(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
         :meth:`load_state_dict`). A torn, truncated or edited file is refused with a

@@ -219,7 +219,7 @@ def test_missing_numpy_raises_before_the_search(without_faiss, monkeypatch: pyte
         (lambda P: P(FixtureIndex([], [], 1), ["a", "b"], list), ValueError, r"^FAISS index contains 1 vectors but received 2 chunk IDs$"),
         (lambda P: P(FixtureIndex([], [], 1), ["a"], "not callable"), TypeError, "^embed_query must be callable"),
         (lambda P: P(FixtureIndex([], [], 1.5), ["a"], list), TypeError, "^FAISS index ntotal must be an integer"),
-        (lambda P: P(FixtureIndex([], [], 1), ["a"], list, score_mode="cosine"), ValueError, "^unsupported FAISS score mode: 'cosine'"),
+        (lambda P: P(FixtureIndex([], [], 1), ["a"], list, score_mode="cosine"), ValueError, "^unsupported FAISS score mode: cosine"),
         (lambda P: P(FixtureIndex([], [], 0), [], list), ValueError, "^chunk_ids must contain at least one ID"),
     ],
 )

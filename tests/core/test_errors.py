@@ -35,9 +35,9 @@ MODES = ("zscore", "center", "none")
 @pytest.mark.parametrize(
     "value, choices, message",
     [
-        ("minmax", MODES, "unsupported mode: 'minmax' (expected one of 'zscore', 'center', 'none')"),
-        ("zscor", MODES, "unsupported mode: 'zscor' (expected one of 'zscore', 'center', 'none'; did you mean 'zscore'?)"),
-        ("NONE", MODES, "unsupported mode: 'NONE' (expected one of 'zscore', 'center', 'none'; did you mean 'none'?)"),
+        ("minmax", MODES, "unsupported mode: minmax (expected one of 'zscore', 'center', 'none')"),
+        ("zscor", MODES, "unsupported mode: zscor (expected one of 'zscore', 'center', 'none'; did you mean 'zscore'?)"),
+        ("NONE", MODES, "unsupported mode: NONE (expected one of 'zscore', 'center', 'none'; did you mean 'none'?)"),
         (None, MODES, "unsupported mode: None (expected one of 'zscore', 'center', 'none')"),
         (1, MODES, "unsupported mode: 1 (expected one of 'zscore', 'center', 'none')"),
         (["zscore"], MODES, "unsupported mode: ['zscore'] (expected one of 'zscore', 'center', 'none')"),

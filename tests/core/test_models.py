@@ -81,7 +81,7 @@ def test_frozen_and_slotted():
 
 def test_trace_step_move_is_validated():
     fields = {f.name: getattr(step(), f.name) for f in dataclasses.fields(DecodedStep)}
-    with pytest.raises(ValueError, match="unsupported move: 'teleport'"):
+    with pytest.raises(ValueError, match="unsupported move: teleport"):
         TraceStep(**fields, emission_entropy=0.0, normalized_emission_margin=0.0, move="teleport")
 
 

@@ -81,7 +81,7 @@ def test_bootstrap_errors():
         bootstrap_mean(values, conversation, confidence=1.0)
     with pytest.raises(MapMatchedValueError, match="n_resamples must be a positive int"):
         bootstrap_mean(values, conversation, n_resamples=0)
-    with pytest.raises(MapMatchedValueError, match="unsupported weighting: 'dialogue'"):
+    with pytest.raises(MapMatchedValueError, match="unsupported weighting: dialogue"):
         bootstrap_mean(values, conversation, weighting="dialogue")
     with pytest.raises(MapMatchedValueError, match="must be finite"):
         bootstrap_mean(torch.tensor([0.0, float("nan"), 0.0, 0.0]), conversation)

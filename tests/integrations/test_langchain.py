@@ -216,8 +216,8 @@ def test_bad_metadata_scores_are_rejected(documents: List[Document], message: st
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"score_mode": "cosine"}, r"unsupported score mode for a vector store: 'cosine'"),
-        ({"score_mode": "rank"}, r"unsupported score mode for a vector store: 'rank'"),
+        ({"score_mode": "cosine"}, r"unsupported score mode for a vector store: cosine"),
+        ({"score_mode": "rank"}, r"unsupported score mode for a vector store: rank"),
         ({"score_mode": "similarity", "score_field": "s"}, r"score_field applies to a retriever"),
         ({"score_mode": "similarity", "search_kwargs": {"k": 3}}, r"must not contain 'k'"),
         ({"score_mode": "similarity", "search_kwargs": [("filter", 1)]}, r"search_kwargs must be a mapping"),
@@ -232,7 +232,7 @@ def test_store_options_are_checked(kwargs: Dict[str, Any], message: str) -> None
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"score_mode": "similarity"}, r"unsupported score mode for a retriever: 'similarity'"),
+        ({"score_mode": "similarity"}, r"unsupported score mode for a retriever: similarity"),
         ({"score_mode": "metadata"}, r"score_mode='metadata' needs score_field="),
         ({"score_mode": "rank", "score_field": "s"}, r"score_mode='rank' ignores scores"),
         ({"score_mode": "rank", "search_kwargs": {"filter": 1}}, r"search_kwargs apply to a vector store"),
@@ -726,7 +726,7 @@ def test_adapter_arguments_are_checked() -> None:
         as_langchain_retriever(server)
     with pytest.raises(TypeError):
         as_langchain_retriever(server, session_id=["unhashable"])
-    with pytest.raises(ValueError, match="unsupported missing_text: 'error'"):
+    with pytest.raises(ValueError, match="unsupported missing_text: error"):
         as_langchain_retriever(server, session_id="s", missing_text="error")
     with pytest.raises(ValueError, match="metadata_key must be a non-empty string"):
         as_langchain_retriever(server, session_id="s", metadata_key="")

@@ -183,7 +183,7 @@ def test_bad_retriever_answers_are_rejected(hits: Any, kwargs: Dict[str, Any], m
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"score_mode": "relevance"}, r"unsupported score mode: 'relevance'"),
+        ({"score_mode": "relevance"}, r"unsupported score mode: relevance"),
         ({"chunk_id_field": ""}, r"chunk_id_field must be a non-empty string or None"),
     ],
 )
@@ -453,7 +453,7 @@ def test_adapter_arguments_and_queries_are_checked() -> None:
     check_adapter_needs_a_provider(as_llamaindex_retriever)
     with pytest.raises(ValueError, match="takes a MapMatchedSession, a MapMatchedRetriever or a MapMatchedServer"):
         as_llamaindex_retriever(_index())
-    with pytest.raises(ValueError, match="unsupported missing_text: 'drop'"):
+    with pytest.raises(ValueError, match="unsupported missing_text: drop"):
         _adapter(missing_text="drop")
     with pytest.raises(ValueError, match="nodes must be a mapping or a callable"):
         _adapter(nodes=3)

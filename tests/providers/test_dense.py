@@ -59,7 +59,7 @@ def test_limit_above_n_and_batch_equals_single():
         ({"embeddings": torch.ones(3, 2)}, "3 rows but 2 chunk IDs"),
         ({"embeddings": torch.tensor([[1.0, math.nan], [1.0, 0.0]])}, "row 0 contains a non-finite"),
         ({"embeddings": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "metric": "cosine"}, "row 1 is a zero vector"),
-        ({"metric": "l2"}, "unsupported metric: 'l2' \\(expected one of 'inner_product', 'cosine'\\)"),
+        ({"metric": "l2"}, "unsupported metric: l2 \\(expected one of 'inner_product', 'cosine'\\)"),
         ({"metric": "cos"}, "did you mean 'cosine'\\?"),
         ({"chunk_ids": ["a", "a"]}, "chunk IDs must be unique: 'a' at positions 0 and 1"),
         # a float32 norm that overflows: refused as the kNN graphs refuse it, not turned into zeros

@@ -265,7 +265,8 @@ def test_rejects_index_that_changed_after_construction(faiss: Any) -> None:
 
 @pytest.mark.parametrize("score_mode", ["cosine", "Distance", "", None])
 def test_rejects_unknown_score_mode(no_faiss_needed: None, score_mode: Any) -> None:
-    with pytest.raises(ValueError, match=f"^unsupported FAISS score mode: {score_mode!r}"):
+    shown = score_mode if score_mode else repr(score_mode)  # upstream's wording: a plain word unquoted
+    with pytest.raises(ValueError, match=f"^unsupported FAISS score mode: {shown!s}"):
         FAISSProvider(FakeIndex(1, 2, [], []), ["a"], str, score_mode=score_mode)
 
 
@@ -294,9 +295,9 @@ def test_rejects_non_index_and_non_callable_embedder(no_faiss_needed: None) -> N
         ([1.0, 2.0, 3.0], r"^query embedding has dimension 3 but the index has dimension 2 \(the query embedder and the index disagree.*; query vector has dimension 3; expected 2$"),
         ([[1.0, 2.0], [3.0, 4.0]], r"shape \(2, 2\) for query; expected \(2,\) or \(1, 2\)"),
         (5.0, r"shape \(\) for query"),
-        ([1.0, float("nan")], r"must be finite, got nan at dimension 1"),
-        ([float("inf"), 0.0], r"must be finite, got inf at dimension 0"),
-        ([1e300, 0.0], r"must be finite, got inf at dimension 0"),  # overflows float32
+        ([1.0, float("nan")], r"^query vector values must be finite: .* has nan at dimension 1"),
+        ([float("inf"), 0.0], r"^query vector values must be finite: .* has inf at dimension 0"),
+        ([1e300, 0.0], r"^query vector values must be finite: .* has inf at dimension 0"),  # overflows float32
         (["x", "y"], r"dtype <U1 for query"),
         ([[1.0], [2.0, 3.0]], r"no numeric vector for query"),
     ],

@@ -310,8 +310,8 @@ def test_rejects_bad_limits(client: Any, limit: Any, message: str) -> None:
     [
         (np.ones(5), r"query embedding has dimension 5 but Qdrant collection 'docs' has dimension 6"),
         (np.ones((2, 6)), r"shape \(2, 6\) for query; expected \(6,\) or \(1, 6\)"),
-        ([1.0, float("nan"), 0, 0, 0, 0], r"must be finite, got nan at dimension 1"),
-        ([0, 0, 0, 0, 0, float("-inf")], r"must be finite, got -inf at dimension 5"),
+        ([1.0, float("nan"), 0, 0, 0, 0], r"^query vector values must be finite: .* has nan at dimension 1"),
+        ([0, 0, 0, 0, 0, float("-inf")], r"^query vector values must be finite: .* has -inf at dimension 5"),
         (["a"] * 6, r"dtype <U1 for query"),
     ],
 )

@@ -173,7 +173,7 @@ def test_ranking_is_attached_to_the_result():
         ({"candidate_limit": 2.5}, "candidate_limit must be an integer"),
         ({"emission_weight": -1}, "emission_weight must be finite and nonnegative"),
         ({"transition_weight": math.inf}, "transition_weight must be finite and nonnegative"),
-        ({"score_normalization": "rank"}, "unsupported score normalization: 'rank' \\(expected one of 'zscore'"),
+        ({"score_normalization": "rank"}, "unsupported score normalization: rank \\(expected one of 'zscore'"),
         ({"fixed_lag": -2}, "fixed_lag must be nonnegative"),
         ({"context_radius": math.inf}, "context_radius must be finite and nonnegative"),
         ({"context_radius": -1.0}, "context_radius must be finite and nonnegative"),

@@ -756,3 +756,110 @@ def test_save_is_atomic_and_a_torn_file_is_refused(tmp_path):
         with pytest.raises(ValueError, match="torn.pt"):
             target.load(tmp_path / "torn.pt")
         assert target.state_dict()["decoder"]["checksum"] == server.state_dict()["decoder"]["checksum"]
+
+
+# ------------------------------------------------ interrupted steps and threads (issue 14)
+
+
+class _Interrupt(BaseException):
+    """Stands for KeyboardInterrupt / an out-of-memory error in the middle of a step."""
+
+
+@pytest.mark.parametrize("fixed_lag", [None, 1])
+@pytest.mark.parametrize("fail_at", [0, 2])
+def test_an_interrupted_step_leaves_every_session_as_it_was(monkeypatch, fixed_lag, fail_at):
+    import mapmatched_torch.serving.server as server_module
+
+    rng = random.Random(31 + fail_at)
+    turns = [{key: random_turn(rng) for key in ("a", "b", "c")} for _ in range(6)]
+    build = lambda: MapMatchedServer(make_graph(2), candidate_limit=5, fixed_lag=fixed_lag)  # noqa: E731
+    reference, interrupted = build(), build()
+    for server in (reference, interrupted):
+        for key in ("a", "b", "c"):
+            server.open(key)
+    expected = [reference.step(turn)[0] for turn in turns]
+    for turn in turns[:3]:
+        interrupted.step(turn)
+    before = interrupted.state_dict()
+    original, calls = server_module.StepRecord, {"count": 0}
+
+    def failing(*args, **kwargs):  # the record of the fail_at-th session of the step
+        if calls["count"] == fail_at:
+            raise _Interrupt()
+        calls["count"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "StepRecord", failing)
+    with pytest.raises(_Interrupt):
+        interrupted.step(turns[3])
+    monkeypatch.setattr(server_module, "StepRecord", original)
+    after = interrupted.state_dict()
+    assert after["decoder"]["checksum"] == before["decoder"]["checksum"]
+    assert after["sessions"] == before["sessions"]
+    for turn, step in zip(turns[3:], expected[3:]):
+        results, errors = interrupted.step(turn)
+        assert not errors and {key: results[key] for key in turn} == {key: step[key] for key in turn}
+
+
+def test_an_interrupted_streaming_turn_leaves_the_session_as_it_was(monkeypatch):
+    import mapmatched_torch.retrieval.streaming as streaming_module
+
+    rng = random.Random(8)
+    graph = make_graph(1)
+    options = {"fixed_lag": 1, "candidate_limit": 5}
+    streamed = MapMatchedRetriever(graph, decoder=TorchDecoder(), **options).session()
+    plain = MapMatchedRetriever(graph, **options).session()
+    original = streaming_module.report_step
+    for turn in range(6):
+        candidates = random_turn(rng)
+        if turn in (2, 4):
+            def failing(*args, **kwargs):
+                raise _Interrupt()
+
+            monkeypatch.setattr(streaming_module, "report_step", failing)
+            with pytest.raises(_Interrupt):
+                streamed.retrieve_candidates(candidates)
+            monkeypatch.setattr(streaming_module, "report_step", original)
+            assert streamed.turn_count == turn
+        assert streamed.retrieve_candidates(candidates) == plain.retrieve_candidates(candidates)
+
+
+def test_threads_stepping_disjoint_and_shared_sessions_are_serialized():
+    import threading
+
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    graph = make_graph(6)
+    tensor_graph = TensorCorpusGraph.from_graph(graph)
+    server = MapMatchedServer(tensor_graph, candidate_limit=5, fixed_lag=1)
+    plans = {}
+    for worker in range(4):
+        rng = random.Random(100 + worker)
+        plans[worker] = [random_turn(rng) for _ in range(8)]
+        server.open(f"w{worker}")
+    server.open("shared")
+    failures = []
+
+    def work(worker):
+        try:
+            rng = random.Random(worker)
+            for candidates in plans[worker]:
+                results, errors = server.step({f"w{worker}": candidates})
+                assert not errors
+                results, errors = server.step({"shared": random_turn(rng)})
+                assert not errors
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    for worker in range(4):
+        session = MapMatchedRetriever(graph, candidate_limit=5, fixed_lag=1).session()
+        for candidates in plans[worker]:
+            expected = session.retrieve_candidates(candidates)
+        assert server.path(f"w{worker}") == expected.path
+    assert server.turn_count("shared") == 32 and len(server.path("shared").chunk_ids) == 32
