@@ -14,6 +14,17 @@ seconds::
     mapmatched-torch eval --data ../shared/data/inscit_dev --embedder wordllama --graph knn \\
         --json /tmp/inscit.json --markdown /tmp/inscit.md --plots /tmp/inscit-plots
 
+``mapmatched-torch fit`` takes the same data options and writes the fitted lambda and
+beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON::
+
+    mapmatched-torch fit --data ../shared/data/inscit_dev --output /tmp/inscit-weights.json
+
+Under ``torchrun`` (its environment present), ``eval`` shards the conversations over
+the processes (gloo on CPU, NCCL on CUDA; :mod:`mapmatched_torch.eval.distributed`)
+and rank 0 alone prints and writes; ``fit`` runs on rank 0 only::
+
+    torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
+
 Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong).
 """
 
@@ -132,24 +143,11 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: {_as_typed(action.default)})".replace("%", "%%")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``mapmatched-torch`` argument parser (subcommand ``eval``)."""
-    from ._version import __version__
+def _add_data_options(command: argparse.ArgumentParser) -> None:
+    """The data and retrieval options that ``eval`` and ``fit`` share (same names, same loaders)."""
     from .eval.embedders import EMBEDDERS
-    from .eval.methods import DEFAULT_METHODS
 
-    parser = argparse.ArgumentParser(prog=PROG, description="Map-matched retrieval on tensors.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.required = True
-    ev = commands.add_parser(
-        "eval",
-        help="offline evaluation: methods x slices, intervals, verdict, reports",
-        description="Evaluate map-matched retrieval against pointwise retrieval and baselines. "
-                    "Without a data option: the built-in deterministic synthetic benchmark.",
-        formatter_class=_HelpFormatter,
-    )
-    data = ev.add_argument_group("data (at most one; none = the synthetic benchmark)")
+    data = command.add_argument_group("data (at most one; none = the synthetic benchmark)")
     source = data.add_mutually_exclusive_group()
     source.add_argument("--data", metavar="DIR", help="a directory with one *.conversations.jsonl and one "
                         "*.passages.jsonl (the normalized format)")
@@ -162,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--conversations", type=_positive_int, default=200, help="synthetic: conversations")
     data.add_argument("--turns", type=_positive_int, default=8, help="synthetic: turns per conversation")
 
-    retrieval = ev.add_argument_group("retrieval and graph")
+    retrieval = command.add_argument_group("retrieval and graph")
     retrieval.add_argument("--embedder", choices=EMBEDDERS, default="hash", help="text embedder (real data, or "
                            "the synthetic corpus with --graph knn)")
     retrieval.add_argument("--model", metavar="PATH", help="sentence-transformers model folder or cached name")
@@ -173,6 +171,26 @@ def build_parser() -> argparse.ArgumentParser:
     retrieval.add_argument("--maximum-distance", type=float, default=10.0, help="graph distance bound")
     retrieval.add_argument("--candidates", type=_positive_int, default=None, metavar="M",
                            help="candidates per turn (default: 20 for data, 16 for the synthetic benchmark)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mapmatched-torch`` argument parser (subcommands ``eval`` and ``fit``)."""
+    from ._version import __version__
+    from .eval.methods import DEFAULT_METHODS
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Map-matched retrieval on tensors.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    ev = commands.add_parser(
+        "eval",
+        help="offline evaluation: methods x slices, intervals, verdict, reports",
+        description="Evaluate map-matched retrieval against pointwise retrieval and baselines. "
+                    "Without a data option: the built-in deterministic synthetic benchmark. "
+                    "Under torchrun the conversations are sharded over the processes.",
+        formatter_class=_HelpFormatter,
+    )
+    _add_data_options(ev)
 
     grid = ev.add_argument_group("methods and grid")
     grid.add_argument("--lambdas", type=_float_list, default=(1.0,), help="emission weights, comma-separated")
@@ -204,7 +222,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plots", metavar="DIR", help="write the PNG plots into this directory")
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines (the table and "
                      "warnings are printed)")
+    _add_fit_parser(commands)
     return parser
+
+
+def _add_fit_parser(commands: Any) -> None:
+    """``mapmatched-torch fit``: the data options of ``eval``, fit_weights' main options, a JSON output."""
+    fit = commands.add_parser(
+        "fit",
+        help="fit lambda and beta to labelled conversations; write them as JSON",
+        description="Fit the emission weight lambda and the transition weight beta "
+                    "(mapmatched_torch.fit.fit_weights) to labelled data; write them as JSON. "
+                    "Without a data option: the built-in deterministic synthetic benchmark. "
+                    "Under torchrun only rank 0 fits.",
+        formatter_class=_HelpFormatter,
+    )
+    _add_data_options(fit)
+    options = fit.add_argument_group("fitting")
+    options.add_argument("--optimizer", choices=("lbfgs", "adam"), default="lbfgs", help="optimizer")
+    options.add_argument("--max-iterations", type=_positive_int, default=100, help="LBFGS steps or Adam epochs")
+    options.add_argument("--validation-fraction", type=float, default=0.2,
+                         help="share of conversations held out for early stopping, in [0, 1)")
+    options.add_argument("--score-normalization", choices=("zscore", "center", "none"), default="zscore",
+                         help="normalization of the candidate scores per turn")
+    options.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the validation split")
+    run = fit.add_argument_group("running and output")
+    run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    run.add_argument("--output", metavar="PATH", required=True, help="write the fitted weights (JSON) here")
+    run.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 
 # --------------------------------------------------------------------------- running
@@ -235,7 +280,8 @@ def _unwritable(folder: Path) -> Optional[str]:
 
 def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse report paths that could not be written, before any work (they used to fail after the run)."""
-    for option, value in (("--json", args.json), ("--markdown", args.markdown)):
+    files = [(option, getattr(args, option[2:], None)) for option in ("--json", "--markdown", "--output")]
+    for option, value in files:
         if value is None:
             continue
         path = Path(value)
@@ -244,6 +290,8 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         problem = _unwritable(path.parent)
         if problem is not None:
             parser.error(f"{option} {value}: {problem}")
+    if args.command != "eval":
+        return
     if args.json and args.markdown and Path(args.json).resolve() == Path(args.markdown).resolve():
         parser.error(f"--json and --markdown name the same file: {args.json}")
     if args.plots is not None:
@@ -264,6 +312,10 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--embedder sentence-transformers needs --model PATH")
     if not math.isfinite(args.maximum_distance) or args.maximum_distance <= 0:
         parser.error(f"--maximum-distance must be finite and > 0, got {args.maximum_distance}")
+    if args.command == "fit":
+        if not 0.0 <= args.validation_fraction < 1.0:
+            parser.error(f"--validation-fraction must be in [0, 1), got {args.validation_fraction}")
+        return
     if not 0.0 < args.confidence < 1.0:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
     if args.fit_folds < 2:
@@ -303,7 +355,7 @@ def _load_dataset(args: argparse.Namespace) -> Any:
     if option is None:
         return None
     path = getattr(args, option)
-    _status(args, f"{PROG} eval: loading {path}")
+    _status(args, f"{PROG} {args.command}: loading {path}")
     dataset = loaders[option]()
     if dataset.labelled_turn_count == 0:
         where = (args.cast_qrels or f"{path} (no --cast-qrels given)") if option == "cast_topics" else path
@@ -316,14 +368,16 @@ def _compile_notice(args: argparse.Namespace, device: Any) -> None:
     from .eval.distances import kernels_need_compiling
 
     if kernels_need_compiling(device):
-        _status(args, f"{PROG} eval: compiling graph kernels (first run only; cached on disk)")
+        _status(args, f"{PROG} {args.command}: compiling graph kernels (first run only; cached on disk)")
 
 
 def _device(args: argparse.Namespace) -> Any:
     import torch
 
+    from .eval.distributed import local_device
+
     try:
-        device = torch.device(args.device)
+        device = local_device(args.device)  # cuda -> cuda:LOCAL_RANK under torchrun
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
         from .core.errors import MapMatchedValueError
@@ -341,7 +395,7 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
     make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
                                  seed=args.seed, progress=progress_enabled(progress))
     if dataset is not None:
-        _status(args, f"{PROG} eval: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
+        _status(args, f"{PROG} {args.command}: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
         return inputs_from_dataset(
             dataset, make(), graph=args.graph or "knn", k=args.k, candidates=args.candidates or 20,
@@ -351,28 +405,51 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
     from .eval.distances import build_corpus_graph
     from .eval.synthetic import make_synthetic
 
-    _status(args, f"{PROG} eval: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
+    _status(args, f"{PROG} {args.command}: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
     bench = make_synthetic(args.conversations, args.turns, args.candidates or 16, args.seed)
     graph = None
     if args.graph is not None:
         texts = [passage_embedding_text(p) for p in bench.dataset.passages]
-        _status(args, f"{PROG} eval: building the {args.graph} graph of {len(texts)} passages")
+        _status(args, f"{PROG} {args.command}: building the {args.graph} graph of {len(texts)} passages")
         embeddings = make().encode(texts).to(device) if args.graph == "knn" else None
         graph = build_corpus_graph(args.graph, bench.dataset.passages, embeddings, k=args.k,
                                    maximum_distance=args.maximum_distance, device=device, progress=progress)
     else:
-        _status(args, f"{PROG} eval: building the topic graph and its distance table")
+        _status(args, f"{PROG} {args.command}: building the topic graph and its distance table")
         _compile_notice(args, device)
     return inputs_from_synthetic(bench, graph=graph, device=device, maximum_distance=args.maximum_distance)
 
 
 def _run(args: argparse.Namespace) -> int:
+    """``eval``: in torchrun's environment inside its process group (gloo on CPU, NCCL on CUDA)."""
+    from .eval.distributed import destroy, init_from_environment, world_size
+
+    started = time.perf_counter()
+    device = _device(args)
+    joined = init_from_environment(device)
+    try:
+        if world_size() > 1:
+            _status(args, f"{PROG} eval: sharding the conversations over {world_size()} processes "
+                          f"({_backend()})")
+        return _evaluate(args, device, started)
+    finally:
+        if joined:
+            destroy()
+
+
+def _backend() -> str:
+    """The backend of the initialized process group (e.g. ``gloo``)."""
+    import torch
+
+    return str(torch.distributed.get_backend())
+
+
+def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
+    """Evaluate and (on rank 0 alone) print and write the reports."""
     from .eval.plots import write_plots
     from .eval.report import report_warnings, to_markdown, write_json, write_markdown
     from .eval.runner import EvalConfig, evaluate
 
-    started = time.perf_counter()
-    device = _device(args)
     inputs = _inputs(args, device)
     config = EvalConfig(
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
@@ -383,6 +460,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     _compile_notice(args, device)
     result = evaluate(inputs, config)
+    if result is None:  # a worker rank of a distributed run: rank 0 reports
+        return 0
     for note in report_warnings(result):  # also with --quiet: they qualify the numbers
         print(f"{PROG} {args.command}: warning: {note}", file=sys.stderr, flush=True)
     report = to_markdown(result)
@@ -400,6 +479,59 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit(args: argparse.Namespace) -> int:
+    """``fit``: :func:`mapmatched_torch.fit.fit_weights` on the data's labelled conversations; the JSON.
+
+    Under torchrun only rank 0 fits (sharded fitting is not implemented): it says so,
+    and the other ranks exit 0 at once.
+    """
+    import json
+
+    from .eval.distributed import torchrun_environment
+    from .eval.methods import labelled_conversations
+    from .eval.report import sanitize
+    from .eval.runner import main_process, progress_enabled
+    from .fit import fit_weights
+
+    started = time.perf_counter()
+    if torchrun_environment():
+        if not main_process():
+            return 0
+        print(f"{PROG} fit: note: under torchrun only rank 0 fits (sharded fitting is not implemented); "
+              "the other ranks exit", file=sys.stderr, flush=True)
+    device = _device(args)
+    inputs = _inputs(args, device)
+    conversations = labelled_conversations(inputs)
+    _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer})")
+    result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
+                         optimizer=args.optimizer, max_iterations=args.max_iterations,
+                         validation_fraction=args.validation_fraction, seed=args.seed, device=device,
+                         progress=progress_enabled(False if args.quiet else None))
+    payload = sanitize({
+        "lambda": result.emission_weight,
+        "beta": result.transition_weight,
+        "data": inputs.name,
+        "info": dict(inputs.info),
+        "options": {"optimizer": args.optimizer, "max_iterations": args.max_iterations,
+                    "validation_fraction": args.validation_fraction,
+                    "score_normalization": args.score_normalization, "seed": args.seed},
+        "n_conversations": result.n_conversations, "n_turns": result.n_turns,
+        "n_labelled_turns": result.n_labelled_turns, "n_gold_missing": result.n_gold_missing,
+        "n_train_conversations": result.n_train_conversations,
+        "n_validation_conversations": result.n_validation_conversations,
+        "validation_ndcg_before": result.validation_ndcg_before,
+        "validation_ndcg_after": result.validation_ndcg_after,
+        "best_iteration": result.best_iteration, "stopped": result.stopped,
+        "world_size": 1,
+    })
+    path = Path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n", encoding="utf-8")
+    _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}")
+    _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status (0 ok, 2 usage or input error).
 
@@ -411,12 +543,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        _check_sources(parser, args)
+        _check_sources(parser, args)  # also the eval- or fit-only options
         _check_outputs(parser, args)
     except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return value
         return stop.code if isinstance(stop.code, int) else 2
     try:
-        return _run(args)
+        return _fit(args) if args.command == "fit" else _run(args)
     except (MapMatchedError, OSError) as error:  # an input error, or a file that cannot be read or written
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return 2

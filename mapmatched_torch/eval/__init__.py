@@ -18,6 +18,8 @@
   grid, history concatenation, Maximal Marginal Relevance, resolved-query oracle,
   geodesic bound, cross-fitted weights) and their registry.
 - :mod:`~mapmatched_torch.eval.runner`: the harness (:func:`evaluate`).
+- :mod:`~mapmatched_torch.eval.distributed`: torchrun detection, the process group,
+  sharding the conversations by rank and gathering to rank 0.
 - :mod:`~mapmatched_torch.eval.report` and :mod:`~mapmatched_torch.eval.plots`:
   markdown, JSON and PNG reports.
 

@@ -43,6 +43,7 @@ __all__ = [
     "candidates_from_synthetic",
     "query_texts",
     "retrieve_candidates",
+    "embed_turns",
     "normalize_candidate_scores",
     "flatten_turns",
 ]
@@ -222,6 +223,35 @@ def retrieve_candidates(
     index[valid] = rows.to(device=device, dtype=torch.long)
     values[valid] = scores.to(device=device, dtype=torch.float64)
     return Candidates(index, values, valid.unsqueeze(2).expand(-1, -1, width).clone())
+
+
+def embed_turns(texts: Sequence[Sequence[str]], embedder: Any, *, device: Device = None) -> Tensor:
+    """Every turn's text embedded, padded to ``(B, T, D)``.
+
+    Args:
+        texts: ``[conversation][turn]`` texts (e.g. :func:`query_texts`), every
+            conversation with at least one turn.
+        embedder: an :class:`~mapmatched_torch.eval.embedders.Embedder` (one ``encode``
+            call for all texts).
+        device: where the result lives (default: where the embedder puts it).
+
+    Returns:
+        ``(B, T, D)`` float embeddings, real turns first (the layout of
+        :class:`Candidates`), 0.0 after each conversation's end.
+
+    Raises:
+        MapMatchedValueError: a conversation without turns.
+    """
+    if not texts or any(len(turns) == 0 for turns in texts):
+        raise MapMatchedValueError("every conversation needs at least one turn to embed")
+    # shape: (N, D) in flat (conversation, position) order
+    flat = embedder.encode([text for turns in texts for text in turns])
+    device = flat.device if device is None else torch.device(device)
+    lengths = torch.tensor([len(turns) for turns in texts], device=device)
+    valid = torch.arange(int(lengths.max()), device=device).unsqueeze(0) < lengths.unsqueeze(1)
+    out = torch.zeros((len(texts), valid.shape[1], flat.shape[1]), dtype=flat.dtype, device=device)
+    out[valid] = flat.to(device)
+    return out
 
 
 def _asked_candidates(

@@ -202,6 +202,7 @@ def to_json_dict(result: EvalResult) -> Dict[str, Any]:
             "pointwise_chunk_ids": split.pointwise_chunk_ids,
         },
         "timings": result.timings,
+        "world_size": result.world_size,
     })
 
 

@@ -65,6 +65,7 @@ from .bootstrap import BootstrapResult, Verdict, bootstrap_mean, paired_bootstra
 from .candidates import (
     Candidates,
     candidates_from_synthetic,
+    embed_turns,
     normalize_candidate_scores,
     passage_embedding_text,
     query_texts,
@@ -72,6 +73,7 @@ from .candidates import (
 )
 from .data import Dataset
 from .distances import CorpusDistances, build_corpus_graph, synthetic_graph
+from .distributed import gather_to_main, rank, shard, world_size
 from .methods import (
     DEFAULT_METHODS,
     METHODS,
@@ -128,6 +130,8 @@ class EvalInputs:
         passage_ids: the P corpus IDs in corpus order.
         conversation_ids: B conversation IDs.
         passage_embeddings: (P, D) unit rows, or None (synthetic).
+        query_embeddings: (B, T, D) the raw queries' embeddings (0.0 at padding), or
+            None (synthetic); the gated method's feature.
         alternatives: other candidate sets of the same turns by name (``"history"``,
             ``"rewrite"``), each (B, T, M').
         info: free-form facts for the report (dataset counts, embedder, graph).
@@ -141,6 +145,7 @@ class EvalInputs:
     passage_ids: Tuple[str, ...]
     conversation_ids: Tuple[str, ...]
     passage_embeddings: Optional[Tensor] = None
+    query_embeddings: Optional[Tensor] = None
     alternatives: Mapping[str, Candidates] = field(default_factory=dict)
     info: Mapping[str, Any] = field(default_factory=dict)
 
@@ -260,6 +265,7 @@ def inputs_from_dataset(
         passage_ids=dataset.passage_ids,
         conversation_ids=tuple(c.conversation_id for c in dataset.conversations),
         passage_embeddings=embeddings,
+        query_embeddings=embed_turns(query_texts(dataset, "query"), embedder, device=device),
         alternatives=alternatives,
         info=info,
     )
@@ -450,6 +456,8 @@ class EvalResult:
         warnings: degenerate data that weakens the intervals or the slices (a single
             conversation, a slice with fewer than 2 conversations, a follow-up split
             that cannot separate the turns), one sentence each.
+        world_size: processes that decoded and scored the conversations (1 without
+            ``torch.distributed``; see :mod:`~mapmatched_torch.eval.distributed`).
     """
 
     name: str
@@ -467,6 +475,7 @@ class EvalResult:
     slice_masks: Dict[str, Tensor] = field(repr=False, default_factory=dict)
     conversation: Optional[Tensor] = field(repr=False, default=None)
     warnings: Tuple[str, ...] = ()
+    world_size: int = 1
 
     def method(self, key: str) -> MethodResult:
         """The result of one method key (KeyError naming the keys otherwise)."""
@@ -557,6 +566,8 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
     needs_similarity = any(spec.needs_similarity for spec in active)
     needs_distances = any(spec.needs_distances for spec in active)
     batch = candidates.shape[0]
+    # this rank's contiguous block of conversations (all of them without a process group)
+    part = shard(batch, rank(), world_size())
     # (B + 1,) flat offset of each conversation's first turn
     offsets = torch.cat([candidates.valid.sum(dim=1).new_zeros(1), candidates.valid.sum(dim=1).cumsum(0)]).tolist()
     step = _chunk_size(config, candidates.shape)
@@ -564,9 +575,10 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
     described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     normalized_parts: List[Tensor] = []
     clock = {"normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
-    bar = tqdm(total=batch, unit="conv", desc=f"evaluating {inputs.name}", disable=not show, leave=False)
-    for start in range(0, batch, step):
-        rows = slice(start, min(start + step, batch))
+    bar = tqdm(total=part.stop - part.start, unit="conv", desc=f"evaluating {inputs.name}", disable=not show,
+               leave=False)
+    for start in range(part.start, part.stop, step):
+        rows = slice(start, min(start + step, part.stop))
         chunk = candidates.select(rows)
         tick = time.perf_counter()
         normalized = normalize_candidate_scores(chunk.scores, chunk.mask, config.score_normalization,
@@ -600,18 +612,55 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
         bar.update(rows.stop - rows.start)
     bar.close()
     metrics = {key: {m: torch.cat(parts) for m, parts in values.items()} for key, values in per_turn.items()}
-    return _Scored(metrics, described, torch.cat(normalized_parts), clock)
+    # shape: (B_r, T, M), B_r = 0 on a rank without conversations
+    normalized = torch.cat(normalized_parts) if normalized_parts else torch.zeros(
+        (0, *candidates.shape[1:]), dtype=torch.float64, device=device)
+    return _Scored(metrics, described, normalized, clock)
 
 
-def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalResult:
+def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
+    """Every rank's shard on rank 0, concatenated in rank order (= conversation order); None elsewhere.
+
+    Without a process group (or with one process) ``scored`` itself. The per-turn
+    tensors travel through the CPU (pickled by ``gather_object``); the clock is rank
+    0's (its own shard) plus the ``gather`` wait.
+    """
+    if world_size() == 1:
+        return scored
+    tick = time.perf_counter()
+    cpu = {key: {m: v.cpu() for m, v in values.items()} for key, values in scored.metrics.items()}
+    parts = gather_to_main((cpu, scored.described, scored.normalized.cpu()))
+    if parts is None:
+        return None
+    described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+    for _, shard_described, _ in parts:
+        for key, value in shard_described.items():
+            described.setdefault(key, value)
+    # every non-empty shard has every key; a shard without conversations has none
+    metrics = {key: {m: torch.cat([p[0][key][m] for p in parts if key in p[0]]).to(device)
+                     for m in next(p[0][key] for p in parts if key in p[0])}
+               for key in described}
+    normalized = torch.cat([p[2] for p in parts]).to(device)
+    clock = dict(scored.clock, gather=time.perf_counter() - tick)
+    return _Scored(metrics, described, normalized, clock)
+
+
+def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optional[EvalResult]:
     """Run every method on every conversation and summarize (see the module docstring).
+
+    Under an initialized ``torch.distributed`` group of W > 1 processes (e.g.
+    torchrun, :func:`~mapmatched_torch.eval.distributed.init_from_environment`),
+    every rank must call this with the same inputs and config: each decodes and
+    scores its :func:`~mapmatched_torch.eval.distributed.shard` of the
+    conversations, rank 0 gathers the per-turn metrics and alone summarizes.
 
     Args:
         inputs: the candidates, qrels, labels and graph.
         config: the options (default :class:`EvalConfig`).
 
     Returns:
-        The :class:`EvalResult`.
+        The :class:`EvalResult` (equal to a one-process run's except ``timings``
+        and ``world_size``); None on ranks other than 0 of a distributed run.
 
     Raises:
         MapMatchedValueError: bad options or inputs (naming them), e.g. no labelled
@@ -630,7 +679,9 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalRes
                             config.fit_folds)
     active, state, skipped = _prepare_methods(inputs, config, options, show)
     timings = {"prepare": time.perf_counter() - started}
-    scored = _score_chunks(inputs, config, options, active, state, lookup, device, show)
+    scored = _gather_scored(_score_chunks(inputs, config, options, active, state, lookup, device, show), device)
+    if scored is None:  # a worker rank: rank 0 summarizes
+        return None
     timings.update(scored.clock)
 
     tick = time.perf_counter()
@@ -664,6 +715,7 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> EvalRes
         slice_masks=masks,
         conversation=conversation,
         warnings=_warnings(masks, conversation, split_note),
+        world_size=world_size(),
     )
 
 

@@ -222,3 +222,77 @@ def test_progress_lines_and_the_compile_notice(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "building the topic graph" in err
     assert "compiling graph kernels (first run only; cached on disk)" in err
+
+
+# --------------------------------------------------------------------------- fit
+
+FIT = ["fit", "--conversations", "12", "--turns", "3", "--candidates", "6", "--quiet"]
+
+
+def _unset_torchrun(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_fit_writes_the_weights_of_fit_weights(tmp_path, capsys, monkeypatch):
+    from mapmatched_torch.eval.methods import labelled_conversations
+    from mapmatched_torch.eval.runner import inputs_from_synthetic
+    from mapmatched_torch.eval.synthetic import make_synthetic
+    from mapmatched_torch.fit import fit_weights
+
+    _unset_torchrun(monkeypatch)
+    out = tmp_path / "nested" / "weights.json"
+    assert main([*FIT, "--validation-fraction", "0.25", "--seed", "3", "--output", str(out)]) == 0
+    assert capsys.readouterr().err == ""  # --quiet
+    written = json.loads(out.read_text())
+    inputs = inputs_from_synthetic(make_synthetic(12, 3, 6, 3))
+    expected = fit_weights(labelled_conversations(inputs), inputs.graph, validation_fraction=0.25, seed=3,
+                           progress=False)
+    assert (written["lambda"], written["beta"]) == (expected.emission_weight, expected.transition_weight)
+    assert written["n_conversations"] == 12 and written["stopped"] == expected.stopped
+    assert written["world_size"] == 1 and written["options"]["seed"] == 3
+
+
+def test_fit_takes_the_data_options_of_eval(fixtures, tmp_path, monkeypatch):
+    _unset_torchrun(monkeypatch)
+    out = tmp_path / "w.json"
+    assert main(["fit", "--data", str(fixtures / "normalized"), "--embedder", "hash", "--k", "2", "--candidates", "3",
+                 "--validation-fraction", "0", "--quiet", "--output", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["info"]["graph"] == "knn" and written["lambda"] >= 0 and written["beta"] >= 0
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ([], "the following arguments are required: --output"),
+        (["--output", "w.json", "--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
+        (["--output", "w.json", "--optimizer", "sgd"], "invalid choice"),
+        (["--output", "w.json", "--bootstrap", "3"], "unrecognized arguments: --bootstrap"),
+    ],
+)
+def test_fit_bad_options_exit_2_with_a_message(arguments, message, capsys):
+    assert main(["fit", *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fit_output_that_is_a_directory_fails_before_any_work(tmp_path, capsys):
+    assert main([*FIT, "--output", str(tmp_path)]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_fit_under_torchrun_runs_on_rank_0_only_and_says_so(tmp_path, capsys, monkeypatch):
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    worker = tmp_path / "worker.json"
+    assert main([*FIT, "--output", str(worker)]) == 0
+    assert not worker.exists() and capsys.readouterr() == ("", "")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    main_out = tmp_path / "main.json"
+    assert main([*FIT, "--output", str(main_out)]) == 0
+    assert "only rank 0 fits" in capsys.readouterr().err  # even with --quiet: it qualifies the run
+    assert json.loads(main_out.read_text())["world_size"] == 1
