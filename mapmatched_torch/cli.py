@@ -21,7 +21,8 @@ beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON::
 
 Under ``torchrun`` (its environment present), ``eval`` shards the conversations over
 the processes (gloo on CPU, NCCL on CUDA; :mod:`mapmatched_torch.eval.distributed`)
-and rank 0 alone prints and writes; ``fit`` runs on rank 0 only::
+and rank 0 alone prints and writes; ``fit`` shards its batches the same way and
+every rank takes the one-process optimizer steps (rank 0 writes)::
 
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
@@ -234,7 +235,7 @@ def _add_fit_parser(commands: Any) -> None:
         description="Fit the emission weight lambda and the transition weight beta "
                     "(mapmatched_torch.fit.fit_weights) to labelled data; write them as JSON. "
                     "Without a data option: the built-in deterministic synthetic benchmark. "
-                    "Under torchrun only rank 0 fits.",
+                    "Under torchrun the batches are sharded over the processes; rank 0 writes.",
         formatter_class=_HelpFormatter,
     )
     _add_data_options(fit)
@@ -482,24 +483,34 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
 def _fit(args: argparse.Namespace) -> int:
     """``fit``: :func:`mapmatched_torch.fit.fit_weights` on the data's labelled conversations; the JSON.
 
-    Under torchrun only rank 0 fits (sharded fitting is not implemented): it says so,
-    and the other ranks exit 0 at once.
+    Under torchrun every rank joins the process group (gloo on CPU, NCCL on CUDA)
+    and fits its shard of the batches; the result equals a one-process fit, and rank 0
+    alone writes it.
     """
+    from .eval.distributed import destroy, init_from_environment
+
+    started = time.perf_counter()
+    device = _device(args)
+    joined = init_from_environment(device)
+    try:
+        return _fit_and_write(args, device, started)
+    finally:
+        if joined:
+            destroy()
+
+
+def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int:
+    """Fit (sharded inside a process group) and, on rank 0 alone, write the JSON."""
     import json
 
-    from .eval.distributed import torchrun_environment
+    from .eval.distributed import world_size
     from .eval.methods import labelled_conversations
     from .eval.report import sanitize
     from .eval.runner import main_process, progress_enabled
     from .fit import fit_weights
 
-    started = time.perf_counter()
-    if torchrun_environment():
-        if not main_process():
-            return 0
-        print(f"{PROG} fit: note: under torchrun only rank 0 fits (sharded fitting is not implemented); "
-              "the other ranks exit", file=sys.stderr, flush=True)
-    device = _device(args)
+    if world_size() > 1:
+        _status(args, f"{PROG} fit: sharding the batches over {world_size()} processes ({_backend()})")
     inputs = _inputs(args, device)
     conversations = labelled_conversations(inputs)
     _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer})")
@@ -522,8 +533,10 @@ def _fit(args: argparse.Namespace) -> int:
         "validation_ndcg_before": result.validation_ndcg_before,
         "validation_ndcg_after": result.validation_ndcg_after,
         "best_iteration": result.best_iteration, "stopped": result.stopped,
-        "world_size": 1,
+        "world_size": world_size(),
     })
+    if not main_process():  # a worker rank: it took the same steps, rank 0 writes
+        return 0
     path = Path(args.output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n", encoding="utf-8")

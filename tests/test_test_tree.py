@@ -24,6 +24,8 @@ TESTED_ELSEWHERE = {
     "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks
+    # shard(): its blocks and errors, and the sharded eval and fit equal to one process
+    "core/sharding.py": ("tests/eval/test_distributed.py", "tests/fit/test_distributed_fit.py"),
     # kernels/: the argument checks and the streaming states of the functional API, tested
     # with it; the fused decoders' numba kernels and the runtime that calls every numba
     # kernel, through the fused decoders

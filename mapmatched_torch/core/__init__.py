@@ -8,6 +8,7 @@
 - :mod:`.graph_types`: edges and row-cache statistics of a corpus graph;
 - :mod:`.embeddings`: checks of an embedding matrix and of the kNN options;
 - :mod:`.checks`: the argument checks every entry point shares;
+- :mod:`.sharding`: contiguous balanced shards over the ranks of a distributed job;
 - :mod:`.errors` and :mod:`.optional`: the exception types, optional-dependency probing.
 
 Every other part of the package imports from here; this part imports nothing else.

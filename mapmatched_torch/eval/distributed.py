@@ -30,6 +30,7 @@ from typing import Any, List, Mapping, Optional, Union
 import torch
 
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
+from ..core.sharding import shard  # noqa: F401  (public here too: the conversations' shards)
 
 __all__ = [
     "TORCHRUN_VARIABLES",
@@ -127,23 +128,6 @@ def rank() -> int:
 def world_size() -> int:
     """Processes in the initialized group (1 without one)."""
     return torch.distributed.get_world_size() if is_distributed() else 1
-
-
-def shard(batch: int, rank: int, world_size: int) -> slice:
-    """The contiguous block of ``batch`` conversations that ``rank`` of ``world_size`` evaluates.
-
-    Blocks are balanced (sizes differ by at most one; the later ranks get the extra
-    ones) and cover ``range(batch)`` in rank order; a rank may get an empty block
-    when ``world_size > batch``.
-
-    Raises:
-        MapMatchedValueError: ``batch < 0``, ``world_size < 1`` or ``rank`` outside
-            ``[0, world_size)``.
-    """
-    if batch < 0 or world_size < 1 or not 0 <= rank < world_size:
-        raise MapMatchedValueError(f"shard needs batch >= 0, world_size >= 1 and 0 <= rank < world_size, got "
-                                   f"batch={batch}, rank={rank}, world_size={world_size}")
-    return slice(rank * batch // world_size, (rank + 1) * batch // world_size)
 
 
 def gather_to_main(value: Any) -> Optional[List[Any]]:

@@ -66,6 +66,7 @@ from ..core.checks import (
 from ..core.errors import MapMatchedValueError
 from ..core.models import DecoderCandidate, trusted_constructor
 from ..core.protocols import CorpusGraph
+from ..core.sharding import shard
 from ..core.scoring import check_score_normalization, normalize_scores
 from ..kernels import decode
 from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
@@ -501,11 +502,60 @@ def _split(checked: List[_Checked], fraction: float, generator: torch.Generator)
     )
 
 
-def _batches(checked: Sequence[_Checked], size: int, graph: CorpusGraph, dtype: torch.dtype, device: torch.device,
-             keep: Any) -> List[LabelledBatch]:
-    """Pack the conversations that ``keep`` accepts, grouped by length (less padding)."""
+def _groups(checked: Sequence[_Checked], size: int, keep: Any) -> List[List[_Checked]]:
+    """The batches' conversations: those ``keep`` accepts, grouped by length (less padding)."""
     kept = sorted((c for c in checked if keep(c)), key=lambda c: (len(c.trellis), max(len(t) for t in c.trellis)))
-    return [_pack(kept[start : start + size], graph, dtype, device) for start in range(0, len(kept), size)]
+    return [kept[start : start + size] for start in range(0, len(kept), size)]
+
+
+def _ranks(distributed: Optional[bool]) -> Tuple[int, int]:
+    """``(rank, world_size)`` that ``fit_weights`` shards over; ``(0, 1)`` for a one-process fit."""
+    if distributed is not None and not isinstance(distributed, bool):
+        raise MapMatchedValueError(f"distributed must be None (auto), True or False, got {distributed!r}")
+    group = torch.distributed
+    active = group.is_available() and group.is_initialized()
+    if distributed and not active:
+        raise MapMatchedValueError(
+            "distributed=True needs an initialized torch.distributed process group: launch under torchrun and "
+            "call torch.distributed.init_process_group first, or pass distributed=None (auto) or False"
+        )
+    if active and distributed is not False:
+        return group.get_rank(), group.get_world_size()
+    return 0, 1
+
+
+class _Sharded:
+    """Batches in a fixed global order, of which this rank packs and evaluates one contiguous shard.
+
+    :meth:`rows` runs a function on the wanted batches this rank holds and exchanges
+    the results (``all_gather_object`` of Python floats, exact), so every rank sees
+    every batch's values in global batch order and sums them in that order: the sums,
+    hence the optimizer's steps, are the one-process ones bit for bit.
+    """
+
+    def __init__(self, groups: List[List[_Checked]], ranks: Tuple[int, int], graph: CorpusGraph,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        block = shard(len(groups), *ranks)
+        self.world_size = ranks[1]
+        self.first = block.start
+        self.local = [_pack(group, graph, dtype, device) for group in groups[block]]
+        #: usable turns per global batch (what ``LabelledBatch.n_usable`` counts)
+        self.usable = [sum(c.counts().usable for c in group) for group in groups]
+
+    def __len__(self) -> int:
+        return len(self.usable)
+
+    def rows(self, function: Any, indices: Sequence[int]) -> List[List[float]]:
+        """``function(batch)`` (a list of floats) for every global batch index in ``indices``, in that
+        order, on every rank. A collective call: every rank passes the same ``indices``."""
+        held = range(self.first, self.first + len(self.local))
+        mine = {i: function(self.local[i - self.first]) for i in indices if i in held}
+        if self.world_size > 1 and indices:
+            parts: List[Any] = [None] * self.world_size
+            torch.distributed.all_gather_object(parts, mine)
+            for part in parts:
+                mine.update(part)
+        return [mine[i] for i in indices]
 
 
 def _has_usable(conversation: _Checked) -> bool:
@@ -530,46 +580,65 @@ class _Objective:
         return self.l2 * ((weights - center) ** 2).sum()
 
     @torch.no_grad()
-    def mean_nll(self, batches: Sequence[LabelledBatch]) -> Optional[float]:
-        """Mean NLL per usable turn, or None when there is none."""
-        usable = sum(b.n_usable for b in batches)
+    def mean_nll(self, batches: _Sharded) -> Optional[float]:
+        """Mean NLL per usable turn, or None when there is none (batch sums added in batch order)."""
+        usable = sum(batches.usable)
         if not usable:
             return None
-        return sum(float(batch_nll(self.model, b).sum()) for b in batches) / usable
+        rows = batches.rows(lambda b: [float(batch_nll(self.model, b).sum())], range(len(batches)))
+        return sum(row[0] for row in rows) / usable
 
-    def backward(self, batches: Sequence[LabelledBatch]) -> float:
-        """Accumulate the gradient of the objective over ``batches`` (one batch's graph
-        in memory at a time); returns the objective's value."""
-        usable = sum(b.n_usable for b in batches)
-        total = 0.0
-        for batch in batches:
-            loss = batch_nll(self.model, batch).sum() / usable
-            loss.backward()
-            total += float(loss.detach())
-        penalty = self.penalty()
-        if self.l2:
-            penalty.backward()
+    def backward(self, batches: _Sharded, indices: Sequence[int]) -> float:
+        """Set the weights' ``.grad`` to the gradient of the objective over the batches
+        ``indices`` (one batch's graph in memory at a time); returns the objective's value.
+
+        Each batch's loss and gradient are computed where the batch lives and added in
+        the order of ``indices``, then the L2 term: the order ``loss.backward()`` per
+        batch would accumulate them in, so sharded and one-process values are equal.
+        """
+        usable = sum(batches.usable[i] for i in indices)
+        weights = (self.model.emission_weight, self.model.transition_weight)
+
+        def value_and_grad(batch: LabelledBatch) -> List[float]:
+            with torch.enable_grad():
+                loss = batch_nll(self.model, batch).sum() / usable
+                grads = torch.autograd.grad(loss, weights, allow_unused=True)
+            return [float(loss.detach()), *(0.0 if g is None else float(g) for g in grads)]
+
+        total, sums = 0.0, [None, None]
+        for loss, *grads in batches.rows(value_and_grad, indices):
+            total += loss
+            for k, value in enumerate(grads):
+                grad = torch.tensor(value, dtype=weights[k].dtype, device=weights[k].device)
+                sums[k] = grad if sums[k] is None else sums[k] + grad
+        with torch.enable_grad():
+            penalty = self.penalty()
+            if self.l2:
+                sums = [s + g for s, g in zip(sums, torch.autograd.grad(penalty, weights))]
+        for weight, grad in zip(weights, sums):
+            weight.grad = grad
         return total + float(penalty.detach())
 
 
-def _lbfgs_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: List[LabelledBatch],
+def _lbfgs_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: _Sharded,
                      generator: torch.Generator) -> None:
     """One LBFGS step (a direction and a strong-Wolfe line search) over the full batch."""
 
     def closure() -> Tensor:
         optimizer.zero_grad()
-        return torch.tensor(objective.backward(batches))
+        return torch.tensor(objective.backward(batches, range(len(batches))))
 
     optimizer.step(closure)
     objective.model.project_()
 
 
-def _adam_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: List[LabelledBatch],
+def _adam_iteration(objective: _Objective, optimizer: torch.optim.Optimizer, batches: _Sharded,
                     generator: torch.Generator) -> None:
-    """One Adam epoch: every batch once, in a seeded random order, one step each."""
+    """One Adam epoch: every batch once, in a seeded random order, one step each (sharded,
+    each step waits for the rank holding its batch)."""
     for index in torch.randperm(len(batches), generator=generator).tolist():
         optimizer.zero_grad()
-        objective.backward([batches[index]])
+        objective.backward(batches, [index])
         optimizer.step()
         objective.model.project_()
 
@@ -583,14 +652,14 @@ def _make_optimizer(name: str, model: MapMatchedModel, lr: float) -> torch.optim
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
-def _progress_bar(progress: Optional[bool], total: int, unit: str) -> Any:
-    show = sys.stderr.isatty() if progress is None else bool(progress)
+def _progress_bar(progress: Optional[bool], total: int, unit: str, rank: int) -> Any:
+    show = sys.stderr.isatty() and rank == 0 if progress is None else bool(progress)
     return tqdm(total=total, desc="fit_weights", unit=unit, disable=not show, leave=False)
 
 
-def _mean_ndcg(model: MapMatchedModel, batches: Sequence[LabelledBatch]) -> Optional[float]:
-    sums = [decoded_ndcg(model, b) for b in batches]
-    count = sum(n for _, n in sums)
+def _mean_ndcg(model: MapMatchedModel, batches: _Sharded) -> Optional[float]:
+    sums = batches.rows(lambda b: list(decoded_ndcg(model, b)), range(len(batches)))
+    count = sum(int(n) for _, n in sums)
     return sum(s for s, _ in sums) / count if count else None
 
 
@@ -631,6 +700,7 @@ def fit_weights(
     device: Optional[Union[str, torch.device]] = None,
     dtype: torch.dtype = torch.float64,
     progress: Optional[bool] = None,
+    distributed: Optional[bool] = None,
 ) -> FitResult:
     """Fit lambda (emission weight) and beta (transition weight) to labelled conversations.
 
@@ -681,7 +751,15 @@ def fit_weights(
             same result.
         device: where the tensors and weights live (default CPU).
         dtype: floating dtype of the computation (float64 default).
-        progress: show a tqdm bar (None: only when stderr is a terminal).
+        progress: show a tqdm bar (None: only when stderr is a terminal, on rank 0).
+        distributed: shard over the ``torch.distributed`` process group (None: when
+            one is initialized; True: require one; False: a one-process fit on every
+            rank). Every rank passes the same arguments; the batches (groups of
+            ``batch_size``) are split into contiguous blocks over the ranks (see
+            :func:`~mapmatched_torch.core.sharding.shard`), each rank packs and
+            evaluates its own, and the per-batch losses and gradients are exchanged
+            exactly and summed in batch order, so every rank returns the one-process
+            result bit for bit. Use a ``batch_size`` that gives at least W batches.
 
     Returns:
         A :class:`FitResult`.
@@ -693,6 +771,8 @@ def fit_weights(
 
     Cost: per iteration O(N T M^2) for N training conversations (LBFGS: times the
     line-search evaluations, usually 1-2), plus a gradient-free pass for the history.
+    Sharded over W ranks, LBFGS and the history passes cost about 1/W of that per rank
+    when there are at least W batches (Adam's steps wait for one rank each).
 
     Example:
         >>> from mapmatched_torch.fit.sampling import sample_conversations
@@ -717,6 +797,7 @@ def fit_weights(
     seed = check_nonnegative_int(seed, "seed")
     dtype = _check_dtype(dtype)
     device = torch.device(device or "cpu")
+    ranks = _ranks(distributed)
 
     given = [_check_conversation(c, i, method) for i, c in enumerate(_as_list(conversations, "conversations"))]
     if not given:
@@ -730,15 +811,15 @@ def fit_weights(
     counts = sum((c.counts() for c in split.train + split.validation), TurnCounts())
     _check_labels(counts, sum((c.counts() for c in split.train), TurnCounts()))
 
-    train = _batches(split.train, batch_size, graph, dtype, device, _has_usable)
-    held_out = _batches(split.validation, batch_size, graph, dtype, device, _has_labelled)
+    train = _Sharded(_groups(split.train, batch_size, _has_usable), ranks, graph, dtype, device)
+    held_out = _Sharded(_groups(split.validation, batch_size, _has_labelled), ranks, graph, dtype, device)
     model = MapMatchedModel(*init, dtype=dtype, device=device)
     objective = _Objective(model, l2, center)
     ndcg_before = _mean_ndcg(model, held_out)
     history, stopped, best = _optimize(
         objective, _make_optimizer(optimizer, model, lr), _ITERATIONS[optimizer], train, held_out,
-        max_iterations, patience, tolerance, generator, _progress_bar(progress, max_iterations,
-                                                                     "step" if optimizer == "lbfgs" else "epoch"),
+        max_iterations, patience, tolerance, generator,
+        _progress_bar(progress, max_iterations, "step" if optimizer == "lbfgs" else "epoch", ranks[0]),
     )
     with torch.no_grad():
         model.emission_weight.fill_(best.emission_weight)
@@ -784,7 +865,7 @@ def _check_labels(everything: TurnCounts, train: TurnCounts) -> None:
 
 
 def _optimize(objective: _Objective, optimizer: torch.optim.Optimizer, iteration: Any,
-              train: List[LabelledBatch], held_out: List[LabelledBatch], max_iterations: int, patience: int,
+              train: _Sharded, held_out: _Sharded, max_iterations: int, patience: int,
               tolerance: float, generator: torch.Generator, bar: Any) -> Tuple[List[FitStep], str, FitStep]:
     """The loop: iterate, record, stop. Returns (history, stop reason, best step)."""
 

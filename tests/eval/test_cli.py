@@ -279,20 +279,4 @@ def test_fit_bad_options_exit_2_with_a_message(arguments, message, capsys):
 def test_fit_output_that_is_a_directory_fails_before_any_work(tmp_path, capsys):
     assert main([*FIT, "--output", str(tmp_path)]) == 2
     assert "--output" in capsys.readouterr().err
-
-
-def test_fit_under_torchrun_runs_on_rank_0_only_and_says_so(tmp_path, capsys, monkeypatch):
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    worker = tmp_path / "worker.json"
-    assert main([*FIT, "--output", str(worker)]) == 0
-    assert not worker.exists() and capsys.readouterr() == ("", "")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    main_out = tmp_path / "main.json"
-    assert main([*FIT, "--output", str(main_out)]) == 0
-    assert "only rank 0 fits" in capsys.readouterr().err  # even with --quiet: it qualifies the run
-    assert json.loads(main_out.read_text())["world_size"] == 1
+# (fit under torchrun: tests/fit/test_distributed_fit.py runs it with 2 gloo processes)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,8 @@ from mapmatched_torch.cli import main
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval import distributed
 from mapmatched_torch.eval.distributed import gather_to_main, local_device, shard, torchrun_environment
+
+from ..distributed_workers import run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -69,12 +68,6 @@ def test_a_bad_rank_variable_is_an_input_error(monkeypatch):
         local_device("cuda")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _without_timings(path: Path) -> dict:
     report = json.loads(path.read_text())
     report.pop("timings")
@@ -90,25 +83,8 @@ def test_two_gloo_processes_write_the_one_process_report(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert main([*small, "--json", str(tmp_path / "one.json"), "--markdown", str(tmp_path / "one.md")]) == 0
 
-    port = str(_free_port())
-    workers = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1")
-        command = [sys.executable, "-m", "mapmatched_torch", *small,
-                   "--json", str(tmp_path / "two.json"), "--markdown", str(tmp_path / "two.md")]
-        workers.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True))
-    outputs = []
-    try:
-        for worker in workers:
-            outputs.append(worker.communicate(timeout=120))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-    for worker, (_, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err
+    outputs = run_ranks(lambda rank: [sys.executable, "-m", "mapmatched_torch", *small, "--json",
+                                       str(tmp_path / "two.json"), "--markdown", str(tmp_path / "two.md")])
     assert outputs[1][0] == ""  # rank 1 prints nothing: rank 0 reports
     assert outputs[0][0] == (tmp_path / "one.md").read_text() == (tmp_path / "two.md").read_text()
 
