@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, NamedTuple, Optional, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -529,10 +529,26 @@ class SlotDecoder:
         """
         _check_state(self, state, max_bytes)
 
-    def load_state_dict(self, state: Dict[str, object], *, max_bytes: Optional[int] = None) -> None:
+    def load_state_dict(
+        self,
+        state: Dict[str, object],
+        *,
+        max_bytes: Optional[int] = None,
+        also_check: Optional[Callable[[Dict[str, object]], None]] = None,
+    ) -> None:
         """Restore :meth:`state_dict`: validated first (:meth:`check_state`), so a bad state
-        leaves this decoder exactly as it was."""
+        leaves this decoder exactly as it was.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+            max_bytes: as for :meth:`check_state`.
+            also_check: the owner's own checks of the validated state (e.g. the server's
+                sessions against the free list), run before anything is replaced; what it
+                raises propagates and nothing changes.
+        """
         _check_state(self, state, max_bytes)
+        if also_check is not None:
+            also_check(state)
         # copies: two decoders loaded from one state must not write into each other
         self._tensors = {name: tensor.to(self.device, copy=True) for name, tensor in state["tensors"].items()}
         self._free = list(state["free"])

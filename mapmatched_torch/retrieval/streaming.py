@@ -10,7 +10,7 @@ one slot as :class:`DecodingStream`, the incremental decoder a session uses with
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -116,7 +116,7 @@ class DecodingStream:
         self._slot = self._decoder.allocate()
         self._trellis: List[Tuple[DecoderCandidate, ...]] = []
         self._path: Optional[DecodedPath] = None
-        self._undo: Optional[Tuple[Dict[str, Tensor], Optional[DecodedPath]]] = None
+        self._undo: Optional[Tuple[Optional[DecodedPath]]] = None  # (the path before the last push,)
 
     def push(self, turn: Sequence[DecoderCandidate]) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
         """Decode the trellis extended by ``turn`` (validated by the caller).
@@ -130,7 +130,6 @@ class DecodingStream:
         if self._trellis and decoder.mode.uses_distances:
             previous = [candidate.chunk_id for candidate in self._trellis[-1]]
             distances = step_distances(self.graph, [previous], [[c.chunk_id for c in turn]], decoder.width, decoder.device)
-        snapshot = decoder.snapshot(self._slot)
         slots = torch.tensor([self._slot], dtype=torch.long, device=decoder.device)
         out = decoder.step(slots, scores, mask, distances)
         try:  # all or nothing: a failure after the step (even KeyboardInterrupt) restores the slot
@@ -148,9 +147,9 @@ class DecodingStream:
                 reuse=self._path.steps if self._path is not None else (),
             )
         except BaseException:
-            decoder.restore(self._slot, snapshot)
+            decoder.undo_last()  # (an overflowing step wrote nothing: nothing to take back)
             raise
-        self._undo = (snapshot, self._path)
+        self._undo = (self._path,)
         self._trellis = trellis
         self._path = path
         return path, ranking
@@ -159,8 +158,8 @@ class DecodingStream:
         """Undo the last :meth:`push` (only one level)."""
         if self._undo is None:
             raise MapMatchedValueError("nothing to roll back")
-        snapshot, path = self._undo
-        self._decoder.restore(self._slot, snapshot)
+        (path,) = self._undo
+        self._decoder.undo_last()  # the stream's own table: its last step was this push
         self._trellis.pop()
         self._path = path
         self._undo = None

@@ -645,30 +645,7 @@ class MapMatchedServer:
             raise
         except Exception as error:  # a malformed entry: say so, change nothing
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
-        decoder_state = state["decoder"]
-        self._decoder.check_state(decoder_state)
-        free, allocated = set(decoder_state["free"]), decoder_state["allocated"]
-        lengths = decoder_state["tensors"]["lengths"]
-        seen: Dict[int, SessionId] = {}
-        for session_id, session in sessions.items():
-            slot = session.slot
-            if not 0 <= slot < allocated or slot in free:
-                raise MapMatchedValueError(
-                    f"refusing the server state: session {session_id!r} holds slot {slot}, which the decoder "
-                    f"state does not have live (allocated {allocated}, free {sorted(free)}); nothing was changed"
-                )
-            if slot in seen:
-                raise MapMatchedValueError(
-                    f"refusing the server state: sessions {seen[slot]!r} and {session_id!r} share slot {slot}; "
-                    "nothing was changed"
-                )
-            seen[slot] = session_id
-            if int(lengths[slot]) != len(session.turns):
-                raise MapMatchedValueError(
-                    f"refusing the server state: session {session_id!r} has {len(session.turns)} turns but its "
-                    f"slot {slot} holds {int(lengths[slot])}; nothing was changed"
-                )
-        self._decoder.load_state_dict(decoder_state)
+        self._decoder.load_state_dict(state.get("decoder"), also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
 
     def _parsed_sessions(self, entries: Any) -> Dict[SessionId, _Session]:
@@ -728,6 +705,32 @@ class MapMatchedServer:
             self.load_state_dict(state)
         except MapMatchedValueError as error:
             raise MapMatchedValueError(f"{os.fspath(path)!r}: {error}") from error
+
+
+def _check_slots(sessions: Dict[SessionId, _Session], decoder_state: Mapping[str, Any]) -> None:
+    """Every session owns a distinct live slot of a (validated) decoder state, whose
+    length is the session's turn count; else MapMatchedValueError."""
+    free, allocated = set(decoder_state["free"]), decoder_state["allocated"]
+    lengths = decoder_state["tensors"]["lengths"]
+    seen: Dict[int, SessionId] = {}
+    for session_id, session in sessions.items():
+        slot = session.slot
+        if not 0 <= slot < allocated or slot in free:
+            raise MapMatchedValueError(
+                f"refusing the server state: session {session_id!r} holds slot {slot}, which the decoder "
+                f"state does not have live (allocated {allocated}, free {sorted(free)}); nothing was changed"
+            )
+        if slot in seen:
+            raise MapMatchedValueError(
+                f"refusing the server state: sessions {seen[slot]!r} and {session_id!r} share slot {slot}; "
+                "nothing was changed"
+            )
+        seen[slot] = session_id
+        if int(lengths[slot]) != len(session.turns):
+            raise MapMatchedValueError(
+                f"refusing the server state: session {session_id!r} has {len(session.turns)} turns but its "
+                f"slot {slot} holds {int(lengths[slot])}; nothing was changed"
+            )
 
 
 def _as_requests(turns: Any) -> Dict[SessionId, Any]:
