@@ -16,6 +16,7 @@ graph once before the timing, so its LRU distance cache holds them.
 
 Run:  python benchmarks/serving.py                  (sessions 1, 64, 1024, 4096)
       python benchmarks/serving.py --input objects  (ScoredCandidate lists to MapMatchedServer.step)
+      python benchmarks/serving.py --input slots    (MapMatchedServer.step_slots: the tensor step)
       python benchmarks/serving.py --distances dense  (every distance in a precomputed dense table)
       python benchmarks/serving.py --distances cold   (nothing cached: the step's pairs are searched)
       python benchmarks/serving.py --read contexts  (read only the contexts after each step)
@@ -87,7 +88,8 @@ class Walkers:
 
 
 def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int,
-            gc_freeze: bool = False, indexed: bool = True, read: str = "all", warm_cache: bool = True):
+            gc_freeze: bool = False, indexed: bool = True, read: str = "all", warm_cache: bool = True,
+            slots_api: bool = False):
     """Seconds of each timed step, (contexts, every whole result) read after it, and the
     distance-cache misses (sources searched) of the timed steps."""
     generator = torch.Generator().manual_seed(seed)
@@ -96,6 +98,7 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
     ids = [f"s{i}" for i in range(sessions)]
     for name in ids:
         server.open(name)
+    slots = server.slots(ids)
     walkers = Walkers(sessions, len(graph), width, generator)
     planned = [walkers.turn(indexed) for _ in range(warmup + steps)]
     if warm_cache:
@@ -117,15 +120,20 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
             torch.cuda.synchronize()
         before = graph.cache_info().misses
         start = time.perf_counter()
-        results, errors = server.step_indexed(ids, candidates, scores) if indexed else server.step(turns)
+        if slots_api:  # the tensor step, contexts (as codes) included
+            out = server.step_slots(slots, candidates, scores, contexts=True)
+            errors = {} if not bool((out.status != 0).any()) else {"rows": out.status.unique().tolist()}
+        else:
+            results, errors = server.step_indexed(ids, candidates, scores) if indexed else server.step(turns)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         middle = time.perf_counter()
         if step >= warmup:
             misses += graph.cache_info().misses - before
-        results.contexts()  # every session's context chunk IDs (what a RAG server sends on)
+        if not slots_api:
+            results.contexts()  # every session's context chunk IDs (what a RAG server sends on)
         contexts = time.perf_counter()
-        if read == "all":
+        if read == "all" and not slots_api:
             results.materialize()  # every session's whole RetrievalResult (trace, path, ranking)
         end = time.perf_counter()
         if errors:
@@ -174,9 +182,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--lag", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--input", choices=["tensors", "objects"], default="tensors",
-                        help="(S, M) node-index and score tensors to step_indexed (default), or ScoredCandidate "
-                             "lists to step")
+    parser.add_argument("--input", choices=["tensors", "objects", "slots"], default="tensors",
+                        help="(S, M) node-index and score tensors to step_indexed (default), ScoredCandidate "
+                             "lists to step, or slots + tensors to step_slots (the tensor step: its contexts "
+                             "come with the step, as codes)")
     parser.add_argument("--distances", choices=["cache", "dense", "cold"], default="cache",
                         help="cache (default): every timed step's pairs in the graph's LRU distance cache first; "
                              "dense: a precomputed dense table; cold: nothing cached")
@@ -216,7 +225,8 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sessions in args.sessions:
         times, reads, misses = measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed,
-                               args.gc_freeze, args.input == "tensors", args.read, args.distances == "cache")
+                               args.gc_freeze, args.input != "objects", args.read, args.distances == "cache",
+                               args.input == "slots")
         gc.unfreeze()
         times = sorted(times)
         p50 = statistics.median(times)

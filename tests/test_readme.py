@@ -84,6 +84,7 @@ EXPECTED_OUTPUT = {
     "tensor-api": ["tensor([[0, 0, 0]])"],
     "serving-many-conversations": ["{'alice': 'gpu'} MapMatchedValueError"],
     "serving-many-conversations-2": ["{'alice': 'gpu', 'bob': 'billing'}"],
+    "serving-many-conversations-3": ["[0, 0] ['gpu', 'billing']", "[[1, 2], [3, 4]] torch.Size([2, 3])"],
     "drop-in-adapters-langchain-llamaindex-qdrant-chroma": ["decoded start"],
     "drop-in-adapters-langchain-llamaindex-qdrant-chroma-2": ["[('setup', False), ('gpu', True), ('intro', True), ('faq', False)]"],
     "drop-in-adapters-langchain-llamaindex-qdrant-chroma-3": ["('setup', 'gpu')"],

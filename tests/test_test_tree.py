@@ -32,6 +32,8 @@ TESTED_ELSEWHERE = {
     "kernels/checks.py": ("tests/kernels/test_decode.py",),
     "kernels/states.py": ("tests/kernels/test_decode.py",),
     "kernels/fused_cpu_kernels.py": ("tests/kernels/test_fused.py",),
+    "kernels/fused_step_kernels.py": ("tests/kernels/test_fused_step.py",),
+    "kernels/normalization_kernels.py": ("tests/kernels/test_normalization.py",),  # both paths, bit for bit
     "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
     # graph/engines/: every engine is tested against the others and the standalone graph
     "graph/engines/base.py": ("tests/graph/test_shortest_paths.py",),
@@ -43,6 +45,9 @@ TESTED_ELSEWHERE = {
     # providers/: the shared base is tested through every provider; fusion beside dense
     "providers/base.py": ("tests/providers_fixtures.py", "tests/providers/test_dense.py"),
     "providers/fusion.py": ("tests/providers/test_dense.py",),
+    # serving/: chunk codes and context tables, tested with the store's tensor step
+    "serving/codes.py": ("tests/serving/test_session_store.py",),
+    "serving/contexts.py": ("tests/serving/test_session_store.py", "tests/serving/test_step_results.py"),
     # fit/: the synthetic sampler is checked with the path sampler it draws from
     "fit/sampling.py": ("tests/kernels/test_sampling.py", "tests/fit/test_fitting.py"),
     # eval/: the harness's inputs and plots, tested with the methods and the report

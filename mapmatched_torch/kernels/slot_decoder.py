@@ -26,6 +26,11 @@ weights them (lambda here, beta through
 :meth:`SlotDecoder.step_weighted` takes emissions and transitions already weighted (any
 transition model; the streaming states of :mod:`mapmatched_torch.kernels.states`).
 
+An owner can keep its own per-turn values in the same table (``payload``: e.g. a
+server's candidate node indices and raw scores): they grow, shrink, clear, undo, save
+and validate with the decoder's own state, so there is one slot table, not two to
+keep in step.
+
 Steps are transactional per conversation: a conversation whose forward scores overflow
 gets ``ok = False`` and its slot is left exactly as it was; the others commit.
 """
@@ -41,12 +46,12 @@ from torch import Tensor
 
 from ..core.checks import check_decode_options, check_positive_int
 from ..core.errors import MapMatchedValueError
-from . import chain
+from . import chain, fused_step
 from .checks import first_true_index
 from .semiring import MAX_PLUS
 from .transitions import DecodingMode, decoding_mode, weighted_transitions
 
-__all__ = ["SlotDecoder", "SlotStep"]
+__all__ = ["SlotDecoder", "SlotStep", "PayloadSpec"]
 
 _INF = float("inf")
 
@@ -81,6 +86,21 @@ _STATE_TENSORS = (
 _STATE_FORMAT = 3  # 3: a checksum over the tensors and the bookkeeping
 
 
+class PayloadSpec(NamedTuple):
+    """One owner-defined per-turn tensor of a :class:`SlotDecoder` (see ``payload``).
+
+    Attributes:
+        dtype: its dtype. fill: the value of an empty cell.
+        per_candidate: True: ``(C, T, M)`` (one value per candidate of each turn, written
+            by :meth:`SlotDecoder.advance` at the new turn); False: ``(C, T)`` (one value
+            per turn, rows written by :meth:`SlotDecoder.put_rows`).
+    """
+
+    dtype: torch.dtype
+    fill: Union[int, float, bool]
+    per_candidate: bool = True
+
+
 def _links(distances: Tensor, backpointers: Tensor) -> Tensor:
     """(S, M) float64: ``distances[s, backpointers[s, i], i]``, the distance into each candidate."""
     return distances.gather(1, backpointers.unsqueeze(1)).squeeze(1)
@@ -96,6 +116,9 @@ class SlotDecoder:
         capacity: initial number of slots (grows by doubling).
         turn_capacity: initial turns per slot (grows by doubling).
         dtype: of the scores (float64 for exact parity). device: where the table lives.
+        payload: the owner's own per-turn tensors, name -> :class:`PayloadSpec`; read
+            them with :meth:`payload`, write them with :meth:`advance`'s ``payload`` and
+            :meth:`put_rows`. Part of the configuration a saved state must match.
 
     Attributes:
         mode: the :class:`~mapmatched_torch.kernels.transitions.DecodingMode` of
@@ -117,8 +140,11 @@ class SlotDecoder:
         turn_capacity: int = 8,
         dtype: torch.dtype = torch.float64,
         device: Optional[Union[str, torch.device]] = None,
+        payload: Optional[Dict[str, PayloadSpec]] = None,
     ) -> None:
         self.width = check_positive_int(width, "width")
+        self._payload = {f"payload.{name}": PayloadSpec(*spec) for name, spec in (payload or {}).items()}
+        self._names = _STATE_TENSORS + tuple(self._payload)
         self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
             emission_weight, transition_weight, fixed_lag
         )
@@ -148,6 +174,9 @@ class SlotDecoder:
 
     def _blank_spec(self, name: str, capacity: int, turns: int) -> tuple:
         """(shape, dtype, fill) of the state tensor ``name`` at this capacity."""
+        if name in self._payload:
+            spec = self._payload[name]
+            return ((capacity, turns, self.width) if spec.per_candidate else (capacity, turns)), spec.dtype, spec.fill
         width, window = self.width, (self.fixed_lag if self.fixed_lag is not None else -1) + 1
         shapes = {
             "alphas": ((capacity, turns, width), self.dtype, -_INF),
@@ -163,7 +192,7 @@ class SlotDecoder:
         return shapes[name]
 
     def _resize(self, capacity: int, turns: int) -> None:
-        for name in _STATE_TENSORS:
+        for name in self._names:
             new = self._blank(name, capacity, turns)
             old = self._tensors.get(name)
             if old is not None:
@@ -207,7 +236,7 @@ class SlotDecoder:
 
     def _clear(self, slot: int) -> None:
         self._undo = None  # a reused slot must never get an older step's values back
-        for name in _STATE_TENSORS:
+        for name in self._names:
             self._tensors[name][slot] = self._blank(name, 1, self.turn_capacity)[0]
 
     def snapshot(self, slot: int) -> Dict[str, Tensor]:
@@ -221,6 +250,24 @@ class SlotDecoder:
             row[tuple(slice(0, size) for size in saved.shape)] = saved
             self._tensors[name][slot] = row
 
+    def payload(self, name: str) -> Tensor:
+        """The live ``(C, T, M)`` or ``(C, T)`` payload tensor ``name`` (read it, do not write
+        it: writes go through :meth:`advance` and :meth:`put_rows`, which can be undone).
+        Growth and shrinking replace the tensor, so a reference taken now keeps the values
+        it had, except in slots released and allocated again."""
+        return self._tensors[f"payload.{name}"]
+
+    def put_rows(self, name: str, slots: Tensor, values: Tensor) -> None:
+        """Write ``(S, T')`` values into the leading turns of a per-turn payload for S
+        distinct slots (T' at most the turn capacity); part of the last step for
+        :meth:`undo_last` (call it after the step)."""
+        key = f"payload.{name}"
+        where = (slots.to(self.device).unsqueeze(1), torch.arange(values.shape[1], device=self.device).unsqueeze(0))
+        old = self._tensors[key][where].clone()
+        self._tensors[key][where] = values.to(self.device, self._tensors[key].dtype)
+        if self._undo is not None:
+            self._undo[0].append((key, where, old))
+
     def length(self, slot: int) -> int:
         """Number of turns decoded in ``slot``."""
         return int(self._tensors["lengths"][slot])
@@ -232,7 +279,12 @@ class SlotDecoder:
     # ------------------------------------------------------------------- a step
 
     def step(
-        self, slots: Tensor, emissions: Tensor, mask: Tensor, distances: Optional[Tensor] = None
+        self,
+        slots: Tensor,
+        emissions: Tensor,
+        mask: Tensor,
+        distances: Optional[Tensor] = None,
+        payload: Optional[Dict[str, Tensor]] = None,
     ) -> SlotStep:
         """Add one turn to each of S distinct slots, weighting it with lambda and beta.
 
@@ -244,6 +296,7 @@ class SlotDecoder:
                 slot's previous turn to the new one (None when beta = 0 or when no slot
                 has a previous turn); beta is applied by
                 :func:`~mapmatched_torch.kernels.transitions.weighted_transitions`.
+            payload: as for :meth:`advance`.
 
         Returns:
             A :class:`SlotStep`. Slots whose scores overflowed are left unchanged.
@@ -254,10 +307,12 @@ class SlotDecoder:
         if distances is not None and self.mode.uses_distances:
             # shape: (S, M, M)
             distances = distances.to(self.device, torch.float64)
-            transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
+            if self.fixed_lag is not None:  # the window keeps the transitions themselves
+                transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
         else:
             distances = None
-        ok = self.advance(slots, weighted, mask, transitions, distances)
+        ok = self.advance(slots, weighted, mask, transitions, distances, payload=payload,
+                          weigh=transitions is None and distances is not None)
         return self.current(slots)._replace(ok=ok)
 
     def advance(
@@ -269,6 +324,8 @@ class SlotDecoder:
         distances: Optional[Tensor] = None,
         *,
         transactional: bool = True,
+        payload: Optional[Dict[str, Tensor]] = None,
+        weigh: bool = False,
     ) -> Tensor:
         """Add one turn to each of S distinct slots, from inputs already weighted.
 
@@ -289,6 +346,11 @@ class SlotDecoder:
             transactional: True (default): a slot whose scores overflow is left
                 unchanged. False: it is written anyway (``ok`` still reports it), for a
                 caller that raises the overflow later.
+            payload: name -> ``(S, M)`` values of each per-candidate payload at the new
+                turn (written with the turn; a payload not given keeps its fill).
+            weigh: the transitions are the table's beta times ``distances``
+                (``transitions`` must be None; full decoding): the fused step weighs
+                them itself, without an (S, M, M) temporary.
 
         Returns:
             ``ok``: (S,) bool, False where a forward score overflowed.
@@ -311,29 +373,45 @@ class SlotDecoder:
         weighted = torch.where(mask, emissions.to(self.device, self.dtype), 0.0)
         started = lengths > 0
         pairwise = (count, self.width, self.width)
-        # shape: (S, M, M)
-        if transitions is None or self.mode is DecodingMode.POINTWISE:
-            transitions = torch.zeros(pairwise, dtype=self.dtype, device=self.device)
-        transitions = transitions.to(self.device, self.dtype)
+        weigh = weigh and self.fixed_lag is None and self.mode is not DecodingMode.POINTWISE and distances is not None
         if distances is None:
             distances = torch.zeros(pairwise, dtype=torch.float64, device=self.device)
         distances = distances.to(self.device, torch.float64)
         previous_turn = (lengths - 1).clamp_min(0)
         previous_allowed = state["allowed"][slots, previous_turn]
-        pairs = previous_allowed.unsqueeze(2) & mask.unsqueeze(1)
-        # shape: (S, M): -inf at the previous turn's disallowed candidates, 0 before a first turn
-        previous_alpha = torch.where(
-            started.unsqueeze(1),
-            torch.where(previous_allowed, state["alphas"][slots, previous_turn], -_INF),
-            0.0,
-        )
-        step = chain.chain_step(
-            MAX_PLUS, previous_alpha, started, weighted, torch.where(pairs, transitions, 0.0), mask
-        )
+        previous_scores = state["alphas"][slots, previous_turn]
+        step = None
+        if weigh:
+            step = fused_step.max_plus_step(
+                previous_scores, previous_allowed, started, weighted, mask, None, distances, self.transition_weight
+            )
+            if step is None:
+                transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
+        # shape: (S, M, M) (not made when the fused step weighed the distances itself)
+        if step is None and (transitions is None or self.mode is DecodingMode.POINTWISE):
+            transitions = torch.zeros(pairwise, dtype=self.dtype, device=self.device)
+        if transitions is not None:
+            transitions = transitions.to(self.device, self.dtype)
+        if step is None:
+            step = fused_step.max_plus_step(
+                previous_scores, previous_allowed, started, weighted, mask, transitions, distances
+            )
+        if step is None:  # the torch path (the reference)
+            pairs = previous_allowed.unsqueeze(2) & mask.unsqueeze(1)
+            # shape: (S, M): -inf at the previous turn's disallowed candidates, 0 before a first turn
+            previous_alpha = torch.where(
+                started.unsqueeze(1), torch.where(previous_allowed, previous_scores, -_INF), 0.0
+            )
+            chained = chain.chain_step(
+                MAX_PLUS, previous_alpha, started, weighted, torch.where(pairs, transitions, 0.0), mask
+            )
+            step = fused_step.FusedStep(
+                chained.alpha, chained.backpointers, _links(distances, chained.backpointers), chained.nonfinite
+            )
         new = {
             "alpha": step.alpha,
             "backpointers": step.backpointers,
-            "links": _links(distances, step.backpointers),
+            "links": step.links,
             "allowed": mask,
             "emissions": weighted,
         }
@@ -352,6 +430,7 @@ class SlotDecoder:
         ok = ~nonfinite
         written = ok if transactional else torch.ones_like(ok)
         window = (transitions[written], distances[written]) if self.fixed_lag else None
+        new["payload"] = dict(payload or {})
         self._write(slots[written], lengths[written], new, updates, written, window, argmax)
         return ok
 
@@ -380,10 +459,17 @@ class SlotDecoder:
             paths = torch.where(advanced, state["argmax"][slots, :turns], -1)
             distances = torch.zeros(paths.shape, dtype=torch.float64, device=self.device)
         else:
-            paths = chain.backtrack(state["backpointers"][slots, :turns], advanced, MAX_PLUS.sum(final, dim=1)[1])
-            links = state["link_distances"][slots, :turns].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
-            distances = torch.where(advanced, links, 0.0)
-            distances[:, 0] = 0.0
+            last_choice = MAX_PLUS.sum(final, dim=1)[1]
+            fused_paths = fused_step.backtrack_slots(
+                state["backpointers"], state["link_distances"], slots, lengths, last_choice, turns
+            )
+            if fused_paths is not None:
+                paths, distances = fused_paths
+            else:  # the torch path (the reference)
+                paths = chain.backtrack(state["backpointers"][slots, :turns], advanced, last_choice)
+                links = state["link_distances"][slots, :turns].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2)
+                distances = torch.where(advanced, links, 0.0)
+                distances[:, 0] = 0.0
         return SlotStep(torch.ones_like(advanced[:, 0]), paths, distances, final, lengths)
 
     def _commit(self, slots, lengths, weighted, transitions, distances, new, updates) -> Tensor:
@@ -445,6 +531,8 @@ class SlotDecoder:
         put("emissions", (slots, turn), new["emissions"][ok])
         if argmax is not None:
             put("argmax", (slots, turn), argmax[ok])
+        for name, values in new["payload"].items():
+            put(f"payload.{name}", (slots, turn), values.to(self.device)[ok])
         committing = updates.pop("rows", None)
         # only conversations that committed rewrite older turns (others gathered clamped copies)
         rows = committing[ok] if committing is not None else None
@@ -483,6 +571,26 @@ class SlotDecoder:
             state[name][where] = values
         self._undo = None
 
+    def undo_slots(self, slots: Tensor) -> None:
+        """Take back the last step for some of its slots only (the others keep it): for
+        an owner that refuses a few sessions' turns after the step (their results
+        failed to build). :meth:`undo_last` may still follow, for the rest.
+
+        Raises:
+            MapMatchedValueError: as :meth:`undo_last`.
+        """
+        if self._undo is None:
+            raise MapMatchedValueError("nothing to undo: no step since the last undo")
+        undo, turns = self._undo
+        if turns != self.turn_capacity:
+            raise MapMatchedValueError("cannot undo the last step: the table was resized since")
+        state, targets = self._tensors, slots.to(self.device).view(-1)
+        for name, where, values in reversed(undo):
+            rows = torch.isin(where[0].reshape(-1), targets)
+            if bool(rows.any()):
+                picked = tuple(index[rows] if index.shape[0] == rows.shape[0] else index for index in where)
+                state[name][picked] = values[rows]
+
     # ------------------------------------------------------------- persistence
 
     def state_dict(self) -> Dict[str, object]:
@@ -508,6 +616,7 @@ class SlotDecoder:
             "fixed_lag": self.fixed_lag,
             "dtype": str(self.dtype).replace("torch.", ""),
             "format": _STATE_FORMAT,
+            "payload": {name: [str(spec.dtype).replace("torch.", ""), spec.per_candidate] for name, spec in sorted(self._payload.items())},
         }
 
     def check_state(self, state: object, *, max_bytes: Optional[int] = None) -> None:
@@ -584,11 +693,12 @@ def _check_state(decoder: "SlotDecoder", state: Any, max_bytes: Optional[int]) -
     if state["config"] != mine:
         raise _state_error(f"configuration differs: saved {state['config']}, this decoder {mine}")
     tensors = state["tensors"]
-    if not isinstance(tensors, dict) or set(tensors) != set(_STATE_TENSORS):
+    names = decoder._names
+    if not isinstance(tensors, dict) or set(tensors) != set(names):
         got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
-        raise _state_error(f"expected the tensors {sorted(_STATE_TENSORS)}, got {got}")
+        raise _state_error(f"expected the tensors {sorted(names)}, got {got}")
     total = 0
-    for name in _STATE_TENSORS:
+    for name in names:
         tensor = tensors[name]
         if not isinstance(tensor, Tensor):
             raise _state_error(f"{name} is a {type(tensor).__name__}, not a tensor")
@@ -604,7 +714,7 @@ def _check_state(decoder: "SlotDecoder", state: Any, max_bytes: Optional[int]) -
     capacity, turns = lengths.shape[0], tensors["alphas"].shape[1] if tensors["alphas"].dim() == 3 else -1
     if capacity < 1 or turns < 1:
         raise _state_error(f"capacity {capacity} and turn capacity {turns} must be positive")
-    for name in _STATE_TENSORS:
+    for name in names:
         expected = decoder._blank_spec(name, capacity, turns)
         tensor = tensors[name]
         if tuple(tensor.shape) != expected[0] or tensor.dtype != expected[1]:

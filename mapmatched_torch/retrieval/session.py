@@ -330,6 +330,12 @@ def revised_turns(
 ) -> Tuple[int, ...]:
     """:func:`revised_indices` from the previous path's chunk IDs and committed index."""
     revised = tuple(index for index, (old, new) in enumerate(zip(previous_chunk_ids, chunk_ids)) if old != new)
+    return check_revisions(revised, committed)
+
+
+def check_revisions(revised: Tuple[int, ...], committed: Optional[int]) -> Tuple[int, ...]:
+    """``revised`` (the earlier turns whose chunk changed), or MapMatchedRuntimeError when
+    one of them is at or before the previous step's ``committed`` turn."""
     if committed is not None and any(index <= committed for index in revised):
         raise MapMatchedRuntimeError(
             f"fixed-lag decoder revised a committed turn (committed through {committed}, revised {list(revised)})"

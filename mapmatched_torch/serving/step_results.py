@@ -1,22 +1,23 @@
-"""What a :class:`~mapmatched_torch.serving.MapMatchedServer` step keeps per session,
-and the results it returns, built when they are read.
+"""What a :class:`~mapmatched_torch.serving.MapMatchedServer` step returns, built when it is read.
 
-A step of S sessions does its per-session work in bulk: tensors for the decoder, one
-``tolist()`` per output. What a session keeps is small: its turns as
-:class:`ServedTurn` (chunk IDs or graph node indices, raw and normalized scores) and
-one :class:`StepRecord` per step (the decoded candidate of every turn, the distances
-along the path, the final turn's forward scores). The Python objects of a
+A step is tensor work (:meth:`~mapmatched_torch.serving.session_store.SessionStore.step`):
+its outcome is one :class:`~mapmatched_torch.serving.session_store.TensorStep`, and every
+session's turns live in the store's tensors. The Python objects of a
 :class:`~mapmatched_torch.core.models.RetrievalResult` (candidates, decoded path, trace,
 ranking, context) cost about 0.2 ms per session; :class:`StepResults` builds them on
-first read, with the same functions a :class:`~mapmatched_torch.MapMatchedSession`
-uses, so a read result equals the independent session's exactly. The context
-neighbourhood of the decoded chunk is asked of the graph when the result is read.
+first read, from the step's tensors and the store's turns (:class:`ServedTurn`, read
+from the store when a result is built), with the same functions a
+:class:`~mapmatched_torch.MapMatchedSession` uses, so a read result equals the
+independent session's exactly. :meth:`StepResults.contexts` and
+:meth:`StepResults.chunk_ids` read the tensors alone.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
 
 from ..core.models import (
     CandidateScore,
@@ -28,12 +29,12 @@ from ..core.models import (
     trusted_constructor,
 )
 from ..core.path_reports import committed_through
-from ..core.protocols import CorpusGraph, implements
-from ..graph.protocols import NeighborhoodGraph
-from ..retrieval.session import MapMatchedRetriever, context_chunk_ids, revised_turns, turn_result, turn_trace
+from ..retrieval.session import MapMatchedRetriever, check_revisions, turn_result, turn_trace
 from ..retrieval.streaming import report_step
+from .contexts import NeighborhoodCache
+from .session_store import SessionStore, TensorStep, context_codes
 
-__all__ = ["ServedTurn", "StepRecord", "StepResults", "NeighborhoodCache"]
+__all__ = ["ServedTurn", "StoredTurns", "StepRecord", "BuiltPaths", "StepResults", "NeighborhoodCache"]
 
 SessionId = Hashable
 
@@ -119,57 +120,73 @@ class ServedTurn(Sequence):
         return tuple(map(_scored, self.chunk_ids, self.raw))
 
 
+class StoredTurns(Sequence):
+    """One session's first ``length`` turns, read from the session store's tensors (as
+    :class:`ServedTurn` objects) the first time one is needed.
+
+    Args:
+        tensors: the store's ``(C, T, M)`` codes, raw and normalized payload tensors as
+            they were at the step (a later step never rewrites these turns; a closed
+            slot's rows are copied out before the slot is reused).
+        slot, length: whose turns, and how many.
+        names: code -> chunk ID (the server's :class:`~mapmatched_torch.serving.codes.ChunkCodes`).
+    """
+
+    __slots__ = ("_tensors", "_slot", "_length", "_names", "_turns")
+
+    def __init__(self, tensors: Tuple[Tensor, Tensor, Tensor], slot: int, length: int, names: Any) -> None:
+        self._tensors, self._slot, self._length, self._names = tensors, slot, length, names
+        self._turns: Optional[List[ServedTurn]] = None
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._turns is None:
+            codes, raw, normalized = (tensor[self._slot, : self._length].tolist() for tensor in self._tensors)
+            turns = []
+            for turn_codes, turn_raw, turn_normalized in zip(codes, raw, normalized):
+                count = sum(code >= 0 for code in turn_codes)
+                turns.append(ServedTurn(
+                    tuple(turn_raw[:count]), tuple(turn_normalized[:count]), nodes=tuple(turn_codes[:count]), names=self._names
+                ))
+            self._turns = turns
+        return self._turns[index]
+
+
 class StepRecord:
     """One session after one step: what its result is built from.
 
     Args:
-        turns: the session's turns (a list that only grows; the first ``length`` are
-            this step's trellis).
+        turns: the session's turns (at least ``length``; the first ``length`` are this
+            step's trellis).
         length: T, the number of turns after the step.
         row: ``(T,)`` decoded candidate index of every turn.
         distances: ``(T,)`` graph distance into each turn along the path.
         finals: the new turn's forward scores (the ranking; non-finite: locked out).
-        previous_row: the previous step's ``row`` (None at the first turn), for the
-            revised turns.
+        revised: the earlier turns whose decoded chunk this step changed.
         reuse: the previous step's ``(path, trace)`` when it was built: their steps
             are kept where the path is unchanged, as a session keeps them, so a result
             costs O(new and revised turns), not O(T).
     """
 
-    __slots__ = ("turns", "length", "row", "distances", "finals", "previous_row", "_reuse", "_decoded", "_result")
+    __slots__ = ("turns", "length", "row", "distances", "finals", "revised", "_reuse", "_decoded", "_result")
 
     def __init__(
         self,
-        turns: List[ServedTurn],
+        turns: Sequence[ServedTurn],
         length: int,
         row: Tuple[int, ...],
         distances: Tuple[float, ...],
         finals: Tuple[float, ...],
-        previous_row: Optional[Tuple[int, ...]],
+        revised: Tuple[int, ...],
         reuse: Optional[Tuple[DecodedPath, RetrievalTrace]] = None,
     ) -> None:
         self.turns, self.length, self.row, self.distances, self.finals = turns, length, row, distances, finals
-        self.previous_row, self._reuse = previous_row, reuse
+        self.revised, self._reuse = revised, reuse
         # (the new turn's candidates, path, ranking, trace)
         self._decoded: Optional[Tuple[tuple, DecodedPath, Optional[Tuple[CandidateScore, ...]], RetrievalTrace]] = None
         self._result: Optional[RetrievalResult] = None
-
-    @classmethod
-    def restored(cls, turns: List[ServedTurn], path: DecodedPath, trace: RetrievalTrace) -> "StepRecord":
-        """The record of a saved session (its path and trace as saved; no result)."""
-        row = tuple(turn.chunk_ids.index(step.chunk_id) for turn, step in zip(turns, path.steps))
-        record = cls(turns, len(turns), row, tuple(step.graph_distance for step in path.steps), (), None)
-        record._decoded = (turns[-1].candidates, path, None, trace)
-        return record
-
-    def successor_reuse(self) -> Optional[Tuple[DecodedPath, RetrievalTrace]]:
-        """What the next step's record may reuse: this path and trace, if built."""
-        return (self._decoded[1], self._decoded[3]) if self._decoded is not None else None
-
-    @property
-    def chunk_id(self) -> str:
-        """The decoded chunk of the step's turn (no objects built)."""
-        return self.turns[self.length - 1].chunk_id(self.row[self.length - 1])
 
     @property
     def built(self) -> bool:
@@ -190,10 +207,7 @@ class StepRecord:
                 fixed_lag=retriever.fixed_lag,
                 reuse=previous_path.steps if previous_path is not None else (),
             )
-            revised: Tuple[int, ...] = ()
-            if self.previous_row is not None:
-                previous = [self.turns[turn].chunk_id(index) for turn, index in enumerate(self.previous_row)]
-                revised = revised_turns(previous, committed_through(len(previous), retriever.fixed_lag), path.chunk_ids)
+            revised = check_revisions(self.revised, committed_through(self.length - 1, retriever.fixed_lag))
             self._decoded = (last, path, ranking, turn_trace(retriever, trellis, path, revised, previous_trace))
             self._reuse = None
         return self._decoded
@@ -208,33 +222,27 @@ class StepRecord:
         return self._result
 
 
-class NeighborhoodCache:
-    """An LRU of context neighbourhoods (chunk ID -> ``graph.neighborhood(chunk, radius)``,
-    the chunk IDs by distance) for a graph that answers many at once (an immutable
-    :class:`~mapmatched_torch.graph.NeighborhoodGraph`, e.g. a tensor graph); any other
-    graph is asked one chunk at a time, every time."""
+class BuiltPaths:
+    """The newest built ``(path, trace)`` of each slot, so the next step's result reuses
+    their unchanged steps (a slot's entry is dropped when it closes)."""
 
-    def __init__(self, graph: CorpusGraph, radius: float, capacity: int = 65536) -> None:
-        self.graph, self.radius, self.capacity = graph, radius, capacity
-        self._batched = graph.neighborhoods if implements(graph, NeighborhoodGraph) else None
-        self._cache: "OrderedDict[str, tuple]" = OrderedDict()
+    def __init__(self) -> None:
+        self._built: Dict[int, Tuple[int, DecodedPath, RetrievalTrace]] = {}
 
-    def get(self, chunk_ids: Sequence[str]) -> List[tuple]:
-        """Each chunk's neighbourhood (from the cache, else one batched call)."""
-        if self._batched is None:
-            return [tuple(self.graph.neighborhood(chunk_id, self.radius)) for chunk_id in chunk_ids]
-        cache = self._cache
-        missing = list(dict.fromkeys(chunk_id for chunk_id in chunk_ids if chunk_id not in cache))
-        if missing:
-            for chunk_id, neighborhood in zip(missing, self._batched(missing, self.radius)):
-                cache[chunk_id] = neighborhood
-        found = []
-        for chunk_id in chunk_ids:
-            cache.move_to_end(chunk_id)
-            found.append(cache[chunk_id])
-        while len(cache) > self.capacity:
-            cache.popitem(last=False)
-        return found
+    def get(self, slot: int, length: int) -> Optional[Tuple[DecodedPath, RetrievalTrace]]:
+        entry = self._built.get(slot)
+        return (entry[1], entry[2]) if entry is not None and entry[0] == length else None
+
+    def put(self, slot: int, length: int, path: DecodedPath, trace: RetrievalTrace) -> None:
+        entry = self._built.get(slot)
+        if entry is None or entry[0] <= length:
+            self._built[slot] = (length, path, trace)
+
+    def drop(self, slot: int) -> None:
+        self._built.pop(slot, None)
+
+    def clear(self) -> None:
+        self._built.clear()
 
 
 class StepResults(Mapping):
@@ -244,62 +252,158 @@ class StepResults(Mapping):
     returns for the same turns. Reading every result of a large step costs about
     0.2 ms per session; :meth:`chunk_id` / :meth:`chunk_ids` give the decoded chunks
     and :meth:`context_chunk_ids` / :meth:`contexts` the contexts without building
-    anything else, and :meth:`materialize` builds every result with one batched
-    neighbourhood search.
+    anything else (:attr:`tensors` and :meth:`context_codes`: the same as tensors), and
+    :meth:`materialize` builds every result with one batched neighbourhood search.
+
+    Args:
+        retriever: the server's options. store: its session store.
+        step: the step's :class:`~mapmatched_torch.serving.session_store.TensorStep`.
+        rows: each decoded session's row of ``step``.
+        slots: ``(S,)`` each row's slot.
+        built: the server's :class:`BuiltPaths`.
+        eager: rows whose records are built now (:meth:`build_now`).
     """
 
     def __init__(
-        self, retriever: MapMatchedRetriever, records: Dict[SessionId, StepRecord], neighborhoods: NeighborhoodCache
+        self,
+        retriever: MapMatchedRetriever,
+        store: SessionStore,
+        step: TensorStep,
+        rows: Dict[SessionId, int],
+        slots: Tensor,
+        built: BuiltPaths,
     ) -> None:
-        self._retriever, self._records, self._neighborhoods = retriever, records, neighborhoods
+        self._retriever, self._store, self.tensors, self._rows = retriever, store, step, rows
+        self._slots, self._built = slots, built
+        decoder = store.decoder
+        self._payload = (decoder.payload("codes"), decoder.payload("raw"), decoder.payload("normalized"))
+        self._detached: Dict[int, Tuple[Tensor, Tensor, Tensor]] = {}
+        self._records: Dict[SessionId, StepRecord] = {}
+        self._lists: Optional[Dict[str, list]] = None
+        self._contexts: Optional[Tensor] = None
+
+    # ------------------------------------------------------------- the mapping
 
     def __getitem__(self, session_id: SessionId) -> RetrievalResult:
-        record = self._records[session_id]
+        record = self.record(session_id)
         if record.built:
             return record.result(self._retriever, None)
-        return record.result(self._retriever, self._neighborhoods.get([record.chunk_id])[0])
+        neighborhood = self._store.contexts.neighborhoods.get([self.chunk_id(session_id)])[0]
+        return self._finish(session_id, record, neighborhood)
 
     def __iter__(self) -> Iterator[SessionId]:
-        return iter(self._records)
+        return iter(self._rows)
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._rows)
 
     def __contains__(self, session_id: object) -> bool:
-        return session_id in self._records
+        return session_id in self._rows
 
     def __repr__(self) -> str:
         built = sum(record.built for record in self._records.values())
-        return f"StepResults({len(self._records)} sessions, {built} built)"
+        return f"StepResults({len(self._rows)} sessions, {built} built)"
+
+    # ------------------------------------------------------------ no objects
 
     def chunk_id(self, session_id: SessionId) -> str:
         """The session's decoded chunk for this turn (nothing built)."""
-        return self._records[session_id].chunk_id
+        return self._store.codes.name(self._list("chunks")[self._rows[session_id]])
 
     def chunk_ids(self) -> Dict[SessionId, str]:
         """Every session's decoded chunk for this turn (nothing built)."""
-        return {session_id: record.chunk_id for session_id, record in self._records.items()}
+        chunks, name = self._list("chunks"), self._store.codes.name
+        return {session_id: name(chunks[row]) for session_id, row in self._rows.items()}
+
+    def context_codes(self) -> Tensor:
+        """``(S, C)`` long: every row's context as chunk codes (-1 padded; failed rows -1),
+        computed on the device once."""
+        if self._contexts is None:
+            step = self.tensors
+            if step.contexts is not None:
+                self._contexts = step.contexts
+            else:
+                self._contexts = context_codes(self._store, step.chunks, step.candidates, step.status == 0)
+        return self._contexts
 
     def context_chunk_ids(self, session_id: SessionId) -> Tuple[str, ...]:
         """The session's context (``result.context_chunk_ids``) without building the result."""
         return self.contexts([session_id])[session_id]
 
     def contexts(self, session_ids: Optional[Sequence[SessionId]] = None) -> Dict[SessionId, Tuple[str, ...]]:
-        """The contexts of these sessions (default: all), the neighbourhoods in one
-        batched call, and nothing else built: what a RAG server hands to its LLM."""
-        records = self._records
-        keys = list(records) if session_ids is None else list(session_ids)
-        chunk_ids = [records[key].chunk_id for key in keys]
-        limit = self._retriever.context_limit
-        return {
-            key: context_chunk_ids(chunk_id, neighborhood, records[key].turns[records[key].length - 1].chunk_ids, limit)
-            for key, chunk_id, neighborhood in zip(keys, chunk_ids, self._neighborhoods.get(chunk_ids))
-        }
+        """The contexts of these sessions (default: all) as chunk IDs, and nothing else
+        built: what a RAG server hands to its LLM."""
+        keys = list(self._rows) if session_ids is None else list(session_ids)
+        table = self.context_codes()
+        rows = [self._rows[key] for key in keys]
+        picked = table[torch.tensor(rows, dtype=torch.long, device=table.device)].tolist() if rows else []
+        names = self._store.codes.names
+        return {key: tuple(name for name in names(row) if name is not None) for key, row in zip(keys, picked)}
+
+    # ---------------------------------------------------------------- records
+
+    def record(self, session_id: SessionId) -> StepRecord:
+        """The session's :class:`StepRecord` (made on first call)."""
+        record = self._records.get(session_id)
+        if record is None:
+            row = self._rows[session_id]
+            lists = self._row_lists()
+            slot, length = lists["slots"][row], lists["lengths"][row]
+            detached = self._detached.get(slot)
+            tensors, source = (detached, 0) if detached is not None else (self._payload, slot)
+            turns = StoredTurns(tensors, source, length, self._store.codes)
+            count = len(turns[length - 1])
+            revised = tuple(index for index, flag in enumerate(lists["revised"][row][:length]) if flag)
+            reuse = self._built.get(slot, length - 1) if detached is None else None
+            record = self._records[session_id] = StepRecord(
+                turns, length, tuple(lists["path_index"][row][:length]), tuple(lists["distances"][row][:length]),
+                tuple(lists["final_scores"][row][:count]), revised, reuse,
+            )
+        return record
+
+    def _finish(self, session_id: SessionId, record: StepRecord, neighborhood: Optional[Sequence[str]]) -> RetrievalResult:
+        result = record.result(self._retriever, neighborhood)
+        row = self._rows[session_id]
+        slot = self._row_lists()["slots"][row]
+        if slot not in self._detached:
+            _, path, _, trace = record.decoded(self._retriever)
+            self._built.put(slot, record.length, path, trace)
+        return result
+
+    def build(self, session_id: SessionId) -> None:
+        """Build the session's path and trace now (they raise what a session raises)."""
+        record = self.record(session_id)
+        _, path, _, trace = record.decoded(self._retriever)
+        slot = self._row_lists()["slots"][self._rows[session_id]]
+        self._built.put(slot, record.length, path, trace)
 
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""
-        pending = [record for record in self._records.values() if not record.built]
-        neighborhoods = self._neighborhoods.get([record.chunk_id for record in pending])
-        for record, neighborhood in zip(pending, neighborhoods):
-            record.result(self._retriever, neighborhood)
-        return {session_id: record.result(self._retriever, None) for session_id, record in self._records.items()}
+        pending = [key for key in self._rows if not self.record(key).built]
+        neighborhoods = self._store.contexts.neighborhoods.get([self.chunk_id(key) for key in pending])
+        for key, neighborhood in zip(pending, neighborhoods):
+            self._finish(key, self.record(key), neighborhood)
+        return {key: self.record(key).result(self._retriever, None) for key in self._rows}
+
+    def detach(self, slot: int) -> None:
+        """Copy ``slot``'s turns out of the store (the server closes the slot, which may be
+        reused): this step's results of it stay readable."""
+        if slot in self._detached or slot not in self._row_lists()["slot_set"]:
+            return
+        self._detached[slot] = tuple(tensor[slot : slot + 1].clone() for tensor in self._payload)
+
+    def _list(self, name: str) -> list:
+        return self._row_lists()[name]
+
+    def _row_lists(self) -> Dict[str, Any]:
+        """The step's tensors as Python lists (once, on first need)."""
+        if self._lists is None:
+            step = self.tensors
+            lists: Dict[str, Any] = {
+                name: getattr(step, name).tolist()
+                for name in ("chunks", "lengths", "path_index", "distances", "final_scores", "revised")
+            }
+            lists["slots"] = self._slots.tolist()
+            lists["slot_set"] = set(lists["slots"])
+            self._lists = lists
+        return self._lists

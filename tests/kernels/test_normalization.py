@@ -12,6 +12,17 @@ from mapmatched_torch.core.scoring import normalize_scores
 from mapmatched_torch.kernels.normalization import normalize_score_rows
 
 
+@pytest.fixture(autouse=True, params=["compiled", "tensor"])
+def normalization_path(request):
+    """Every test twice: the numba pass (where numba is installed) and the tensor path."""
+    from mapmatched_torch.kernels.fused import fused_kernels_enabled, use_fused_kernels
+
+    enabled = fused_kernels_enabled()
+    use_fused_kernels(request.param == "compiled")
+    yield request.param
+    use_fused_kernels(enabled)
+
+
 def random_row(rng: random.Random, width: int):
     kind = rng.randrange(8)
     count = rng.randint(1, width)
@@ -108,3 +119,99 @@ def test_exact_candidate_normalization_keeps_every_candidate_in_its_slot(method)
             assert all(out[b, t, m].item() == 0.0 for m in range(7) if m not in slots)
     with pytest.raises(ValueError, match="overflow"):
         normalize_candidate_scores(torch.tensor([[[1e308, 1e308]]], dtype=torch.float64), torch.ones(1, 1, 2, dtype=torch.bool))
+
+
+# ----------------------------------------------------------- exact sums and roots on the device
+
+
+def adversarial_rows(rng: random.Random, width: int):
+    """Rows that break naive and compensated sums: cancellation, midpoints, wide exponents."""
+    rows = []
+    for _ in range(300):
+        kind = rng.randrange(7)
+        count = rng.randint(1, width)
+        if kind == 0:  # 1 + tiny + -1: naive sums lose the tiny term
+            big = 2.0 ** rng.randint(-20, 60)
+            rows.append([big, 2.0 ** rng.randint(-80, -30) * rng.choice([1, 3, 5]), -big][:count] + [0.0] * 0)
+        elif kind == 1:  # an exact sum on a rounding midpoint, a hair off it
+            base = 2.0 ** rng.randint(0, 40)
+            ulp = math.ulp(base)
+            rows.append([base, ulp / 2, rng.choice([0.0, ulp * 2.0**-60, -ulp * 2.0**-60])])
+        elif kind == 2:  # exponents across the whole range
+            rows.append([rng.uniform(-1, 1) * 2.0 ** rng.randint(-1074, 1010) for _ in range(count)])
+        elif kind == 3:  # huge values: the host path
+            rows.append([rng.choice([1.5e308, -1.5e308, 9e307]) for _ in range(count)])
+        elif kind == 4:  # subnormals
+            rows.append([rng.randint(-5, 5) * 5e-324 for _ in range(count)])
+        elif kind == 5:  # heavy cancellation of random values
+            values = [rng.gauss(0, 1) * 10 ** rng.randint(0, 15) for _ in range(count)]
+            rows.append(values + [-value for value in values[: count // 2]])
+        else:
+            rows.append([rng.gauss(0, 1) for _ in range(count)])
+    return [row[:width] for row in rows]
+
+
+def fsum_or_nan(row):
+    try:
+        total = math.fsum(row)
+    except OverflowError:
+        return math.nan
+    return total if math.isfinite(total) else math.nan
+
+
+def test_exact_row_sums_equal_fsum_bit_for_bit(device):
+    from mapmatched_torch.kernels.normalization import exact_row_sums
+
+    rng = random.Random(11)
+    width = 12
+    rows = adversarial_rows(rng, width) + [[], [0.0], [-0.0], [-0.0, -0.0], [math.inf, 1.0]]
+    values = torch.tensor([row + [math.nan] * (width - len(row)) for row in rows], dtype=torch.float64)
+    real = torch.tensor([[i < len(row) for i in range(width)] for row in rows])
+    got = exact_row_sums(values.to(device), real.to(device)).cpu().tolist()
+    expected = [fsum_or_nan(row) for row in rows]
+    assert [math.isnan(value) for value in got] == [math.isnan(value) for value in expected]
+    assert bits([0.0 if math.isnan(v) else v for v in got]) == bits([0.0 if math.isnan(v) else v for v in expected])
+
+
+def test_exact_row_sums_certify_typical_rows_without_the_host(monkeypatch):
+    # the host fsum is for the rare rows the bound cannot certify, not for ordinary data
+    from mapmatched_torch.kernels import normalization
+
+    calls = []
+    monkeypatch.setattr(normalization, "_fsum_or_nan", lambda row: calls.append(row) or math.fsum(row))
+    generator = torch.Generator().manual_seed(3)
+    values = torch.rand(2048, 20, generator=generator, dtype=torch.float64) * 0.6 + 0.2  # cosine-like scores
+    real = torch.rand(2048, 20, generator=generator) < 0.9
+    got = normalization.exact_row_sums(values, real)
+    assert got.tolist() == [math.fsum(v for v, r in zip(row, keep) if r) for row, keep in zip(values.tolist(), real.tolist())]
+    assert len(calls) == 0
+    normalization.exact_row_sums(torch.tensor([[1.0, 2.0**-53, 2.0**-106]], dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool))
+    assert len(calls) == 1  # a sum a hair above a rounding midpoint takes the host
+
+
+def test_exact_sqrt_is_math_sqrt_bit_for_bit(device):
+    from mapmatched_torch.kernels.normalization import exact_sqrt
+
+    rng = random.Random(4)
+    values = [rng.uniform(0, 1) * 2.0 ** rng.randint(-1074, 1023) for _ in range(20000)]
+    values += [0.0, -0.0, math.inf, 4.0, 2.0**-1074, 2.0**-900, 2.0**-901 * 1.7, 1.7976931348623157e308]
+    got = exact_sqrt(torch.tensor(values, dtype=torch.float64, device=device)).cpu().tolist()
+    assert bits(got) == bits([math.sqrt(value) for value in values])
+    assert math.isnan(exact_sqrt(torch.tensor([-1.0], dtype=torch.float64, device=device)).item())
+
+
+def test_rows_normalize_on_the_device_as_on_the_host(device):
+    rng = random.Random(9)
+    width = 10
+    rows = [random_row(rng, width) for _ in range(300)] + [row for row in adversarial_rows(rng, width) if row]
+    padded = torch.tensor([row + [0.0] * (width - len(row)) for row in rows], dtype=torch.float64)
+    counts = torch.tensor([len(row) for row in rows])
+    out = normalize_score_rows(padded.to(device), counts.to(device), "zscore")
+    assert out.device.type == device.type
+    for row, got in zip(rows, out.cpu().tolist()):
+        try:
+            expected = normalize_scores(row, "zscore")
+        except ValueError:
+            assert all(math.isnan(value) for value in got[: len(row)]), row
+        else:
+            assert bits(got[: len(row)]) == bits(expected), row

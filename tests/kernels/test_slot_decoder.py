@@ -467,3 +467,33 @@ def test_a_steps_cost_follows_its_sessions_and_a_closed_long_session_gives_memor
     assert decoder.turn_capacity == 8 < grown
     again = decoder.step(torch.tensor([short_slot]), scores, mask, distances)
     assert again.paths.tolist() == [[0, 0]] and decoder.length(short_slot) == 2
+
+
+def test_payload_grows_undoes_and_saves_with_the_table():
+    from mapmatched_torch.kernels.slot_decoder import PayloadSpec
+
+    payload = {"codes": PayloadSpec(torch.long, -1), "mark": PayloadSpec(torch.long, -1, per_candidate=False)}
+    decoder = SlotDecoder(2, capacity=1, turn_capacity=1, payload=payload)
+    slots = torch.tensor([decoder.allocate(), decoder.allocate()])  # grows the slots
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    for turn in range(3):  # grows the turns
+        values = torch.tensor([[turn, 10 + turn], [20 + turn, 30 + turn]])
+        decoder.step(slots, torch.zeros(2, 2, dtype=torch.float64), mask, payload={"codes": values})
+        decoder.put_rows("mark", slots, torch.full((2, turn + 1), turn))
+    assert decoder.payload("codes")[0, :3].tolist() == [[0, 10], [1, 11], [2, 12]]
+    assert decoder.payload("mark")[1, :3].tolist() == [2, 2, 2]
+    saved = decoder.state_dict()
+    decoder.step(slots, torch.zeros(2, 2, dtype=torch.float64), mask, payload={"codes": torch.full((2, 2), 9)})
+    decoder.put_rows("mark", slots, torch.full((2, 4), 7))
+    decoder.undo_slots(slots[:1])  # slot 0 takes its step back, slot 1 keeps it
+    assert decoder.payload("codes")[0, 3].tolist() == [-1, -1] and decoder.payload("codes")[1, 3].tolist() == [9, 9]
+    assert decoder.payload("mark")[0, :4].tolist() == [2, 2, 2, -1] and decoder.length(0) == 3 and decoder.length(1) == 4
+    decoder.undo_last()
+    assert decoder.payload("codes")[1, 3].tolist() == [-1, -1] and decoder.length(1) == 3
+    again = SlotDecoder(2, payload=payload)
+    again.load_state_dict(saved)
+    assert torch.equal(again.payload("codes"), decoder.payload("codes"))
+    with pytest.raises(ValueError, match="configuration differs"):
+        SlotDecoder(2).load_state_dict(saved)
+    decoder.release(0)
+    assert decoder.allocate() == 0 and (decoder.payload("codes")[0] == -1).all()  # a reused slot is cleared

@@ -432,7 +432,8 @@ def test_step_indexed_reports_an_overflowing_normalization_alone():
     results, errors = server.step_indexed(
         ["a", "b"], torch.tensor([[0, 1], [2, 3]]), torch.tensor([[1e308, 1e308], [1.0, 2.0]], dtype=torch.float64)
     )
-    assert list(results) == ["b"] and "normalized_score must be finite" in str(errors["a"])
+    # the error an independent session raises for these scores
+    assert list(results) == ["b"] and "scores too large to normalize" in str(errors["a"])
     assert server.turn_count("a") == 0 and server.turn_count("b") == 1
 
 
@@ -706,29 +707,29 @@ def _stepped_server():
 def _resealed_decoder(state):
     from mapmatched_torch.kernels.slot_decoder import _checksum
 
-    state["decoder"]["checksum"] = _checksum(state["decoder"])
+    state["store"]["decoder"]["checksum"] = _checksum(state["store"]["decoder"])
     return state
 
 
 @pytest.mark.parametrize(
     "edit",
-    ["live slot in the free list", "allocated zero", "shared slot", "turn count", "malformed session", "bad slot type"],
+    ["live slot in the free list", "allocated zero", "shared slot", "orphan slot", "malformed session", "bad slot type"],
 )
 def test_a_crafted_server_state_is_refused_and_the_server_is_untouched(edit):
     state = _stepped_server().state_dict()
     sessions = state["sessions"]
     if edit == "live slot in the free list":
-        state["decoder"]["free"].append(sessions[0][1])
+        state["store"]["decoder"]["free"].append(sessions[0][1])
         _resealed_decoder(state)
     elif edit == "allocated zero":
-        state["decoder"]["allocated"], state["decoder"]["free"] = 0, []
+        state["store"]["decoder"]["allocated"], state["store"]["decoder"]["free"] = 0, []
         _resealed_decoder(state)
     elif edit == "shared slot":
         sessions[1][1] = sessions[0][1]
-    elif edit == "turn count":
-        sessions[0][2] = sessions[0][2][:-1]
+    elif edit == "orphan slot":  # a live slot that no session holds
+        sessions.pop(0)
     elif edit == "malformed session":
-        sessions[0] = sessions[0][:3]
+        sessions[0] = sessions[0][:1]
     else:
         sessions[0][1] = "0"
     target = _stepped_server()
@@ -737,7 +738,7 @@ def test_a_crafted_server_state_is_refused_and_the_server_is_untouched(edit):
     with pytest.raises(ValueError, match="refusing the server state|slot"):
         target.load_state_dict(state)
     after = target.state_dict()
-    assert after["decoder"]["checksum"] == before["decoder"]["checksum"]
+    assert after["store"]["decoder"]["checksum"] == before["store"]["decoder"]["checksum"]
     assert [entry[0] for entry in after["sessions"]] == [entry[0] for entry in before["sessions"]]
 
 
@@ -755,7 +756,7 @@ def test_save_is_atomic_and_a_torn_file_is_refused(tmp_path):
         target = _stepped_server()
         with pytest.raises(ValueError, match="torn.pt"):
             target.load(tmp_path / "torn.pt")
-        assert target.state_dict()["decoder"]["checksum"] == server.state_dict()["decoder"]["checksum"]
+        assert target.state_dict()["store"]["decoder"]["checksum"] == server.state_dict()["store"]["decoder"]["checksum"]
 
 
 # ------------------------------------------------ interrupted steps and threads (issue 14)
@@ -781,20 +782,19 @@ def test_an_interrupted_step_leaves_every_session_as_it_was(monkeypatch, fixed_l
     for turn in turns[:3]:
         interrupted.step(turn)
     before = interrupted.state_dict()
-    original, calls = server_module.StepRecord, {"count": 0}
 
-    def failing(*args, **kwargs):  # the record of the fail_at-th session of the step
-        if calls["count"] == fail_at:
-            raise _Interrupt()
-        calls["count"] += 1
-        return original(*args, **kwargs)
+    def failing(*args, **kwargs):  # after the tensor step: making the results, or building the large ones
+        raise _Interrupt()
 
-    monkeypatch.setattr(server_module, "StepRecord", failing)
+    if fail_at == 0:
+        monkeypatch.setattr(server_module, "StepResults", failing)
+    else:
+        monkeypatch.setattr(server_module.MapMatchedServer, "_build_extremes", failing)
     with pytest.raises(_Interrupt):
         interrupted.step(turns[3])
-    monkeypatch.setattr(server_module, "StepRecord", original)
+    monkeypatch.undo()
     after = interrupted.state_dict()
-    assert after["decoder"]["checksum"] == before["decoder"]["checksum"]
+    assert after["store"]["decoder"]["checksum"] == before["store"]["decoder"]["checksum"]
     assert after["sessions"] == before["sessions"]
     for turn, step in zip(turns[3:], expected[3:]):
         results, errors = interrupted.step(turn)

@@ -1,0 +1,114 @@
+"""The fused incremental max-plus step: the default for :class:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder`.
+
+:meth:`SlotDecoder.advance <mapmatched_torch.kernels.slot_decoder.SlotDecoder.advance>`
+asks :func:`max_plus_step` first; it returns None where the fused kernel does not
+apply, and the decoder runs :func:`~mapmatched_torch.kernels.chain.chain_step` (the
+reference and the fallback). It applies under the same rules as the fused decoders
+(:func:`~mapmatched_torch.kernels.fused.applies`: enabled, CPU, float32/float64, no
+gradient, numba installed). One pass per conversation replaces the torch step's
+(S, M, M) temporaries: the masked transitions, the predecessor sums, the maximum and
+argmax, the masking of the result and the gather of each back-pointer's distance.
+Results equal the torch path bit for bit (``tests/kernels/test_fused_step.py``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import fused, numba_runtime
+
+__all__ = ["FusedStep", "max_plus_step", "backtrack_slots"]
+
+
+class FusedStep(NamedTuple):
+    """One step of S conversations (see :func:`max_plus_step`)."""
+
+    alpha: Tensor  #: (S, M) forward scores of the new turn (-inf at padding)
+    backpointers: Tensor  #: (S, M) long best predecessor of every candidate
+    links: Tensor  #: (S, M) float64 distance from that predecessor
+    nonfinite: Tensor  #: (S,) bool a real candidate's score is not finite
+
+
+def max_plus_step(
+    previous: Tensor,
+    previous_allowed: Tensor,
+    started: Tensor,
+    emissions: Tensor,
+    mask: Tensor,
+    transitions: Optional[Tensor],
+    distances: Tensor,
+    transition_weight: Optional[float] = None,
+) -> Optional[FusedStep]:
+    """The fused step, or None where it does not apply.
+
+    Args:
+        previous: (S, M) the previous turn's forward scores (read only where
+            ``previous_allowed`` and ``started``).
+        previous_allowed: (S, M) bool the previous turn's allowed candidates.
+        started: (S,) bool the conversation has a previous turn.
+        emissions: (S, M) weighted emissions of the new turn (0 at padding).
+        mask: (S, M) bool the new turn's real candidates (at least one per row).
+        transitions: (S, M, M) weighted transitions ``[s, from, to]`` (read only between
+            allowed and real candidates), or None with ``transition_weight``.
+        distances: (S, M, M) float64 the distances they came from.
+        transition_weight: beta, when ``transitions`` is None: the transitions are then
+            :func:`~mapmatched_torch.kernels.transitions.weighted_transitions` of the
+            distances, made in the kernel (no (S, M, M) temporary).
+
+    Returns:
+        A :class:`FusedStep` equal to the torch step's values bit for bit, or None.
+    """
+    given = [previous, emissions, distances] + ([transitions] if transitions is not None else [])
+    if not fused.applies(*given) or emissions.dtype != previous.dtype:
+        return None
+    from . import fused_step_kernels as kernels
+
+    count, width = emissions.shape
+    dtype = emissions.dtype
+    alpha = torch.empty((count, width), dtype=dtype)
+    backpointers = torch.empty((count, width), dtype=torch.long)
+    links = torch.empty((count, width), dtype=torch.float64)
+    nonfinite = torch.empty(count, dtype=torch.bool)
+    constants = torch.tensor([0.0, -float("inf"), 0.0], dtype=dtype)
+    from_distances = transitions is None
+    moves = torch.zeros((1, 1, 1), dtype=dtype) if from_distances else transitions.to(dtype)
+    arrays = tuple(
+        tensor.contiguous().numpy()
+        for tensor in (previous, previous_allowed, started, emissions, mask, moves, distances.double())
+    ) + (alpha.numpy(), backpointers.numpy(), links.numpy(), nonfinite.numpy(), constants.numpy(),
+         from_distances, -float(transition_weight) if from_distances else 0.0)
+    blocks = numba_runtime.blocks_for(torch.get_num_threads(), count)
+    numba_runtime.call(kernels.step_parallel, kernels.step_serial, arrays, blocks)
+    return FusedStep(alpha, backpointers, links, nonfinite)
+
+
+def backtrack_slots(
+    backpointers: Tensor, link_distances: Tensor, slots: Tensor, lengths: Tensor, last: Tensor, turns: int
+) -> Optional[Tuple[Tensor, Tensor]]:
+    """Each slot's decoded path and the distances along it, read from the slot table in
+    one pass, or None where the fused kernel does not apply.
+
+    Args:
+        backpointers: (C, T_cap, M) long, link_distances: (C, T_cap, M) float64: the
+            table's state. slots, lengths, last: (S,) long: the slots, their turns and
+            their chosen final candidate. turns: T, the output width (>= every length).
+
+    Returns:
+        ``(paths (S, T) long, distances (S, T) float64)``: -1 and 0.0 after each length,
+        0.0 at turn 0; what :func:`~mapmatched_torch.kernels.chain.backtrack` and the
+        gather of the links give, exactly.
+    """
+    if not fused.applies(link_distances):
+        return None
+    from . import fused_step_kernels as kernels
+
+    count = slots.shape[0]
+    paths = torch.empty((count, turns), dtype=torch.long)
+    distances = torch.empty((count, turns), dtype=torch.float64)
+    arrays = tuple(tensor.contiguous().numpy() for tensor in (backpointers, link_distances, slots, lengths, last))
+    with numba_runtime.KERNEL_LOCK:
+        kernels.backtrack_serial(*arrays, paths.numpy(), distances.numpy())
+    return paths, distances

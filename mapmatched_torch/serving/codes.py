@@ -1,0 +1,95 @@
+"""The server's chunk codes: every chunk ID it has seen, as one int.
+
+The session store (:mod:`.session_store`) keeps candidates as int64 codes, so a step is
+tensor work whatever the graph. :class:`ChunkCodes` numbers them:
+
+- with a tensor graph, codes ``0..N-1`` are the graph's node indices (its
+  vocabulary), so a step's distances are one ``trellis_distances`` call on the codes;
+- every other chunk ID (any ID of a non-tensor graph, or an ID a tensor graph does not
+  know) gets the next code ``N, N+1, ...`` in order of arrival, kept for the server's
+  life (a corpus is finite: the table stays bounded by the IDs the provider returns).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Sequence
+
+import torch
+from torch import Tensor
+
+from ..core.errors import MapMatchedValueError
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import TensorGraph
+
+__all__ = ["ChunkCodes"]
+
+
+class ChunkCodes:
+    """Chunk ID <-> int64 code for one server (see the module docstring).
+
+    Args:
+        graph: the server's corpus graph; a tensor graph's node indices are the first codes.
+    """
+
+    def __init__(self, graph: CorpusGraph) -> None:
+        tensor_graph = implements(graph, TensorGraph)
+        self._graph_names: Sequence[str] = graph.nodes if tensor_graph else ()
+        self._graph_lookup = graph.vocabulary.indices_of if tensor_graph else None
+        #: N: codes below it are the graph's node indices
+        self.graph_nodes = len(self._graph_names)
+        self._extra: Dict[str, int] = {}
+        self._extra_names: List[str] = []
+
+    def __len__(self) -> int:
+        return self.graph_nodes + len(self._extra_names)
+
+    def codes(self, chunk_ids: Iterable[str]) -> List[int]:
+        """The code of each ID, new IDs numbered now."""
+        ids = list(chunk_ids)
+        found = self._graph_lookup(ids) if self._graph_lookup is not None else [-1] * len(ids)
+        if min(found, default=0) < 0:
+            extra = self._extra
+            for position, (chunk_id, code) in enumerate(zip(ids, found)):
+                if code < 0:
+                    code = extra.get(chunk_id)
+                    if code is None:
+                        code = extra[chunk_id] = len(self)
+                        self._extra_names.append(chunk_id)
+                    found[position] = code
+        return found
+
+    def name(self, code: int) -> str:
+        """The chunk ID of one code."""
+        nodes = self.graph_nodes
+        return self._graph_names[code] if code < nodes else self._extra_names[code - nodes]
+
+    __getitem__ = name
+
+    def names(self, codes: Iterable[int]) -> List[str]:
+        """The chunk IDs of codes (``-1``: None)."""
+        nodes, graph_names, extra_names = self.graph_nodes, self._graph_names, self._extra_names
+        return [
+            None if code < 0 else graph_names[code] if code < nodes else extra_names[code - nodes] for code in codes
+        ]
+
+    def graph_codes(self, codes: Tensor) -> Tensor:
+        """``codes`` as a tensor graph's ``trellis_distances`` takes them: node indices
+        kept, ``-1`` padding kept, every other chunk its own unknown code ``<= -2``."""
+        return torch.where(codes >= self.graph_nodes, self.graph_nodes - 2 - codes, codes)
+
+    # ------------------------------------------------------------ persistence
+
+    def state_dict(self) -> List[str]:
+        """The codes beyond the graph's nodes, as their chunk IDs in code order."""
+        return list(self._extra_names)
+
+    def load_state_dict(self, extra: Sequence[str]) -> None:
+        """Restore :meth:`state_dict` (MapMatchedValueError, nothing changed, if malformed)."""
+        if not isinstance(extra, (list, tuple)) or not all(isinstance(name, str) for name in extra):
+            raise MapMatchedValueError(f"refusing the chunk codes: expected a list of chunk IDs, got {type(extra).__name__}")
+        if len(set(extra)) != len(extra):
+            raise MapMatchedValueError("refusing the chunk codes: a chunk ID appears twice")
+        if self._graph_lookup is not None and max(self._graph_lookup(list(extra)), default=-1) >= 0:
+            raise MapMatchedValueError("refusing the chunk codes: an extra chunk ID is a node of this graph")
+        self._extra_names = list(extra)
+        self._extra = {name: self.graph_nodes + position for position, name in enumerate(extra)}

@@ -1,0 +1,111 @@
+"""Context neighbourhoods for a server: an LRU of chunk IDs, and a table of codes on the device.
+
+A turn's context is the decoded chunk, the chunks of its neighbourhood (within the
+context radius, by distance then chunk ID, as ``graph.neighborhood`` returns them) and
+the turn's candidates, first occurrences kept. :class:`NeighborhoodCache` keeps the
+neighbourhoods as chunk IDs (what lazily built results read); :class:`ContextTable`
+keeps them as chunk codes in one ``(V, W)`` tensor on the server's device, filled the
+first time a chunk is decoded, so a step's contexts are a gather and a de-duplication.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import List, Sequence
+
+import torch
+from torch import Tensor
+
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import NeighborhoodGraph
+from .codes import ChunkCodes
+
+__all__ = ["NeighborhoodCache", "ContextTable"]
+
+
+class NeighborhoodCache:
+    """An LRU of context neighbourhoods (chunk ID -> ``graph.neighborhood(chunk, radius)``,
+    the chunk IDs by distance) for a graph that answers many at once (an immutable
+    :class:`~mapmatched_torch.graph.NeighborhoodGraph`, e.g. a tensor graph); any other
+    graph is asked one chunk at a time, every time."""
+
+    def __init__(self, graph: CorpusGraph, radius: float, capacity: int = 65536) -> None:
+        self.graph, self.radius, self.capacity = graph, radius, capacity
+        self._batched = graph.neighborhoods if implements(graph, NeighborhoodGraph) else None
+        #: whether the graph answers many neighbourhoods at once (and they can be kept)
+        self.batched = self._batched is not None
+        self._cache: "OrderedDict[str, tuple]" = OrderedDict()
+
+    def get(self, chunk_ids: Sequence[str]) -> List[tuple]:
+        """Each chunk's neighbourhood (from the cache, else one batched call)."""
+        if self._batched is None:
+            return [tuple(self.graph.neighborhood(chunk_id, self.radius)) for chunk_id in chunk_ids]
+        cache = self._cache
+        missing = list(dict.fromkeys(chunk_id for chunk_id in chunk_ids if chunk_id not in cache))
+        if missing:
+            for chunk_id, neighborhood in zip(missing, self._batched(missing, self.radius)):
+                cache[chunk_id] = neighborhood
+        found = []
+        for chunk_id in chunk_ids:
+            cache.move_to_end(chunk_id)
+            found.append(cache[chunk_id])
+        while len(cache) > self.capacity:
+            cache.popitem(last=False)
+        return found
+
+
+
+class ContextTable:
+    """Each decoded chunk's neighbourhood as chunk codes, one row per code, on the device.
+
+    Args:
+        graph: the corpus graph. codes: the server's :class:`ChunkCodes`.
+        radius: the context radius. device: where the table lives.
+        cache: neighbourhoods kept as chunk IDs (:class:`NeighborhoodCache`'s capacity).
+
+    Rows are kept for a graph that answers many neighbourhoods at once (an immutable
+    :class:`~mapmatched_torch.graph.NeighborhoodGraph`, e.g. a tensor graph); any other
+    graph is asked for the rows a step needs every time.
+
+    Memory: ``V x W`` int32 (V: chunk codes seen, W: the widest neighbourhood read).
+    """
+
+    def __init__(self, graph: CorpusGraph, codes: ChunkCodes, radius: float, device: torch.device, cache: int) -> None:
+        self.neighborhoods = NeighborhoodCache(graph, radius, cache)
+        self._codes, self._device = codes, device
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every row (e.g. after the chunk codes were restored)."""
+        self._table = torch.full((0, 1), -1, dtype=torch.int32, device=self._device)
+        self._filled = torch.zeros(0, dtype=torch.bool, device=self._device)
+
+    def rows(self, chunks: Tensor) -> Tensor:
+        """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);
+        rows not filled yet are asked of the graph in one batched call."""
+        size = len(self._codes)
+        if self._table.shape[0] < size:
+            grown = max(size, 2 * self._table.shape[0])
+            table = torch.full((grown, self._table.shape[1]), -1, dtype=torch.int32, device=self._device)
+            table[: self._table.shape[0]] = self._table
+            filled = torch.zeros(grown, dtype=torch.bool, device=self._device)
+            filled[: self._filled.shape[0]] = self._filled
+            self._table, self._filled = table, filled
+        missing = chunks[~self._filled[chunks]].unique()
+        if missing.numel():
+            codes = missing.tolist()
+            found = [self._codes.codes(row) for row in self.neighborhoods.get(self._codes.names(codes))]
+            widest = max(map(len, found), default=0)
+            if widest > self._table.shape[1]:
+                table = torch.full((self._table.shape[0], widest), -1, dtype=torch.int32, device=self._device)
+                table[:, : self._table.shape[1]] = self._table
+                self._table = table
+            block = torch.full((len(codes), self._table.shape[1]), -1, dtype=torch.int32)
+            for position, row in enumerate(found):
+                block[position, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            self._table[missing] = block.to(self._device)
+            # kept only for a graph that answers many at once (an immutable NeighborhoodGraph):
+            # any other graph is asked again every time, as a session asks it
+            # (new codes the neighbourhoods added get rows next time)
+            self._filled[missing] = self.neighborhoods.batched
+        return self._table[chunks].long()

@@ -1,0 +1,452 @@
+"""The server's sessions held in tensors, and one step of many of them as tensor work.
+
+:class:`SessionStore` keeps every open session in one
+:class:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder` slot table on the server's
+device: the decoder's own state (forward scores, back-pointers, locks, the fixed-lag
+window) plus, per slot and turn, the candidates' chunk codes (:class:`ChunkCodes`),
+raw and normalized scores, and the decoded path after the latest step and before it
+(for the revised turns). Opening, closing, slot reuse, growth by doubling, undo and
+``state_dict`` are the table's.
+
+:meth:`SessionStore.step` takes ``(S,)`` slots, ``(S, K)`` chunk codes and ``(S, K)`` raw
+scores and returns a :class:`TensorStep`: per-row status codes (:class:`StepCode`), the
+decoded chunk, the path, the revised turns, the committed index, the path's emission,
+transition and distance per turn and, when asked, the contexts. Everything is tensor
+operations: validation, exact normalization
+(:func:`~mapmatched_torch.kernels.normalization.normalize_score_rows`), distances (one
+graph call on the codes for a tensor graph), the decoding step and backtrack, gathers.
+No Python object is made per session; a failed row leaves its session untouched.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Dict, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from ..core.errors import MapMatchedValueError
+from ..core.protocols import CorpusGraph, implements
+from ..graph.protocols import TensorGraph
+from ..kernels.normalization import normalize_score_rows
+from ..kernels.slot_decoder import PayloadSpec, SlotDecoder
+from ..retrieval.streaming import step_distances
+from .codes import ChunkCodes
+from .contexts import ContextTable
+
+__all__ = ["StepCode", "TensorStep", "SessionStore", "context_codes"]
+
+
+class StepCode(IntEnum):
+    """Why a row of :meth:`SessionStore.step` failed (``OK``: it did not); in the order
+    the rows are checked, the first that applies is reported."""
+
+    OK = 0
+    UNKNOWN_SLOT = 1  #: not an open slot
+    REPEATED_SLOT = 2  #: the slot appears in more than one row
+    OUT_OF_RANGE = 3  #: a code outside [-1, number of codes)
+    GAPPED = 4  #: padding (-1) before a candidate
+    NONFINITE_SCORE = 5  #: a non-finite raw score at a candidate (any column)
+    DUPLICATE = 6  #: a chunk repeated among the kept candidates
+    EMPTY = 7  #: no candidate
+    NORMALIZATION_OVERFLOW = 8  #: the normalized scores overflow
+    DECODE_OVERFLOW = 9  #: a forward score overflowed
+
+
+_PAYLOAD = {
+    "codes": PayloadSpec(torch.long, -1),
+    "raw": PayloadSpec(torch.float64, 0.0),
+    "normalized": PayloadSpec(torch.float64, 0.0),
+    "path": PayloadSpec(torch.long, -1, per_candidate=False),
+    "previous_path": PayloadSpec(torch.long, -1, per_candidate=False),
+}
+
+
+class TensorStep(NamedTuple):
+    """One step of S sessions, as tensors on the store's device (S rows, input order).
+
+    A failed row (``status != 0``) has -1 codes, False masks and 0.0 values.
+
+    Attributes:
+        status: (S,) long :class:`StepCode` per row.
+        chunks: (S,) long code of the decoded chunk of the new turn.
+        path: (S, T) long codes of the decoded chunk of every turn, -1 past each length.
+        path_index: (S, T) long candidate index of the decoded chunk of every turn.
+        lengths: (S,) long turns of each session after the step.
+        revised: (S, T) bool earlier turns whose decoded chunk changed in this step.
+        committed_through: (S,) long ``T - L - 1`` with a fixed lag (-1: none committed,
+            or no lag).
+        emissions: (S, T) float64 ``lambda * normalized`` of the decoded candidates.
+        transitions: (S, T) float64 ``beta * distance`` into each decoded candidate (0 at
+            turn 0).
+        distances: (S, T) float64 graph distance into each decoded candidate.
+        final_scores: (S, M) forward scores of the new turn's candidates (-inf: padding
+            or locked out): the ranking.
+        candidates: (S, M) long codes of the new turn's kept candidates, -1 padded.
+        contexts: (S, C) long context codes (the decoded chunk, its neighbours by
+            distance, then the turn's candidates, first occurrences, cut at the
+            context limit; -1 padded), or None when not asked for.
+    """
+
+    status: Tensor
+    chunks: Tensor
+    path: Tensor
+    path_index: Tensor
+    lengths: Tensor
+    revised: Tensor
+    committed_through: Tensor
+    emissions: Tensor
+    transitions: Tensor
+    distances: Tensor
+    final_scores: Tensor
+    candidates: Tensor
+    contexts: Optional[Tensor]
+
+
+class SessionStore:
+    """Every open session of a server in one slot table (see the module docstring).
+
+    Args:
+        graph: the corpus graph (a tensor graph's distances come from one call).
+        width: M, the retriever's candidate_limit.
+        emission_weight, transition_weight, fixed_lag: lambda, beta and the lag.
+        score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
+        context_radius, context_limit: the contexts' neighbourhood radius and cut.
+        capacity: initial slots. dtype, device: of the dynamic program.
+    """
+
+    def __init__(
+        self,
+        graph: CorpusGraph,
+        width: int,
+        *,
+        emission_weight: float,
+        transition_weight: float,
+        fixed_lag: Optional[int],
+        score_normalization: str,
+        context_radius: float,
+        context_limit: Optional[int],
+        capacity: int = 64,
+        dtype: torch.dtype = torch.float64,
+        device: Optional[torch.device] = None,
+        neighborhood_cache: int = 65536,
+    ) -> None:
+        self.graph = graph
+        self.codes = ChunkCodes(graph)
+        self.decoder = SlotDecoder(
+            width,
+            emission_weight=emission_weight,
+            transition_weight=transition_weight,
+            fixed_lag=fixed_lag,
+            capacity=capacity,
+            dtype=dtype,
+            device=device,
+            payload=_PAYLOAD,
+        )
+        self.device = self.decoder.device
+        self.width = width
+        self.score_normalization = score_normalization
+        self.context_limit = context_limit
+        self.contexts = ContextTable(graph, self.codes, context_radius, self.device, neighborhood_cache)
+        self._tensor_graph = implements(graph, TensorGraph)
+        self._live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
+
+    # ------------------------------------------------------------------ slots
+
+    def open(self) -> int:
+        """A fresh, empty slot."""
+        slot = self.decoder.allocate()
+        if slot >= self._live.shape[0]:
+            grown = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
+            grown[: self._live.shape[0]] = self._live
+            self._live = grown
+        self._live[slot] = True
+        return slot
+
+    def close(self, slot: int) -> None:
+        """Free a slot (its values are cleared when it is opened again)."""
+        self.decoder.release(slot)
+        self._live[slot] = False
+
+    def live(self) -> Tensor:
+        """(C,) bool: which slots are open."""
+        return self._live
+
+    # ------------------------------------------------------------------- a step
+
+    def step(self, slots: Tensor, codes: Tensor, raw: Tensor, *, contexts: bool = False) -> TensorStep:
+        """Decode one new turn for each of S sessions (see :class:`TensorStep`).
+
+        Args:
+            slots: (S,) long slots (one row per session).
+            codes: (S, K) long chunk codes in provider order, -1 padding after each row's
+                candidates; columns past the width are cut (but still checked).
+            raw: (S, K) floating raw scores (padding ignored).
+            contexts: also compute the contexts.
+
+        Returns:
+            A :class:`TensorStep`; rows that fail change nothing.
+        """
+        device, width = self.device, self.width
+        slots, codes = slots.to(device), codes.to(device)
+        raw = raw.to(device, torch.float64)
+        count = slots.shape[0]
+        status = torch.zeros(count, dtype=torch.long, device=device)
+
+        def flag(code: StepCode, bad: Tensor) -> None:
+            status.masked_fill_((status == 0) & bad, int(code))
+
+        capacity = self._live.shape[0]
+        flag(StepCode.UNKNOWN_SLOT, (slots < 0) | (slots >= capacity) | ~self._live[slots.clamp(0, capacity - 1)])
+        ordered, order = slots.sort(stable=True)
+        repeated_sorted = torch.zeros_like(ordered, dtype=torch.bool)
+        same = ordered[1:] == ordered[:-1]
+        repeated_sorted[1:] |= same
+        repeated_sorted[:-1] |= same
+        flag(StepCode.REPEATED_SLOT, torch.zeros_like(repeated_sorted).scatter(0, order, repeated_sorted))
+        listed = codes >= 0
+        listed_count = listed.sum(1)
+        columns = torch.arange(codes.shape[1], device=device).unsqueeze(0)
+        flag(StepCode.OUT_OF_RANGE, ((codes < -1) | (codes >= len(self.codes))).any(1))
+        flag(StepCode.GAPPED, (listed != (columns < listed_count.unsqueeze(1))).any(1))
+        flag(StepCode.NONFINITE_SCORE, (listed & ~torch.isfinite(raw)).any(1))
+        # shape: (S, M) the kept columns
+        kept = torch.full((count, width), -1, dtype=torch.long, device=device)
+        kept_raw = torch.zeros((count, width), dtype=torch.float64, device=device)
+        cut = min(width, codes.shape[1])
+        kept[:, :cut] = codes[:, :cut]
+        kept_raw[:, :cut] = torch.where(codes[:, :cut] >= 0, raw[:, :cut], 0.0)
+        real = kept >= 0
+        sorted_codes = kept.sort(1).values
+        flag(StepCode.DUPLICATE, ((sorted_codes[:, 1:] == sorted_codes[:, :-1]) & (sorted_codes[:, 1:] >= 0)).any(1))
+        counts = real.sum(1)
+        flag(StepCode.EMPTY, counts == 0)
+        clean = status == 0
+        normalized = normalize_score_rows(
+            torch.where(real & clean.unsqueeze(1), kept_raw, 0.0), torch.where(clean, counts, 0),
+            self.score_normalization,
+        )
+        flag(StepCode.NORMALIZATION_OVERFLOW, ~torch.isfinite(normalized).all(1))
+        rows = (status == 0).nonzero().view(-1)
+        out = _blank_step(count, width, device, status)
+        if rows.numel() == 0:
+            return out
+        stepped = self._decode(slots[rows], kept[rows], kept_raw[rows], normalized[rows], real[rows])
+        ok = stepped["ok"]
+        status[rows[~ok]] = int(StepCode.DECODE_OVERFLOW)
+        done = rows[ok]
+        turns = stepped["path"].shape[1]
+        out = _blank_step(count, width, device, status, turns)
+        for name, values in stepped.items():
+            if name != "ok":
+                getattr(out, name)[done] = values[ok]
+        if contexts:
+            out = out._replace(contexts=context_codes(self, out.chunks, out.candidates, out.status == 0))
+        return out
+
+    def _decode(self, slots: Tensor, codes: Tensor, raw: Tensor, normalized: Tensor, real: Tensor) -> Dict[str, Tensor]:
+        """The decoding step of clean rows; returns the TensorStep fields for them (and ``ok``)."""
+        decoder = self.decoder
+        lengths = decoder.lengths(slots)
+        distances = None
+        if decoder.mode.uses_distances and bool((lengths > 0).any()):
+            distances = self._distances(slots, lengths, codes)
+        previous = decoder.payload("path")[slots].clone()
+        step = decoder.step(
+            slots, normalized, real, distances, payload={"codes": codes, "raw": raw, "normalized": normalized}
+        )
+        ok = step.ok
+        # shape: (S, T) the path before this step (the table may have grown its turns)
+        before = _widened(previous, step.paths.shape[1])
+        decoder.put_rows("previous_path", slots[ok], before[ok])
+        decoder.put_rows("path", slots[ok], step.paths[ok])
+        fields = self._fields(slots, step, before)
+        fields["ok"] = ok
+        return fields
+
+    def current(self, slots: Tensor) -> TensorStep:
+        """The :class:`TensorStep` of each slot's latest step, without a step (a slot with
+        no turns: an all -1 row with status OK)."""
+        slots = slots.to(self.device)
+        decoder = self.decoder
+        step = decoder.current(slots)
+        before = _widened(decoder.payload("previous_path")[slots], step.paths.shape[1])
+        fields = self._fields(slots, step, before)
+        count = slots.shape[0]
+        out = _blank_step(count, self.width, self.device, torch.zeros(count, dtype=torch.long, device=self.device),
+                          step.paths.shape[1])
+        return out._replace(**fields)
+
+    def _fields(self, slots: Tensor, step, before: Tensor) -> Dict[str, Tensor]:
+        """The :class:`TensorStep` fields of slots decoded as ``step`` (a
+        :class:`~mapmatched_torch.kernels.slot_decoder.SlotStep`), ``before``: their
+        ``(S, T)`` paths before the step (-1 where none)."""
+        decoder = self.decoder
+        turns = step.paths.shape[1]
+        advanced = step.paths >= 0
+        # shape: (S, T) the decoded candidate's code and normalized score at every turn
+        stored = _along_paths(decoder.payload("codes"), slots, step.paths)
+        scores = _along_paths(decoder.payload("normalized"), slots, step.paths)
+        path = torch.where(advanced, stored, -1)
+        last = (step.lengths - 1).clamp_min(0)
+        revised = advanced & (before >= 0) & (before != step.paths)
+        revised &= torch.arange(turns, device=self.device).unsqueeze(0) < last.unsqueeze(1)
+        lag = decoder.fixed_lag
+        committed = (step.lengths - lag - 1).clamp_min(-1) if lag is not None else torch.full_like(step.lengths, -1)
+        emissions = torch.where(advanced, decoder.emission_weight * scores, 0.0)
+        transitions = torch.where(advanced, decoder.transition_weight * step.path_distances, 0.0)
+        newest = decoder.payload("codes")[slots, last]
+        return {
+            "chunks": torch.where(step.lengths > 0, path.gather(1, last.unsqueeze(1)).squeeze(1), -1),
+            "path": path,
+            "path_index": step.paths,
+            "lengths": step.lengths,
+            "revised": revised,
+            "committed_through": committed,
+            "emissions": emissions,
+            "transitions": transitions,
+            "distances": step.path_distances,
+            "final_scores": step.final_scores.to(torch.float64),
+            "candidates": torch.where((step.lengths > 0).unsqueeze(1), newest, -1),
+        }
+
+    def _distances(self, slots: Tensor, lengths: Tensor, codes: Tensor) -> Tensor:
+        """(S, M, M) float64 distances from each slot's last turn to the new one."""
+        decoder = self.decoder
+        previous = decoder.payload("codes")[slots, (lengths - 1).clamp_min(0)]
+        previous = torch.where((lengths > 0).unsqueeze(1), previous, -1)
+        if self._tensor_graph:
+            # shape: (S, 2, M) the last and the new turn -> (S, M, M)
+            pair = self.codes.graph_codes(torch.stack([previous, codes], 1)).to(self.graph.device)
+            return self.graph.trellis_distances(pair)[:, 0].to(self.device)
+        names = self.codes.names
+        before = [[name for name in names(row) if name is not None] for row in previous.tolist()]
+        after = [[name for name in names(row) if name is not None] for row in codes.tolist()]
+        return step_distances(
+            self.graph, [row if row else None for row in before], after, self.width, self.device
+        )
+
+    # ----------------------------------------------------------- persistence
+
+    def state_dict(self) -> Dict[str, object]:
+        """The slot table (with its checksum) and the chunk codes beyond the graph's."""
+        return {"decoder": self.decoder.state_dict(), "codes": self.codes.state_dict()}
+
+    def check_payload(self, state: Dict[str, object], code_count: int) -> None:
+        """The payload of a (validated) decoder state is consistent with its lengths and
+        ``code_count`` chunk codes (MapMatchedValueError otherwise)."""
+        tensors = state["tensors"]
+        lengths = tensors["lengths"]
+        turns = tensors["payload.codes"].shape[1]
+        used = torch.arange(turns).unsqueeze(0) < lengths.unsqueeze(1)
+        codes = tensors["payload.codes"]
+        problems = {
+            "chunk codes outside [-1, number of codes)": (codes < -1) | (codes >= code_count),
+            "a turn without candidates": used & (codes[:, :, 0] < 0),
+            "non-finite stored scores": ~torch.isfinite(tensors["payload.raw"]) | ~torch.isfinite(tensors["payload.normalized"]),
+            "stored paths outside [-1, width)": (tensors["payload.path"] < -1) | (tensors["payload.path"] >= self.width),
+        }
+        for problem, bad in problems.items():
+            if bool(bad.any()):
+                raise MapMatchedValueError(f"refusing the session store state: {problem}; nothing was changed")
+
+    def load_state_dict(self, state: Dict[str, object], also_check=None) -> None:
+        """Restore :meth:`state_dict`, validated first (nothing changes if refused)."""
+        if not isinstance(state, dict) or set(state) != {"decoder", "codes"}:
+            raise MapMatchedValueError("refusing the session store state: expected the keys ['codes', 'decoder']")
+        codes = ChunkCodes(self.graph)
+        codes.load_state_dict(state["codes"])
+
+        def check(decoder_state: Dict[str, object]) -> None:
+            self.check_payload(decoder_state, len(codes))
+            if also_check is not None:
+                also_check(decoder_state)
+
+        self.decoder.load_state_dict(state["decoder"], also_check=check)
+        self.codes.load_state_dict(state["codes"])
+        live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
+        decoder_state = state["decoder"]
+        live[: decoder_state["allocated"]] = True
+        live[list(decoder_state["free"])] = False
+        self._live = live
+        self.contexts.clear()
+
+
+def _blank_step(count: int, width: int, device: torch.device, status: Tensor, turns: int = 1) -> TensorStep:
+    """A :class:`TensorStep` of S failed rows (``status`` kept), T turns wide."""
+
+    def full(shape, fill, dtype=torch.long):
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    return TensorStep(
+        status=status,
+        chunks=full((count,), -1),
+        path=full((count, turns), -1),
+        path_index=full((count, turns), -1),
+        lengths=full((count,), 0),
+        revised=full((count, turns), False, torch.bool),
+        committed_through=full((count,), -1),
+        emissions=full((count, turns), 0.0, torch.float64),
+        transitions=full((count, turns), 0.0, torch.float64),
+        distances=full((count, turns), 0.0, torch.float64),
+        final_scores=full((count, width), -float("inf"), torch.float64),
+        candidates=full((count, width), -1),
+        contexts=None,
+    )
+
+
+def _along_paths(table: Tensor, slots: Tensor, paths: Tensor) -> Tensor:
+    """``(S, T)``: ``table[slots[s], t, paths[s, t]]`` of a ``(C, T_cap, M)`` payload (any
+    value where ``paths`` is -1), one flat gather of S x T cells."""
+    _, turns, width = table.shape
+    columns = torch.arange(paths.shape[1], device=paths.device).unsqueeze(0)
+    flat = (slots.unsqueeze(1) * turns + columns) * width + paths.clamp_min(0)
+    return table.reshape(-1).take(flat)
+
+
+def _widened(paths: Tensor, turns: int) -> Tensor:
+    """``(S, turns)``: ``paths`` cut or padded with -1 to ``turns`` columns."""
+    out = torch.full((paths.shape[0], turns), -1, dtype=paths.dtype, device=paths.device)
+    shared = min(turns, paths.shape[1])
+    out[:, :shared] = paths[:, :shared]
+    return out
+
+
+def context_codes(store: "SessionStore", chunks: Tensor, candidates: Tensor, rows: Tensor) -> Tensor:
+    """``(S, C)`` long context codes of S decoded chunks (``(S,)`` codes) and their turns'
+    ``(S, M)`` candidate codes, for the ``(S,)`` bool ``rows`` (others: all -1): the
+    chunk, its neighbourhood (the store's :class:`ContextTable`), then the candidates,
+    first occurrences in that order, cut at the store's context limit, -1 padded."""
+    count = chunks.shape[0]
+    picked = rows.nonzero().view(-1)
+    if picked.numel() == 0:
+        return torch.full((count, 0), -1, dtype=torch.long, device=chunks.device)
+    found = _first_occurrences(
+        chunks[picked], store.contexts.rows(chunks[picked]), candidates[picked], store.context_limit
+    )
+    block = torch.full((count, found.shape[1]), -1, dtype=torch.long, device=chunks.device)
+    block[picked] = found
+    return block
+
+
+def _first_occurrences(chunks: Tensor, neighbours: Tensor, candidates: Tensor, limit: Optional[int]) -> Tensor:
+    """(S, C) the decoded chunk, its neighbours, then the candidates: first occurrences,
+    in that order, -1 padded, cut at ``limit`` (None: every one)."""
+    # shape: (S, L) everything in order, -1 for nothing
+    listed = torch.cat([chunks.unsqueeze(1), neighbours, candidates], 1)
+    count, length = listed.shape
+    positions = torch.arange(length, device=listed.device).expand(count, length)
+    # a stable sort by code puts each code's first occurrence first among its copies
+    by_code, order = listed.sort(dim=1, stable=True)
+    repeat = torch.zeros_like(by_code, dtype=torch.bool)
+    repeat[:, 1:] = by_code[:, 1:] == by_code[:, :-1]
+    duplicate = torch.zeros_like(repeat).scatter(1, order, repeat)
+    keep = (listed >= 0) & ~duplicate
+    # shape: (S, L) the kept entries first, in their order
+    moved = torch.where(keep, positions, length).sort(1).values
+    width = int(keep.sum(1).max()) if count else 0
+    if limit is not None:
+        width = min(width, limit)
+    moved = moved[:, :width]
+    return torch.where(moved < length, listed.gather(1, moved.clamp_max(length - 1)), -1)

@@ -1,0 +1,191 @@
+"""serving/session_store.py, codes.py, contexts.py: the tensor step equals independent
+sessions field by field; failed rows change nothing; the store's bookkeeping."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mapmatched_torch.core.models import ScoredCandidate
+from mapmatched_torch.graph import TensorCorpusGraph
+from mapmatched_torch.retrieval import MapMatchedRetriever
+from mapmatched_torch.serving import MapMatchedServer, StepCode
+from mapmatched_torch.serving.codes import ChunkCodes
+from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
+
+NODES = [f"n{i}" for i in range(12)]
+
+
+def make_graph(seed=0):
+    rng = random.Random(seed)
+    edges = [(a, b, rng.choice([0.5, 1.0, 1.5, rng.uniform(0.2, 2.0)])) for a, b in zip(NODES, NODES[1:])]
+    edges += [(rng.choice(NODES), rng.choice(NODES), 1.0) for _ in range(6)]
+    return InMemoryCorpusGraph([e for e in edges if e[0] != e[1]], maximum_distance=4.0)
+
+
+def random_turn(rng, width=5, extra=("ghost",)):
+    chunks = rng.sample(NODES + list(extra), rng.randint(1, width))
+    return [ScoredCandidate(c, rng.choice([rng.gauss(0, 1), 1.0, 0.0])) for c in chunks]
+
+
+def as_tensors(server, turns, width=6):
+    """Turns of ScoredCandidates as (S, K) codes (-1 padded) and raw scores."""
+    codes = torch.full((len(turns), width), -1, dtype=torch.long)
+    raw = torch.zeros((len(turns), width), dtype=torch.float64)
+    for row, turn in enumerate(turns):
+        codes[row, : len(turn)] = torch.tensor(server.store.codes.codes([c.chunk_id for c in turn]))
+        raw[row, : len(turn)] = torch.tensor([c.score for c in turn], dtype=torch.float64)
+    return codes, raw
+
+
+OPTIONS = [
+    {},
+    {"fixed_lag": 0},
+    {"fixed_lag": 2, "transition_weight": 2.0},
+    {"transition_weight": 0.0},
+    {"emission_weight": 0.5, "score_normalization": "center", "context_limit": 4},
+]
+
+
+@pytest.mark.parametrize("tensor_graph", [False, True])
+@pytest.mark.parametrize("options", OPTIONS)
+def test_the_tensor_step_equals_independent_sessions_field_by_field(options, tensor_graph):
+    rng = random.Random(len(str(options)) + tensor_graph)
+    plain = make_graph()
+    graph = TensorCorpusGraph.from_graph(plain) if tensor_graph else plain
+    server = MapMatchedServer(graph, candidate_limit=5, capacity=2, **options)
+    sessions = {}
+    for step in range(10):
+        if rng.random() < 0.4 or not sessions:
+            key = f"s{len(sessions)}"
+            server.open(key)
+            sessions[key] = MapMatchedRetriever(graph, candidate_limit=5, **options).session()
+        keys = [key for key in sessions if rng.random() < 0.8] or list(sessions)
+        turns = [random_turn(rng) for _ in keys]
+        codes, raw = as_tensors(server, turns)
+        out = server.step_slots(server.slots(keys), codes, raw)
+        assert out.status.tolist() == [0] * len(keys)
+        names = server.store.codes.names
+        for row, (key, turn) in enumerate(zip(keys, turns)):
+            expected = sessions[key].retrieve_candidates(turn)
+            length = int(out.lengths[row])
+            assert length == len(expected.path.steps)
+            assert names([int(out.chunks[row])]) == [expected.chunk_id]
+            assert names(out.path[row, :length].tolist()) == list(expected.path.chunk_ids)
+            steps = expected.path.steps
+            assert out.emissions[row, :length].tolist() == [s.weighted_emission_score for s in steps]
+            assert out.transitions[row, :length].tolist() == [s.weighted_transition_cost for s in steps]
+            assert out.distances[row, :length].tolist() == [s.graph_distance for s in steps]
+            revised = out.revised[row].nonzero().view(-1).tolist()
+            assert tuple(revised) == expected.trace.revised_prior_indices
+            committed = expected.trace.committed_through_index
+            assert int(out.committed_through[row]) == (-1 if committed is None else committed)
+            context = [name for name in names(out.contexts[row].tolist()) if name is not None]
+            assert tuple(context) == expected.context_chunk_ids
+            finals = dict(zip([c.chunk_id for c in turn], out.final_scores[row, : len(turn)].tolist()))
+            assert {c.chunk_id: c.trajectory_score for c in expected.candidate_ranking} == {
+                chunk: score for chunk, score in finals.items() if score != float("-inf")
+            }
+            assert server.path(key) == expected.path and server.trace(key) == expected.trace
+
+
+def test_failed_rows_report_their_code_and_change_nothing():
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    server = MapMatchedServer(graph, candidate_limit=3)
+    reference = MapMatchedServer(graph, candidate_limit=3)
+    for target in (server, reference):
+        for key in "abcdefghij":
+            target.open(key)
+    first = {key: [ScoredCandidate("n1", 1.0), ScoredCandidate("n2", 0.5)] for key in "abcdefghij"}
+    server.step(first), reference.step(first)
+    server.close("j")
+    nan = float("nan")
+    rows = {  # key (or slot) -> (codes, raw), expected code
+        "a": ([1, 2, -1, -1], [1.0, 2.0, 0.0, 0.0], StepCode.OK),
+        "b": ([1, 99, -1, -1], [1.0, 2.0, 0.0, 0.0], StepCode.OUT_OF_RANGE),
+        "c": ([1, -1, 2, -1], [1.0, 0.0, 2.0, 0.0], StepCode.GAPPED),
+        "d": ([1, 2, 3, 4], [1.0, 2.0, 3.0, nan], StepCode.NONFINITE_SCORE),  # past the cut, still checked
+        "e": ([1, 2, 1, -1], [1.0, 2.0, 3.0, 0.0], StepCode.DUPLICATE),
+        "f": ([-1, -1, -1, -1], [0.0, 0.0, 0.0, 0.0], StepCode.EMPTY),
+        "g": ([1, 2, -1, -1], [1e308, 1e308, 0.0, 0.0], StepCode.NORMALIZATION_OVERFLOW),
+        "h": ([3, -1, -1, -1], [1.0, 0.0, 0.0, 0.0], StepCode.REPEATED_SLOT),
+        "i": ([3, -1, -1, -1], [1.0, 0.0, 0.0, 0.0], StepCode.OK),
+    }
+    keys = list(rows)
+    slots = server.slots(keys)
+    slots[keys.index("h")] = server.slot("i")  # h's row names i's slot: both rows are refused
+    slots = torch.cat([slots, torch.tensor([77, -1])])  # never opened, and closed "j"'s slot -1
+    codes = torch.tensor([rows[key][0] for key in keys] + [[1, -1, -1, -1]] * 2)
+    raw = torch.tensor([rows[key][1] for key in keys] + [[1.0, 0.0, 0.0, 0.0]] * 2, dtype=torch.float64)
+    out = server.step_slots(slots, codes, raw)
+    expected = [rows[key][2] for key in keys]
+    expected[keys.index("i")] = StepCode.REPEATED_SLOT
+    assert [StepCode(code) for code in out.status.tolist()] == expected + [StepCode.UNKNOWN_SLOT] * 2
+    assert (out.chunks[1:] == -1).all() and (out.path[1:] == -1).all()
+    # every refused session is exactly as it was: its next turn equals the reference's
+    after = {key: [ScoredCandidate("n3", 1.0), ScoredCandidate("n1", 0.0)] for key in "bcdefghi"}
+    got, errors = server.step(after)
+    want, _ = reference.step(after)
+    assert not errors and {key: got[key] for key in after} == {key: want[key] for key in after}
+    assert server.turn_count("a") == 2 and server.turn_count("b") == 2
+
+
+def test_results_of_a_closed_session_stay_readable_after_its_slot_is_reused():
+    graph = make_graph()
+    server = MapMatchedServer(graph, candidate_limit=4, capacity=1)
+    session = MapMatchedRetriever(graph, candidate_limit=4).session()
+    server.open("old")
+    turn = [ScoredCandidate("n1", 1.0), ScoredCandidate("n5", 0.2)]
+    results, _ = server.step({"old": turn})
+    expected = session.retrieve_candidates(turn)
+    server.close("old")
+    server.open("new")  # takes the same slot
+    server.step({"new": [ScoredCandidate("n9", 1.0)]})
+    assert results["old"] == expected and results.contexts()["old"] == expected.context_chunk_ids
+
+
+def test_session_ids_must_be_restorable():
+    server = MapMatchedServer(make_graph())
+    for good in ("a", 3, 2.5, None, ("user", 7, ("x",))):
+        server.open(good)
+    for bad in (object(), frozenset({1}), ("a", object())):
+        with pytest.raises(TypeError, match="session ID must be hashable .*torch.load"):
+            server.open(bad)
+    with pytest.raises(TypeError):
+        server.open(["a"])
+    state = server.state_dict()
+    restored = MapMatchedServer(make_graph())
+    restored.load_state_dict(state)
+    assert set(restored.session_ids) == set(server.session_ids)
+
+
+def test_chunk_codes_number_graph_nodes_first_and_others_after():
+    graph = TensorCorpusGraph.from_graph(make_graph())
+    codes = ChunkCodes(graph)
+    assert codes.codes(["n3", "zz", "n0", "zz", "yy"]) == [graph.nodes.index("n3"), 12, graph.nodes.index("n0"), 12, 13]
+    assert codes.names([12, -1, 13]) == ["zz", None, "yy"] and len(codes) == 14
+    assert codes.graph_codes(torch.tensor([0, 11, 12, 13, -1])).tolist() == [0, 11, -2, -3, -1]
+    again = ChunkCodes(graph)
+    again.load_state_dict(codes.state_dict())
+    assert again.codes(["yy"]) == [13]
+    with pytest.raises(ValueError, match="node of this graph"):
+        again.load_state_dict(["n1"])
+    with pytest.raises(ValueError, match="twice"):
+        again.load_state_dict(["a", "a"])
+    plain = ChunkCodes(make_graph())  # a non-tensor graph: every ID is numbered in order of arrival
+    assert plain.codes(["b", "a", "b"]) == [0, 1, 0]
+
+
+def test_step_slots_checks_its_arguments():
+    server = MapMatchedServer(make_graph())
+    server.open("a")
+    slots = server.slots(["a"])
+    with pytest.raises(TypeError):
+        server.step_slots(slots, [[1]], torch.ones(1, 1))
+    with pytest.raises(ValueError, match="int64"):
+        server.step_slots(slots, torch.ones(1, 1), torch.ones(1, 1))
+    with pytest.raises(ValueError, match="one row per session"):
+        server.step_slots(slots, torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1))
+    assert server.turn_count("a") == 0
