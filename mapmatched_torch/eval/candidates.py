@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -43,6 +43,7 @@ __all__ = [
     "candidates_from_synthetic",
     "query_texts",
     "retrieve_candidates",
+    "retrieve_online",
     "embed_turns",
     "normalize_candidate_scores",
     "flatten_turns",
@@ -223,6 +224,64 @@ def retrieve_candidates(
     index[valid] = rows.to(device=device, dtype=torch.long)
     values[valid] = scores.to(device=device, dtype=torch.float64)
     return Candidates(index, values, valid.unsqueeze(2).expand(-1, -1, width).clone())
+
+
+def retrieve_online(
+    query_embeddings: Tensor,
+    valid: Tensor,
+    provider: Any,
+    limit: int,
+    mixing: Any,
+    passage_embeddings: Tensor,
+    decoded: Callable[[int, Candidates], Tensor],
+) -> Candidates:
+    """Retrieve turn by turn with queries mixed with the previous turn's decoded passage.
+
+    Turn t's query is ``mixing.apply(q_t, passage_embeddings[decoded at t-1])`` (turn 0
+    and conversations whose previous turn decoded nothing keep the raw query), searched
+    with ``provider.search_tensors``; then ``decoded(t, candidates of turns 0..t)``
+    says which passage the method decoded at turn t, as a session would, before turn
+    t+1 is retrieved. With a zero mix every query is the raw one and the result equals
+    :func:`retrieve_candidates` of the raw queries over the same provider.
+
+    Args:
+        query_embeddings: (B, T, D) raw query embeddings (:func:`embed_turns`).
+        valid: (B, T) bool real turns (real turns first).
+        provider: a :class:`~mapmatched_torch.providers.dense.DenseProvider` over the
+            corpus, rows in corpus order.
+        limit: M, candidates per turn.
+        mixing: a :class:`~mapmatched_torch.providers.query_mixing.QueryMixing`.
+        passage_embeddings: (P, D) the provider's rows (the context vectors).
+        decoded: ``decoded(t, prefix) -> (B,) long`` passage index decoded at turn t
+            (-1 where turn t is not real); ``prefix``: Candidates (B, t+1, M).
+
+    Returns:
+        :class:`Candidates` (B, T, min(limit, P)) on the provider's device.
+
+    Cost: T searches of at most B queries each, plus T calls of ``decoded``.
+    """
+    limit = check_positive_int(limit, "candidates")
+    device = provider.device
+    batch, turns = valid.shape
+    width = min(limit, len(provider.chunk_ids))
+    index = torch.full((batch, turns, width), -1, dtype=torch.long, device=device)
+    values = torch.zeros((batch, turns, width), dtype=torch.float64, device=device)
+    valid = valid.to(device)
+    mask = valid.unsqueeze(2).expand(-1, -1, width).clone()
+    queries, passages = query_embeddings.to(device), passage_embeddings.to(device)
+    previous = torch.full((batch,), -1, dtype=torch.long, device=device)
+    for turn in range(turns):
+        rows = valid[:, turn]
+        # shape: (B_t, D)
+        vectors = queries[rows, turn]
+        context = previous[rows]
+        vectors = mixing.apply(vectors, passages[context.clamp_min(0)].to(vectors.dtype), context >= 0)
+        scores, found = provider.search_tensors(vectors, width)
+        index[rows, turn] = found.to(device=device, dtype=torch.long)
+        values[rows, turn] = scores.to(device=device, dtype=torch.float64)
+        prefix = Candidates(index[:, : turn + 1], values[:, : turn + 1], mask[:, : turn + 1])
+        previous = torch.where(rows, decoded(turn, prefix).to(device), -1)
+    return Candidates(index, values, mask)
 
 
 def embed_turns(texts: Sequence[Sequence[str]], embedder: Any, *, device: Device = None) -> Tensor:

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import (
@@ -329,6 +329,45 @@ class Dataset:
         """Relevant (grade > 0) passage IDs that are not in the corpus, sorted."""
         index = self.passage_index
         return tuple(sorted({pid for _, _, turn in self.iter_turns() for pid in turn.relevant_ids if pid not in index}))
+
+    def gold_coverage(self) -> Dict[str, int]:
+        """How much of the gold lies outside the corpus (what ``--qrels in-corpus`` would drop).
+
+        Returns:
+            ``{"missing_ids"``: distinct relevant (grade > 0) IDs not in the corpus,
+            ``"missing_judgements"``: (turn, relevant ID) pairs outside the corpus,
+            ``"labelled_turns_with_missing"``: labelled turns with at least one,
+            ``"labelled_turns_without_gold_in_corpus"``: labelled turns with none in
+            the corpus (they score 0 under ``all`` and become unjudged under
+            ``in-corpus``)``}``.
+        """
+        index = self.passage_index
+        judgements = some = none = 0
+        for _, _, turn in self.iter_turns():
+            relevant = turn.relevant_ids
+            outside = sum(passage_id not in index for passage_id in relevant)
+            judgements += outside
+            some += bool(outside)
+            none += bool(relevant) and outside == len(relevant)
+        return {"missing_ids": len(self.missing_qrel_ids()), "missing_judgements": judgements,
+                "labelled_turns_with_missing": some, "labelled_turns_without_gold_in_corpus": none}
+
+    def qrels_in_corpus(self) -> "Dataset":
+        """The dataset with every qrel entry whose passage is not in the corpus dropped (any grade).
+
+        A turn left without a relevant passage becomes unjudged (it drops out of every
+        slice); the conversations, turns, topic labels and corpus stay as they are.
+        """
+        index = self.passage_index
+
+        def kept(turn: Turn) -> Turn:
+            qrels = {pid: grade for pid, grade in turn.qrels.items() if pid in index}
+            return turn if len(qrels) == len(turn.qrels) else replace(turn, qrels=qrels)
+
+        conversations = tuple(
+            replace(c, turns=tuple(kept(turn) for turn in c.turns)) for c in self.conversations
+        )
+        return Dataset(self.name, conversations, self.passages)
 
     def select(self, indices: Iterable[int], name: Optional[str] = None) -> "Dataset":
         """A dataset with the conversations at ``indices`` (in that order) and the same corpus."""

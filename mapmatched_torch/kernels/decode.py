@@ -53,7 +53,6 @@ from .checks import (
     check_choices,
     check_emissions,
     check_mask,
-    check_pairwise,
     check_structure,
     prepare,
     raise_if_nonfinite,
@@ -166,10 +165,7 @@ def _fused_max_plus(
 ) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor]]:
     """The fused kernel's (paths, scores, locks, lengths), or None where none applies
     (:mod:`.fused`); the shapes are checked first, with the torch path's messages."""
-    emissions = check_emissions(emissions)
-    mask = check_mask(mask, emissions)
-    transitions = check_pairwise(transitions, emissions, "transitions")
-    return fused.max_plus(emissions, transitions, mask, lag)
+    return fused.max_plus(*fused.check_shapes(emissions, transitions, mask), lag)
 
 
 # ------------------------------------------------------------------------ decoders
@@ -326,6 +322,9 @@ def forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, locks: 
 
     Cost: O(B T M^2).
     """
+    fused_scores = fused.max_plus_forward(*fused.check_shapes(emissions, transitions, mask), locks)
+    if fused_scores is not None:
+        return fused_scores
     prepared = prepare(emissions, transitions, mask, max_plus=True)
     allowed = mask
     if locks is not None:

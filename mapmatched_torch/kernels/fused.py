@@ -1,10 +1,13 @@
 """Fused decode kernels behind one dispatch: the default wherever they apply.
 
 :func:`~mapmatched_torch.kernels.decode.viterbi` and
-:func:`~mapmatched_torch.kernels.decode.fixed_lag_viterbi` ask :func:`max_plus` first;
-it returns None when no fused kernel applies, and the caller runs the torch path
-(:mod:`.chain`), which stays the reference and the fallback. A fused kernel applies
-when
+:func:`~mapmatched_torch.kernels.decode.fixed_lag_viterbi` ask :func:`max_plus` first,
+:func:`~mapmatched_torch.kernels.decode.forward_scores` asks :func:`max_plus_forward`,
+and the evaluation harness's online rankings
+(:func:`mapmatched_torch.eval.methods.online_forward_scores`) ask
+:func:`online_forward_scores`; each returns None when no fused kernel applies, and
+the caller runs the torch path (:mod:`.chain`), which stays the reference and the
+fallback. A fused kernel applies when
 
 - it is enabled (default; :func:`use_fused_kernels` or the environment variable
   ``MAPMATCHED_TORCH_FUSED=0`` turn it off),
@@ -40,10 +43,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..core.checks import check_nonnegative_int
+from ..core.errors import MapMatchedValueError
 from . import numba_runtime
-from .checks import prepare, raise_if_nonfinite
+from .checks import check_choices, check_emissions, check_mask, check_pairwise, prepare, raise_if_nonfinite
 
-__all__ = ["use_fused_kernels", "fused_kernels_enabled", "applies", "max_plus"]
+__all__ = [
+    "use_fused_kernels",
+    "fused_kernels_enabled",
+    "applies",
+    "max_plus",
+    "max_plus_forward",
+    "online_forward_scores",
+    "check_shapes",
+]
 
 _STATE = {"enabled": os.environ.get("MAPMATCHED_TORCH_FUSED", "1").strip().lower() not in ("0", "false", "no", "off")}
 
@@ -131,3 +144,103 @@ def max_plus(
     raise_if_nonfinite(status == kernels.OVERFLOW)
     lengths = (paths >= 0).sum(dim=1)
     return paths, scores, locks, lengths
+
+
+def max_plus_forward(
+    emissions: Tensor, transitions: Tensor, mask: Tensor, locks: Optional[Tensor] = None, lag: Optional[int] = None
+) -> Optional[Tensor]:
+    """Max-plus forward scores with a fused kernel, or None (run the torch path).
+
+    Args:
+        emissions: ``(B, T, M)`` float32/float64 weighted emissions (shape-checked).
+        transitions: ``(B, T-1, M, M)`` weighted transitions ``[b, t, from, to]``, same
+            dtype (shape-checked).
+        mask: ``(B, T, M)`` bool real candidates.
+        locks: optional ``(B, T)`` integer locks (-1 unlocked), as
+            :func:`~mapmatched_torch.kernels.decode.forward_scores` takes them; a
+            tensor of another dtype, shape or device is left to the torch path (which
+            raises its message).
+        lag: None, or L >= 0 (without ``locks``): the *online* forward scores of
+            fixed-lag decoding, i.e. at every turn t the scores as the fixed-lag
+            decode holds them after turn t: turn t - L committed (for t >= L, the
+            earlier turns before) and turns t - L + 1..t recomputed unlocked. For
+            L = 0 that is ``forward_scores`` under the fixed-lag locks; for L >= 1
+            it equals those locked scores of turn t - L carried L unlocked max-plus
+            steps forward (what :func:`online_forward_scores` returns).
+
+    Returns:
+        None when no fused kernel applies, else ``(B, T, M)`` forward scores of the
+        emissions' dtype: -inf at masked, locked-out and padding positions, bit for
+        bit what the torch path computes.
+
+    Raises:
+        MapMatchedValueError: the torch checks' message for an invalid trellis or
+            lock, or the overflow message, as the torch path raises them.
+
+    Cost: O(B T M^2) time (times L + 1 with a lag), O(threads T M) workspace.
+    """
+    if locks is not None and lag is not None:
+        raise MapMatchedValueError("max_plus_forward takes locks or a lag, not both")
+    if not applies(emissions, transitions, mask):
+        return None
+    if locks is not None:
+        if not isinstance(locks, Tensor):
+            return None  # the torch path raises the message
+        integer = not (locks.dtype == torch.bool or locks.is_floating_point() or locks.is_complex())
+        if not integer or tuple(locks.shape) != tuple(mask.shape[:2]) or locks.device != mask.device:
+            return None  # the torch path raises the message
+        given = _array(locks.long())
+    else:
+        given = np.empty((0, 0), dtype=np.int64)
+    kernels = _kernels()
+    batch = emissions.shape[0]
+    # shape: (B, T, M)
+    out = torch.empty(emissions.shape, dtype=emissions.dtype)
+    status = torch.empty((batch,), dtype=torch.int8)
+    arguments = (
+        _array(emissions),
+        _array(transitions),
+        _array(mask),
+        given,
+        -1 if lag is None else int(lag),
+        out.numpy(),
+        status.numpy(),
+    )
+    blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
+    numba_runtime.call(kernels.forward_scores, kernels.forward_scores_serial, arguments, blocks)
+    if bool((status == kernels.INVALID).any()):
+        prepared = prepare(emissions, transitions, mask, max_plus=True)  # raises the torch path's message
+        if locks is not None:
+            check_choices(locks, mask, prepared.active, "locks", optional=True)
+        return None  # unreachable unless the kernel and the checks disagree: the torch path decides
+    raise_if_nonfinite(status == kernels.OVERFLOW)
+    return out
+
+
+def online_forward_scores(emissions: object, transitions: object, mask: object, lag: Optional[int]) -> Optional[Tensor]:
+    """The evaluation harness's online forward scores with a fused kernel, or None.
+
+    Validates like the torch path (the lag first, then the shapes, with its
+    messages), then runs :func:`max_plus_forward` (``lag`` None: plain forward
+    scores; L >= 0: the fixed-lag online scores). One pass per conversation replaces
+    the torch path's fixed-lag decode, locked forward pass and L unlocked steps.
+
+    Args:
+        emissions: ``(B, T, M)`` weighted emissions. transitions: ``(B, T-1, M, M)``
+            ``[b, t, from, to]``. mask: ``(B, T, M)`` bool. lag: None or L >= 0.
+
+    Returns:
+        ``(B, T, M)`` scores as :func:`mapmatched_torch.eval.methods.online_forward_scores`
+        defines them, or None when no fused kernel applies.
+    """
+    if lag is not None:
+        lag = check_nonnegative_int(lag, "fixed_lag")
+    return max_plus_forward(*check_shapes(emissions, transitions, mask), lag=lag)
+
+
+def check_shapes(emissions: object, transitions: object, mask: object) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(emissions, transitions, mask)`` shape-checked with the torch path's messages, in
+    its order (emissions, mask, transitions): what the fused entry points expect."""
+    emissions = check_emissions(emissions)
+    mask = check_mask(mask, emissions)
+    return emissions, check_pairwise(transitions, emissions, "transitions"), mask

@@ -1,6 +1,7 @@
 """Candidate providers: adapters from existing retrievers to ``ScoredCandidate`` lists.
 
-Dense (exact top-k on tensors), FAISS, reciprocal-rank fusion, Qdrant and Chroma; the
+Dense (exact top-k on tensors), FAISS, reciprocal-rank fusion, Qdrant and Chroma, and
+gated query mixing over any of them that searches by vector (:mod:`.query_mixing`); the
 LangChain and LlamaIndex adapters are in :mod:`mapmatched_torch.integrations`.
 
 Each provider implements the ``CandidateProvider`` protocol
@@ -16,8 +17,12 @@ from .dense import DenseProvider, exact_top_k
 from .faiss import FAISSProvider
 from .fusion import FusionProvider, reciprocal_rank_fusion
 from .qdrant import QdrantProvider
+from .query_mixing import ContextualProvider, QueryMixing, QueryMixingProvider, VectorSearchProvider
 
-__all__ = ["ChromaProvider", "DenseProvider", "FAISSProvider", "FusionProvider", "QdrantProvider", "exact_top_k", "reciprocal_rank_fusion"]
+__all__ = [
+    "ChromaProvider", "DenseProvider", "FAISSProvider", "FusionProvider", "QdrantProvider", "exact_top_k",
+    "reciprocal_rank_fusion", "QueryMixing", "QueryMixingProvider", "VectorSearchProvider", "ContextualProvider",
+]
 
 # The LangChain and LlamaIndex adapters live in mapmatched_torch.integrations (they wrap
 # sessions and servers too); their old names here keep working.

@@ -109,6 +109,7 @@ class DenseProvider(CandidatesMethod):
             )
         _check_finite_rows(matrix, "embeddings row")
         self._matrix = _normalize(matrix, "embeddings row") if self._metric == "cosine" else matrix
+        self._rows: Optional[dict] = None  # chunk ID -> row, built by chunk_embeddings
 
     @property
     def chunk_ids(self) -> Tuple[str, ...]:
@@ -184,13 +185,46 @@ class DenseProvider(CandidatesMethod):
         queries, limit = check_batch(queries, limit)
         if not queries:
             return []
+        return self.search(self.embed_queries(queries), limit)
+
+    def embed_queries(self, queries: Sequence[str]) -> torch.Tensor:
+        """``(Q, D)`` embeddings of Q checked query strings by ``embed_query``, in the
+        matrix's dtype (on the device ``embed_query`` returns); the
+        :class:`~mapmatched_torch.providers.query_mixing.VectorSearchProvider` method.
+
+        Raises:
+            MapMatchedValueError: no ``embed_query``, or a vector of the wrong dimension.
+        """
+        if self._embed_query is None:
+            raise MapMatchedValueError("embedding queries needs embed_query; pass it to DenseProvider")
         vectors = [torch.as_tensor(self._embed_query(query)).reshape(-1) for query in queries]
         for position, vector in enumerate(vectors):
             if vector.shape[0] != self.dimension:
                 raise dimension_mismatch_error(
                     f"query {position}", vector.shape[0], self.dimension, "the embedding matrix"
                 )
-        return self.search(torch.stack([v.to(self._matrix.dtype) for v in vectors]), limit)
+        return torch.stack([v.to(self._matrix.dtype) for v in vectors])
+
+    def chunk_embeddings(self, chunk_ids: Sequence[str]) -> torch.Tensor:
+        """``(Q, D)`` rows of the embedding matrix for the given chunk IDs (unit rows
+        with ``metric="cosine"``), on the provider's device.
+
+        Raises:
+            MapMatchedValueError: a chunk ID that is not a row, named.
+        """
+        if self._rows is None:
+            self._rows = {chunk_id: row for row, chunk_id in enumerate(self._chunk_ids)}
+        rows = []
+        for chunk_id in chunk_ids:
+            row = self._rows.get(chunk_id)
+            if row is None:
+                raise MapMatchedValueError(f"chunk {chunk_id!r} is not a row of this DenseProvider's embedding matrix")
+            rows.append(row)
+        return self._matrix[torch.tensor(rows, dtype=torch.long, device=self._matrix.device)]
+
+    def search_vectors(self, vectors: Any, limit: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """:meth:`search` (the :class:`~mapmatched_torch.providers.query_mixing.VectorSearchProvider` name)."""
+        return self.search(vectors, limit)
 
 
 def _check_finite_rows(matrix: torch.Tensor, what: str) -> None:

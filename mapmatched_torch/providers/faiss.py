@@ -38,9 +38,9 @@ import importlib
 import math
 import numbers
 from types import ModuleType
-from typing import Any, Iterable, List, Literal, Protocol, Tuple
+from typing import Any, Iterable, List, Literal, Optional, Protocol, Sequence, Tuple
 
-from ..core.checks import check_choice
+from ..core.checks import check_choice, check_positive_int
 from ..core.errors import FAISSDependencyUnavailableError, MapMatchedBackendError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import ScoredCandidate
 from .base import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
@@ -174,6 +174,7 @@ class FAISSProvider(SearchProvider):
         self._dimension = _check_index(index, len(self._chunk_ids))
         self._index = index
         self._embed_query = embed_query
+        self._labels: Optional[dict] = None  # chunk ID -> label, built by chunk_embeddings
 
     @property
     def chunk_ids(self) -> Tuple[str, ...]:
@@ -197,7 +198,65 @@ class FAISSProvider(SearchProvider):
         vectors = [self._embed(query, name) for query, name in zip(queries, names)]
         numpy = _load_numpy()  # after the query checks, before the search (upstream's order)
         # shape: (Q, D) float32, C-contiguous
-        matrix = numpy.stack(vectors)
+        return self._search_matrix(numpy.stack(vectors), limit, names, count)
+
+    def embed_queries(self, queries: Sequence[str]) -> Any:
+        """``(Q, D)`` float32 torch tensor of Q query strings embedded by ``embed_query``
+        and checked as :meth:`retrieve` checks them; the
+        :class:`~mapmatched_torch.providers.query_mixing.VectorSearchProvider` method."""
+        import torch
+
+        numpy = _load_numpy()
+        vectors = [self._embed(query, f"query {i}") for i, query in enumerate(queries)]
+        return torch.from_numpy(numpy.stack(vectors)) if vectors else torch.zeros((0, self._dimension))
+
+    def chunk_embeddings(self, chunk_ids: Sequence[str]) -> Any:
+        """``(Q, D)`` float32 torch tensor of the stored vectors of the given chunks:
+        ``index.reconstruct(label)`` (flat indexes; an IVF index needs
+        ``index.make_direct_map()`` first).
+
+        Raises:
+            MapMatchedValueError: a chunk ID the provider does not map, or an index
+                that cannot reconstruct its vectors (the message says what to do).
+        """
+        import torch
+
+        if self._labels is None:
+            self._labels = {chunk_id: label for label, chunk_id in enumerate(self._chunk_ids)}
+        reconstruct = getattr(self._index, "reconstruct", None)
+        if not callable(reconstruct):
+            raise MapMatchedValueError(
+                "this FAISS index has no reconstruct(label): query mixing needs the chunks' stored vectors "
+                "(use a flat index, or call make_direct_map() on an IVF index)"
+            )
+        rows = []
+        for chunk_id in chunk_ids:
+            label = self._labels.get(chunk_id)
+            if label is None:
+                raise MapMatchedValueError(f"chunk {chunk_id!r} is not in this FAISSProvider's chunk IDs")
+            try:
+                vector = reconstruct(label)
+            except RuntimeError as error:
+                raise MapMatchedValueError(
+                    f"FAISS could not reconstruct the vector of chunk {chunk_id!r} (label {label}): {error} "
+                    "(call make_direct_map() on an IVF index)"
+                ) from error
+            rows.append(as_query_vector(vector, self._dimension, f"stored vector of chunk {chunk_id!r}"))
+        return torch.from_numpy(_load_numpy().stack(rows)) if rows else torch.zeros((0, self._dimension))
+
+    def search_vectors(self, vectors: Any, limit: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """One ``index.search`` of ``(Q, D)`` query vectors (numpy or torch), checked as
+        :meth:`retrieve` checks embedded queries; one tuple of candidates per row."""
+        limit = check_positive_int(limit, "limit")
+        count = self._check_unchanged_size()
+        names = tuple(f"query vector {i}" for i in range(len(vectors)))
+        rows = [as_query_vector(vector, self._dimension, name) for vector, name in zip(vectors, names)]
+        if not rows:
+            return []
+        return self._search_matrix(_load_numpy().stack(rows), limit, names, count)
+
+    def _search_matrix(self, matrix: Any, limit: int, names: Tuple[str, ...], count: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """One ``index.search`` of a checked (Q, D) float32 matrix."""
         k = min(limit, count)
         scores, labels = self._index.search(matrix, k)
         return [

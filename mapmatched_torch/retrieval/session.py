@@ -223,7 +223,11 @@ class MapMatchedSession:
 
         The provider is asked as :func:`~mapmatched_torch.core.protocols.provider_answer`
         says: ``provider.retrieve(query, candidate_limit)``, else
-        ``provider.candidates(query, candidate_limit)`` (upstream's method).
+        ``provider.candidates(query, candidate_limit)`` (upstream's method). A provider
+        with ``retrieve_in_context(query, limit, context_chunk_id)`` (a
+        :class:`~mapmatched_torch.providers.query_mixing.ContextualProvider`, e.g.
+        ``QueryMixingProvider``) is asked that instead, with :attr:`current_chunk_id`
+        (the chunk decoded at the previous turn; None at the first).
 
         Raises:
             MapMatchedValueError: an empty query (``"query must not be empty"``; a
@@ -242,6 +246,11 @@ class MapMatchedSession:
                 "retrieve(query) requires a CandidateProvider; use retrieve_candidates instead "
                 "(or pass provider= to MapMatchedRetriever)"
             )
+        contextual = getattr(provider, "retrieve_in_context", None)
+        if callable(contextual):  # e.g. QueryMixingProvider: the previous decoded chunk goes into the query
+            with self._lock:  # the chunk read and the turn it conditions are one step
+                answer = contextual(query, self._retriever.candidate_limit, self.current_chunk_id)
+                return self._retrieve_turn(answer, f"candidates from {type(provider).__name__}.retrieve_in_context")
         answer = provider_answer(provider)[1](query, self._retriever.candidate_limit)
         return self._retrieve_turn(answer, provider_answer_name(provider))
 

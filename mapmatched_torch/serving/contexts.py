@@ -73,10 +73,6 @@ class ContextTable:
     def __init__(self, graph: CorpusGraph, codes: ChunkCodes, radius: float, device: torch.device, cache: int) -> None:
         self.neighborhoods = NeighborhoodCache(graph, radius, cache)
         self._codes, self._device = codes, device
-        self.clear()
-
-    def clear(self) -> None:
-        """Forget every row (e.g. after the chunk codes were restored)."""
         self._table = torch.full((0, 1), -1, dtype=torch.int32, device=self._device)
         self._filled = torch.zeros(0, dtype=torch.bool, device=self._device)
 

@@ -19,6 +19,7 @@ reported in ``errors`` and leaves that session exactly as it was.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 import threading
@@ -37,7 +38,7 @@ from ..core.protocols import CorpusGraph, implements, provider_answer
 from ..graph.protocols import TensorGraph
 from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, normalize_turn, provider_answer_name
 from ..retrieval.trellis import packed_rows
-from .session_store import SessionStore, StepCode, TensorStep
+from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults
 
 __all__ = ["MapMatchedServer"]
@@ -61,11 +62,6 @@ def _serialized(method):
 #: Above this |normalized score| (times lambda when lambda > 1) a trace's margin or
 #: entropy could overflow, so the session's results are built during the step.
 _LARGE_SCORE = 2.0**990
-
-
-def _large_scores(scores: torch.Tensor, emission_weight: float) -> torch.Tensor:
-    """``(R,)`` bool: rows of ``(R, M)`` normalized scores beyond :data:`_LARGE_SCORE`."""
-    return scores.abs().amax(1) * max(1.0, emission_weight) > _LARGE_SCORE
 
 
 class MapMatchedServer:
@@ -289,7 +285,14 @@ class MapMatchedServer:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
         """
         slots, codes, scores = _check_step_tensors(slots, codes, scores)
-        return self._store.step(slots, codes, scores, contexts=contexts)
+        step = self._store.step(slots, codes, scores, contexts=contexts)
+        try:  # all or nothing, as in step()
+            self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
+        except BaseException:
+            if bool((step.status == 0).any()):
+                self._store.decoder.undo_last()
+            raise
+        return step
 
     @_serialized
     def step(self, turns: Mapping[SessionId, Any]) -> Tuple[StepResults, Dict[SessionId, Exception]]:
@@ -319,7 +322,11 @@ class MapMatchedServer:
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
-        answer = provider_answer_name(retriever.provider) if queries else ""
+        answer = ""
+        if queries:
+            contextual = callable(getattr(retriever.provider, "retrieve_in_context", None))
+            answer = (f"candidates from {type(retriever.provider).__name__}.retrieve_in_context" if contextual
+                      else provider_answer_name(retriever.provider))
         ids: List[SessionId] = []
         kept_rows: List[Tuple[ScoredCandidate, ...]] = []
         for session_id, request in requests.items():
@@ -428,7 +435,9 @@ class MapMatchedServer:
                     errors[ids[row]] = self._error(ids[row], StepCode(status[row]), lengths[row], row_error)
                 rows = {key: row for key, row in rows.items() if not status[row]}
             results = self._results(ids, step, slots, rows)
-            self._build_extremes(results, step, slots, rows, errors)
+            for row, error in self._refuse_overflowing_traces(step, slots, results, ids):
+                errors[ids[row]] = error
+                del rows[ids[row]]
         except BaseException:
             if bool((step.status == 0).any()):
                 decoder.undo_last()
@@ -454,32 +463,49 @@ class MapMatchedServer:
         self._live_results.append(weakref.ref(results))
         return results
 
-    def _build_extremes(self, results: StepResults, step: TensorStep, slots, rows, errors) -> None:
-        """Sessions with scores so large that a trace margin or entropy may overflow
-        (never with z-scores) have their path and trace built now, as a session would:
-        a turn that fails there is taken back for that session alone."""
-        if not rows:
-            return
+    def _refuse_overflowing_traces(
+        self, step: TensorStep, slots: torch.Tensor, results: Optional[StepResults], keys: Sequence[Any]
+    ) -> List[Tuple[int, Exception]]:
+        """Sessions whose scores are so large that a trace margin or entropy may overflow
+        (never with z-scores: no work then) have their path and trace built now, as a
+        session would; a turn that fails there is taken back for that session alone.
+
+        Args:
+            step: the tensor step (its rows of refused turns are reset to a failed row's
+                values, status :attr:`StepCode.TRACE_OVERFLOW`).
+            slots: ``(S,)`` its slots. results: its StepResults (None: made here for the
+                rows checked). keys: each row's key in ``results``.
+
+        Returns:
+            ``(row, the session's error)`` of every refused row.
+        """
+        retriever = self.retriever
+        if retriever.score_normalization == "zscore" and math.sqrt(retriever.candidate_limit) * max(
+            1.0, retriever.emission_weight
+        ) <= _LARGE_SCORE:  # |z| <= sqrt(M): never large
+            return []
         normalized = self._store.decoder.payload("normalized")
         turns = step.path.shape[1]
-        magnitude = normalized[slots.clamp_min(0), :turns].abs().amax((1, 2))
+        magnitude = normalized[slots.clamp(0, normalized.shape[0] - 1), :turns].abs().amax((1, 2))
         large = (magnitude * max(1.0, self.retriever.emission_weight) > _LARGE_SCORE) & (step.status == 0)
         if not bool(large.any()):
-            return
+            return []
+        rows = large.nonzero().view(-1).tolist()
+        if results is None:
+            results = StepResults(self.retriever, self._store, step, {keys[row]: row for row in rows}, slots, self._built)
         refused = []
-        for row in large.nonzero().view(-1).tolist():
-            key = next(key for key, position in rows.items() if position == row)
+        for row in rows:
             try:
-                results.build(key)
+                results.build(keys[row])
             except Exception as error:  # the turn a session would refuse
-                errors[key] = error
-                refused.append(row)
-                del rows[key]
+                refused.append((row, error))
         if refused:
-            picked = slots[torch.tensor(refused, dtype=torch.long, device=self.device)]
-            self._store.decoder.undo_slots(picked)
-            for slot in picked.tolist():
+            picked = torch.tensor([row for row, _ in refused], dtype=torch.long, device=self.device)
+            self._store.decoder.undo_slots(slots[picked])
+            for slot in slots[picked].tolist():
                 self._built.drop(slot)
+            refuse_rows(step, picked, StepCode.TRACE_OVERFLOW)
+        return refused
 
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
         provider, limit = self.retriever.provider, self.retriever.candidate_limit
@@ -493,6 +519,15 @@ class MapMatchedServer:
                 errors[session_id] = MapMatchedValueError("query must not be empty")
         pending = [key for key in queries if key not in errors]
         batch = getattr(provider, "retrieve_batch", None)
+        asks = lambda key: provider_answer(provider)[1](queries[key], limit)  # noqa: E731
+        contextual = getattr(provider, "retrieve_in_context", None)
+        if pending and callable(contextual):
+            # e.g. QueryMixingProvider: each session's previous decoded chunk goes into its query
+            context = dict(zip(pending, self._current_chunk_ids(pending)))
+            asks = lambda key: contextual(queries[key], limit, context[key])  # noqa: E731
+            batch_in_context = getattr(provider, "retrieve_batch_in_context", None)
+            batch = (lambda texts, size: batch_in_context(texts, size, [context[key] for key in pending])) if callable(
+                batch_in_context) else None
         if pending and callable(batch):
             try:
                 found = list(batch([queries[key] for key in pending], limit))
@@ -504,10 +539,21 @@ class MapMatchedServer:
                 answers.clear()
         for key in pending:
             try:
-                answers[key] = provider_answer(provider)[1](queries[key], limit)
+                answers[key] = asks(key)
             except Exception as error:
                 errors[key] = error
         return answers
+
+    def _current_chunk_ids(self, session_ids: Sequence[SessionId]) -> List[Optional[str]]:
+        """Each session's decoded chunk of its latest turn (None before its first turn, or
+        for a session that is not open), from the store's tensors."""
+        get = self._sessions.get
+        slots = torch.tensor([get(key, -1) for key in session_ids], dtype=torch.long, device=self.device)
+        known = slots >= 0
+        chunks = torch.full(slots.shape, -1, dtype=torch.long, device=self.device)
+        if bool(known.any()):
+            chunks[known] = self._store.current(slots[known]).chunks
+        return self._store.codes.names(chunks.tolist())
 
     # ------------------------------------------------------------ persistence
 
@@ -564,7 +610,8 @@ class MapMatchedServer:
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
         self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
-        self._built.clear()
+        # results handed out before keep their own tensors, codes and built paths
+        self._built, self._live_results = BuiltPaths(), []
 
     @_serialized
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:

@@ -35,7 +35,7 @@ from ..retrieval.streaming import step_distances
 from .codes import ChunkCodes
 from .contexts import ContextTable
 
-__all__ = ["StepCode", "TensorStep", "SessionStore", "context_codes"]
+__all__ = ["StepCode", "TensorStep", "SessionStore", "context_codes", "refuse_rows"]
 
 
 class StepCode(IntEnum):
@@ -52,6 +52,9 @@ class StepCode(IntEnum):
     EMPTY = 7  #: no candidate
     NORMALIZATION_OVERFLOW = 8  #: the normalized scores overflow
     DECODE_OVERFLOW = 9  #: a forward score overflowed
+    #: the decoded path's trace overflows (a margin or an entropy, with scores beyond
+    #: 2**990 and no z-scores): a session refuses the turn (checked by the server)
+    TRACE_OVERFLOW = 10
 
 
 _PAYLOAD = {
@@ -242,7 +245,9 @@ class SessionStore:
             if name != "ok":
                 getattr(out, name)[done] = values[ok]
         if contexts:
-            out = out._replace(contexts=context_codes(self, out.chunks, out.candidates, out.status == 0))
+            out = out._replace(
+                contexts=context_codes(self.contexts, self.context_limit, out.chunks, out.candidates, out.status == 0)
+            )
         return out
 
     def _decode(self, slots: Tensor, codes: Tensor, raw: Tensor, normalized: Tensor, real: Tensor) -> Dict[str, Tensor]:
@@ -364,13 +369,16 @@ class SessionStore:
                 also_check(decoder_state)
 
         self.decoder.load_state_dict(state["decoder"], also_check=check)
-        self.codes.load_state_dict(state["codes"])
+        # new objects, not edits: results handed out before keep reading the old ones
+        self.codes = codes
+        self.contexts = ContextTable(
+            self.graph, codes, self.contexts.neighborhoods.radius, self.device, self.contexts.neighborhoods.capacity
+        )
         live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
         decoder_state = state["decoder"]
         live[: decoder_state["allocated"]] = True
         live[list(decoder_state["free"])] = False
         self._live = live
-        self.contexts.clear()
 
 
 def _blank_step(count: int, width: int, device: torch.device, status: Tensor, turns: int = 1) -> TensorStep:
@@ -405,6 +413,20 @@ def _along_paths(table: Tensor, slots: Tensor, paths: Tensor) -> Tensor:
     return table.reshape(-1).take(flat)
 
 
+def refuse_rows(step: TensorStep, rows: Tensor, code: StepCode) -> None:
+    """Mark ``rows`` of ``step`` failed with ``code``, in place: their fields get a failed
+    row's values (the caller has taken their turns back)."""
+    blank = _blank_step(rows.shape[0], step.final_scores.shape[1], step.status.device, step.status[rows],
+                        step.path.shape[1])
+    for name, values in blank._asdict().items():
+        tensor = getattr(step, name)
+        if name != "status" and tensor is not None and values is not None:
+            tensor[rows] = values
+        elif name == "contexts" and tensor is not None:
+            tensor[rows] = -1
+    step.status[rows] = int(code)
+
+
 def _widened(paths: Tensor, turns: int) -> Tensor:
     """``(S, turns)``: ``paths`` cut or padded with -1 to ``turns`` columns."""
     out = torch.full((paths.shape[0], turns), -1, dtype=paths.dtype, device=paths.device)
@@ -413,18 +435,18 @@ def _widened(paths: Tensor, turns: int) -> Tensor:
     return out
 
 
-def context_codes(store: "SessionStore", chunks: Tensor, candidates: Tensor, rows: Tensor) -> Tensor:
+def context_codes(
+    table: ContextTable, limit: Optional[int], chunks: Tensor, candidates: Tensor, rows: Tensor
+) -> Tensor:
     """``(S, C)`` long context codes of S decoded chunks (``(S,)`` codes) and their turns'
     ``(S, M)`` candidate codes, for the ``(S,)`` bool ``rows`` (others: all -1): the
-    chunk, its neighbourhood (the store's :class:`ContextTable`), then the candidates,
-    first occurrences in that order, cut at the store's context limit, -1 padded."""
+    chunk, its neighbourhood (``table``), then the candidates, first occurrences in that
+    order, cut at ``limit`` (None: none), -1 padded."""
     count = chunks.shape[0]
     picked = rows.nonzero().view(-1)
     if picked.numel() == 0:
         return torch.full((count, 0), -1, dtype=torch.long, device=chunks.device)
-    found = _first_occurrences(
-        chunks[picked], store.contexts.rows(chunks[picked]), candidates[picked], store.context_limit
-    )
+    found = _first_occurrences(chunks[picked], table.rows(chunks[picked]), candidates[picked], limit)
     block = torch.full((count, found.shape[1]), -1, dtype=torch.long, device=chunks.device)
     block[picked] = found
     return block

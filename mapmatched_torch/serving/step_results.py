@@ -241,9 +241,6 @@ class BuiltPaths:
     def drop(self, slot: int) -> None:
         self._built.pop(slot, None)
 
-    def clear(self) -> None:
-        self._built.clear()
-
 
 class StepResults(Mapping):
     """The sessions a step decoded -> their :class:`RetrievalResult`, each built on first read.
@@ -275,6 +272,9 @@ class StepResults(Mapping):
     ) -> None:
         self._retriever, self._store, self.tensors, self._rows = retriever, store, step, rows
         self._slots, self._built = slots, built
+        # what this step's results read, taken now: a later load_state_dict replaces the
+        # store's codes, context table and tensors with new objects, never these
+        self._codes, self._context_table, self._context_limit = store.codes, store.contexts, store.context_limit
         decoder = store.decoder
         self._payload = (decoder.payload("codes"), decoder.payload("raw"), decoder.payload("normalized"))
         self._detached: Dict[int, Tuple[Tensor, Tensor, Tensor]] = {}
@@ -288,7 +288,7 @@ class StepResults(Mapping):
         record = self.record(session_id)
         if record.built:
             return record.result(self._retriever, None)
-        neighborhood = self._store.contexts.neighborhoods.get([self.chunk_id(session_id)])[0]
+        neighborhood = self._context_table.neighborhoods.get([self.chunk_id(session_id)])[0]
         return self._finish(session_id, record, neighborhood)
 
     def __iter__(self) -> Iterator[SessionId]:
@@ -308,11 +308,11 @@ class StepResults(Mapping):
 
     def chunk_id(self, session_id: SessionId) -> str:
         """The session's decoded chunk for this turn (nothing built)."""
-        return self._store.codes.name(self._list("chunks")[self._rows[session_id]])
+        return self._codes.name(self._list("chunks")[self._rows[session_id]])
 
     def chunk_ids(self) -> Dict[SessionId, str]:
         """Every session's decoded chunk for this turn (nothing built)."""
-        chunks, name = self._list("chunks"), self._store.codes.name
+        chunks, name = self._list("chunks"), self._codes.name
         return {session_id: name(chunks[row]) for session_id, row in self._rows.items()}
 
     def context_codes(self) -> Tensor:
@@ -323,7 +323,9 @@ class StepResults(Mapping):
             if step.contexts is not None:
                 self._contexts = step.contexts
             else:
-                self._contexts = context_codes(self._store, step.chunks, step.candidates, step.status == 0)
+                self._contexts = context_codes(
+                    self._context_table, self._context_limit, step.chunks, step.candidates, step.status == 0
+                )
         return self._contexts
 
     def context_chunk_ids(self, session_id: SessionId) -> Tuple[str, ...]:
@@ -337,7 +339,7 @@ class StepResults(Mapping):
         table = self.context_codes()
         rows = [self._rows[key] for key in keys]
         picked = table[torch.tensor(rows, dtype=torch.long, device=table.device)].tolist() if rows else []
-        names = self._store.codes.names
+        names = self._codes.names
         return {key: tuple(name for name in names(row) if name is not None) for key, row in zip(keys, picked)}
 
     # ---------------------------------------------------------------- records
@@ -351,7 +353,7 @@ class StepResults(Mapping):
             slot, length = lists["slots"][row], lists["lengths"][row]
             detached = self._detached.get(slot)
             tensors, source = (detached, 0) if detached is not None else (self._payload, slot)
-            turns = StoredTurns(tensors, source, length, self._store.codes)
+            turns = StoredTurns(tensors, source, length, self._codes)
             count = len(turns[length - 1])
             revised = tuple(index for index, flag in enumerate(lists["revised"][row][:length]) if flag)
             reuse = self._built.get(slot, length - 1) if detached is None else None
@@ -380,7 +382,7 @@ class StepResults(Mapping):
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""
         pending = [key for key in self._rows if not self.record(key).built]
-        neighborhoods = self._store.contexts.neighborhoods.get([self.chunk_id(key) for key in pending])
+        neighborhoods = self._context_table.neighborhoods.get([self.chunk_id(key) for key in pending])
         for key, neighborhood in zip(pending, neighborhoods):
             self._finish(key, self.record(key), neighborhood)
         return {key: self.record(key).result(self._retriever, None) for key in self._rows}

@@ -280,3 +280,36 @@ def test_fit_output_that_is_a_directory_fails_before_any_work(tmp_path, capsys):
     assert main([*FIT, "--output", str(tmp_path)]) == 2
     assert "--output" in capsys.readouterr().err
 # (fit under torchrun: tests/fit/test_distributed_fit.py runs it with 2 gloo processes)
+
+
+def _with_missing_gold(fixtures: Path, folder: Path) -> Path:
+    """The tiny data set plus a conversation whose gold lies partly outside the corpus."""
+    folder.mkdir()
+    rows = (fixtures / "normalized" / "tiny.conversations.jsonl").read_text()
+    extra = {"conversation_id": "c-gone", "turns": [
+        {"turn": 0, "query": "Tea and cheese?", "qrels": {"Tea:1": 1, "Nowhere:1": 1}},
+        {"turn": 1, "query": "What about the rest?", "qrels": {"Nowhere:2": 1}}]}
+    (folder / "g.conversations.jsonl").write_text(rows.rstrip("\n") + "\n" + json.dumps(extra) + "\n")
+    (folder / "g.passages.jsonl").write_text((fixtures / "normalized" / "tiny.passages.jsonl").read_text())
+    return folder
+
+
+@pytest.mark.parametrize("policy", ["all", "in-corpus"])
+def test_missing_gold_is_counted_warned_and_droppable(fixtures, tmp_path, capsys, policy):
+    folder = _with_missing_gold(fixtures, tmp_path / "data")
+    rc = main(["eval", "--data", str(folder), "--embedder", "hash", "--k", "2", "--candidates", "3", "--bootstrap",
+               "10", "--quiet", "--methods", "pointwise,map-matched", "--qrels", policy,
+               "--json", str(tmp_path / "r.json")])
+    assert rc == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["info"]["qrels"] == policy
+    assert data["info"]["gold_missing"] == {"missing_ids": 2, "missing_judgements": 2,
+                                            "labelled_turns_with_missing": 2,
+                                            "labelled_turns_without_gold_in_corpus": 1}
+    warning = next(note for note in data["warnings"] if "not in the corpus" in note)
+    assert warning.startswith("2 gold judgements (2 passage IDs) of 2 labelled turns are not in the corpus")
+    assert warning in capsys.readouterr().err
+    # in-corpus: the turn whose only gold is missing is unjudged (it left the "all" slice)
+    pointwise = next(m for m in data["methods"] if m["key"] == "pointwise")
+    assert pointwise["slices"]["all"]["n_turns"] == (6 if policy == "all" else 5)
+    assert ("--qrels in-corpus dropped them" in warning) == (policy == "in-corpus")

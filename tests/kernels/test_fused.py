@@ -171,3 +171,154 @@ def test_non_contiguous_inputs_and_torch_threads_are_kept():
     assert torch.get_num_threads() == threads
     expected_paths, expected_scores, _ = reference(emissions, transitions.contiguous(), mask, None)
     assert torch.equal(paths, expected_paths) and torch.equal(scores, expected_scores)
+
+
+# --------------------------------------------------------------------- forward scores
+
+
+def reference_forward(emissions, transitions, mask, locks=None):
+    with torch_path():
+        return decode.forward_scores(emissions, transitions, mask, locks)
+
+
+def reference_online(emissions, transitions, mask, lag):
+    from mapmatched_torch.eval.methods import online_forward_scores
+
+    with torch_path():
+        return online_forward_scores(emissions, transitions, mask, lag)
+
+
+def random_locks(generator, mask):
+    """(B, T) locks: -1 or a real candidate at real turns, garbage after the end."""
+    batch, turns, candidates = mask.shape
+    picks = torch.rand(batch, turns, candidates, generator=generator).masked_fill(~mask, -1.0).argmax(dim=-1)
+    locked = torch.rand(batch, turns, generator=generator) < 0.4
+    locks = torch.where(locked, picks, -1)
+    return torch.where(mask.any(dim=-1), locks, 99)  # padding turns: ignored, even out of range
+
+
+def same_bits(actual, expected):
+    """Equal values, -inf at the same places, and the same signs of zero."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual, expected)
+    assert torch.equal(torch.signbit(actual), torch.signbit(expected))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("integer", [True, False])
+def test_fused_forward_scores_equal_the_torch_path(dtype, integer):
+    """Randomized, padded (NaN garbage), ties (integer scores), with and without locks."""
+    generator = torch.Generator().manual_seed(17 + integer)
+    for _ in range(40):
+        emissions, transitions, mask = random_trellis(generator, dtype, integer=integer)
+        for locks in (None, random_locks(generator, mask)):
+            scores = fused.max_plus_forward(emissions, transitions, mask, locks)
+            same_bits(scores, reference_forward(emissions, transitions, mask, locks))
+            same_bits(decode.forward_scores(emissions, transitions, mask, locks), scores)  # the default dispatch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("integer", [True, False])
+def test_fused_online_scores_equal_the_torch_path(dtype, integer):
+    """The harness's online rankings: fixed-lag locks, locked scores, L unlocked steps, in one pass."""
+    from mapmatched_torch.eval.methods import online_forward_scores
+
+    generator = torch.Generator().manual_seed(29 + integer)
+    for _ in range(40):
+        emissions, transitions, mask = random_trellis(generator, dtype, integer=integer)
+        for lag in LAGS:
+            scores = fused.online_forward_scores(emissions, transitions, mask, lag)
+            same_bits(scores, reference_online(emissions, transitions, mask, lag))
+            same_bits(online_forward_scores(emissions, transitions, mask, lag), scores)
+
+
+def test_forward_one_turn_one_candidate_and_empty_batch():
+    generator = torch.Generator().manual_seed(5)
+    for batch, turns, candidates in ((1, 1, 1), (3, 1, 4), (0, 3, 2), (2, 5, 1), (40, 1, 1)):
+        emissions = torch.randn(batch, turns, candidates, generator=generator, dtype=torch.float64)
+        transitions = torch.randn(batch, turns - 1, candidates, candidates, generator=generator, dtype=torch.float64)
+        mask = torch.ones(batch, turns, candidates, dtype=torch.bool)
+        locks = torch.zeros(batch, turns, dtype=torch.long)
+        for given in (None, locks):
+            same_bits(fused.max_plus_forward(emissions, transitions, mask, given),
+                      reference_forward(emissions, transitions, mask, given))
+        for lag in LAGS:
+            same_bits(fused.online_forward_scores(emissions, transitions, mask, lag),
+                      reference_online(emissions, transitions, mask, lag))
+
+
+def test_forward_reaches_the_brute_force_optimum_under_locks():
+    """alpha[t, i] is the best score of a prefix path ending at i that passes every lock."""
+    generator = torch.Generator().manual_seed(13)
+    for _ in range(20):
+        emissions = torch.randint(-2, 3, (1, 4, 3), generator=generator).double()
+        transitions = -torch.randint(0, 3, (1, 3, 3, 3), generator=generator).double()
+        mask = torch.ones(1, 4, 3, dtype=torch.bool)
+        locks = torch.tensor([[-1, 2, -1, 0]])
+        scores = fused.max_plus_forward(emissions, transitions, mask, locks)
+        for t in range(4):
+            for i in range(3):
+                totals = []
+                for path in itertools.product(range(3), repeat=t + 1):
+                    if path[-1] != i or any(locks[0, s] >= 0 and path[s] != locks[0, s] for s in range(t + 1)):
+                        continue
+                    total = emissions[0, 0, path[0]].item()
+                    for s in range(1, t + 1):
+                        total = (total + transitions[0, s - 1, path[s - 1], path[s]].item()) + emissions[0, s, path[s]].item()
+                    totals.append(total)
+                assert scores[0, t, i].item() == (max(totals) if totals else -float("inf"))
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    ["nan_emission", "inf_transition", "empty_first_turn", "gap", "overflow", "lock_out_of_range", "lock_masked"],
+)
+def test_forward_invalid_inputs_raise_the_torch_paths_message(breakage):
+    emissions = torch.zeros(3, 4, 2)
+    transitions = torch.zeros(3, 3, 2, 2)
+    mask = torch.ones(3, 4, 2, dtype=torch.bool)
+    locks = torch.full((3, 4), -1, dtype=torch.long)
+    if breakage == "nan_emission":
+        emissions[1, 2, 1] = float("nan")
+    elif breakage == "inf_transition":
+        transitions[2, 1, 0, 1] = -float("inf")
+    elif breakage == "empty_first_turn":
+        mask[1, 0] = False
+    elif breakage == "gap":
+        mask[2, 1] = False
+    elif breakage == "overflow":
+        emissions[1, :, :] = 3e38
+    elif breakage == "lock_out_of_range":
+        locks[2, 3] = 2
+    else:
+        mask[0, 1, 1] = False
+        locks[0, 1] = 1
+    expected = _message(lambda: reference_forward(emissions, transitions, mask, locks))
+    assert _message(lambda: fused.max_plus_forward(emissions, transitions, mask, locks)) == expected
+    if not breakage.startswith("lock"):
+        for lag in (None, 0, 1):
+            expected = _message(lambda: reference_online(emissions, transitions, mask, lag))
+            assert _message(lambda: fused.online_forward_scores(emissions, transitions, mask, lag)) == expected
+
+
+def test_overflow_at_a_locked_out_candidate_is_ignored_like_the_torch_path():
+    emissions = torch.tensor([[[0.0, 3e38], [0.0, 3e38]]])
+    transitions = torch.zeros(1, 1, 2, 2)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    locks = torch.tensor([[0, 0]])
+    scores = fused.max_plus_forward(emissions, transitions, mask, locks)
+    same_bits(scores, reference_forward(emissions, transitions, mask, locks))
+    assert scores.tolist() == [[[0.0, -float("inf")], [0.0, -float("inf")]]]
+
+
+def test_forward_leaves_bad_lock_tensors_and_gradients_to_the_torch_path():
+    emissions = torch.zeros(2, 3, 2)
+    transitions = torch.zeros(2, 2, 2, 2)
+    mask = torch.ones(2, 3, 2, dtype=torch.bool)
+    assert fused.max_plus_forward(emissions, transitions, mask, torch.zeros(2, 3)) is None  # float locks
+    assert fused.max_plus_forward(emissions, transitions, mask, torch.zeros(2, 2, dtype=torch.long)) is None
+    assert fused.max_plus_forward(emissions.requires_grad_(), transitions, mask) is None
+    with torch_path():
+        assert fused.online_forward_scores(emissions.detach(), transitions, mask, 1) is None
+    with pytest.raises(MapMatchedValueError, match="fixed_lag"):
+        fused.online_forward_scores(emissions.detach(), transitions, mask, -1)

@@ -789,7 +789,7 @@ def test_an_interrupted_step_leaves_every_session_as_it_was(monkeypatch, fixed_l
     if fail_at == 0:
         monkeypatch.setattr(server_module, "StepResults", failing)
     else:
-        monkeypatch.setattr(server_module.MapMatchedServer, "_build_extremes", failing)
+        monkeypatch.setattr(server_module.MapMatchedServer, "_refuse_overflowing_traces", failing)
     with pytest.raises(_Interrupt):
         interrupted.step(turns[3])
     monkeypatch.undo()

@@ -1,0 +1,89 @@
+"""Fitting the query-mixing gate (mapmatched_torch.fit.query_mixing): the objective, its gradient, recovery."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mapmatched_torch.fit.query_mixing import cosine_statistics, fit_query_mixing, query_mixing_loss
+from mapmatched_torch.providers.query_mixing import QueryMixing, mixed_queries
+
+
+def _unit(rows: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(rows, dim=-1)
+
+
+def _problem(turns: int, passages: int, dimension: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    corpus = _unit(torch.randn(passages, dimension, generator=generator, dtype=torch.float64))
+    contexts = corpus[torch.randint(passages, (turns,), generator=generator)]
+    queries = _unit(0.5 * contexts + 0.5 * torch.randn(turns, dimension, generator=generator, dtype=torch.float64))
+    return generator, corpus, queries, contexts
+
+
+def test_the_loss_is_the_gold_sets_softmax_cross_entropy_over_the_corpus():
+    _, corpus, queries, contexts = _problem(3, 5, 4, seed=0)
+    relevant = torch.tensor([[1, 0, 0, 0, 0], [0, 1, 1, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.bool)
+    parameters = torch.tensor([0.3, -0.2, 0.8, math.log(0.2)], dtype=torch.float64)
+    loss = query_mixing_loss(queries, contexts, relevant, corpus, parameters, 0.1, 0.4)
+    expected = 0.0
+    for n in range(3):
+        a = torch.sigmoid(parameters[0]) * torch.sigmoid(
+            parameters[1] + parameters[2] * (torch.dot(queries[n], contexts[n]) - 0.1) / 0.4)
+        mixed = _unit((1 - a) * queries[n] + a * contexts[n])
+        probabilities = torch.softmax(corpus @ mixed / 0.2, dim=0)
+        expected += -math.log(float(probabilities[relevant[n]].sum()))
+    assert float(loss) == pytest.approx(expected / 3, rel=1e-12)
+
+
+def test_the_gradient_of_the_objective_matches_finite_differences():
+    _, corpus, queries, contexts = _problem(6, 7, 3, seed=1)
+    relevant = torch.zeros(6, 7, dtype=torch.bool)
+    relevant[torch.arange(6), torch.tensor([0, 3, 3, 6, 2, 1])] = True
+    relevant[2, 5] = True
+    parameters = torch.tensor([-0.4, 0.3, -0.9, math.log(0.3)], dtype=torch.float64, requires_grad=True)
+    mean, std = cosine_statistics(queries, contexts)
+
+    def loss(p: torch.Tensor) -> torch.Tensor:
+        return query_mixing_loss(queries, contexts, relevant, corpus, p, mean, std)
+
+    assert torch.autograd.gradcheck(loss, (parameters,), eps=1e-6, atol=1e-7)
+    # the query and context embeddings are differentiable too (the mix itself)
+    assert torch.autograd.gradcheck(
+        lambda q, e: mixed_queries(q, e, 0.6, 0.1, -0.5, mean, std)[0],
+        (queries.clone().requires_grad_(), contexts.clone().requires_grad_()), eps=1e-6, atol=1e-7,
+    )
+
+
+def test_fitting_recovers_the_gate_from_turns_sampled_from_the_model():
+    generator, corpus, queries, contexts = _problem(2000, 40, 8, seed=3)
+    mean, std = cosine_statistics(queries, contexts)
+    truth = QueryMixing(0.6, 0.5, -1.5, mean, std)
+    mixed, _, _ = mixed_queries(queries, contexts, truth.mix_weight, truth.gate_bias, truth.gate_weight, mean, std)
+    gold = torch.multinomial(torch.softmax(mixed @ corpus.T / 0.1, dim=-1), 1, generator=generator).squeeze(1)
+    relevant = torch.zeros(2000, 40, dtype=torch.bool)
+    relevant[torch.arange(2000), gold] = True
+    fit = fit_query_mixing(queries, contexts, relevant, corpus, l2=0.0)
+    assert fit.mixing.mix_weight == pytest.approx(0.6, abs=0.06)
+    assert fit.mixing.gate_bias == pytest.approx(0.5, abs=0.25)
+    assert fit.mixing.gate_weight == pytest.approx(-1.5, abs=0.3)
+    assert fit.temperature == pytest.approx(0.1, rel=0.1)
+    assert (fit.mixing.cosine_mean, fit.mixing.cosine_std) == (mean, std)
+    assert fit.loss < fit.initial_loss and fit.turns == 2000
+
+
+def test_turns_without_gold_are_dropped_and_a_fit_without_any_is_refused():
+    _, corpus, queries, contexts = _problem(4, 5, 3, seed=4)
+    relevant = torch.zeros(4, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="at least one turn with a relevant passage"):
+        fit_query_mixing(queries, contexts, relevant, corpus)
+    relevant[1, 2] = relevant[3, 0] = True
+    fit = fit_query_mixing(queries, contexts, relevant, corpus, iterations=5)
+    assert fit.turns == 2
+    assert (fit.mixing.cosine_mean, fit.mixing.cosine_std) == cosine_statistics(queries[[1, 3]], contexts[[1, 3]])
+    with pytest.raises(ValueError, match=r"relevant must be \(N, P\)"):
+        query_mixing_loss(queries, contexts, relevant[:, :3], corpus, torch.zeros(4, dtype=torch.float64), 0.0, 1.0)
+    with pytest.raises(ValueError, match="initial_mix_weight must be in"):
+        fit_query_mixing(queries, contexts, relevant, corpus, initial_mix_weight=1.0)
