@@ -303,16 +303,9 @@ class SlotDecoder:
         """
         # shape: (S, M)
         weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
-        transitions = None
-        if distances is not None and self.mode.uses_distances:
-            # shape: (S, M, M)
-            distances = distances.to(self.device, torch.float64)
-            if self.fixed_lag is not None:  # the window keeps the transitions themselves
-                transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
-        else:
+        if distances is None or not self.mode.uses_distances:
             distances = None
-        ok = self.advance(slots, weighted, mask, transitions, distances, payload=payload,
-                          weigh=transitions is None and distances is not None)
+        ok = self.advance(slots, weighted, mask, None, distances, payload=payload, weigh=distances is not None)
         return self.current(slots)._replace(ok=ok)
 
     def advance(
@@ -348,9 +341,10 @@ class SlotDecoder:
                 caller that raises the overflow later.
             payload: name -> ``(S, M)`` values of each per-candidate payload at the new
                 turn (written with the turn; a payload not given keeps its fill).
-            weigh: the transitions are the table's beta times ``distances``
-                (``transitions`` must be None; full decoding): the fused step weighs
-                them itself, without an (S, M, M) temporary.
+            weigh: the transitions are :func:`~mapmatched_torch.kernels.transitions.weighted_transitions`
+                of ``distances`` with the table's beta (``transitions`` must be None);
+                with full decoding the fused step weighs them itself, without an
+                (S, M, M) temporary.
 
         Returns:
             ``ok``: (S,) bool, False where a forward score overflowed.
@@ -373,7 +367,7 @@ class SlotDecoder:
         weighted = torch.where(mask, emissions.to(self.device, self.dtype), 0.0)
         started = lengths > 0
         pairwise = (count, self.width, self.width)
-        weigh = weigh and self.fixed_lag is None and self.mode is not DecodingMode.POINTWISE and distances is not None
+        weigh = weigh and distances is not None and self.mode is not DecodingMode.POINTWISE
         if distances is None:
             distances = torch.zeros(pairwise, dtype=torch.float64, device=self.device)
         distances = distances.to(self.device, torch.float64)
@@ -381,18 +375,17 @@ class SlotDecoder:
         previous_allowed = state["allowed"][slots, previous_turn]
         previous_scores = state["alphas"][slots, previous_turn]
         step = None
-        if weigh:
+        if weigh and self.fixed_lag is None:  # the fused step weighs the distances itself: no (S, M, M) temporary
             step = fused_step.max_plus_step(
                 previous_scores, previous_allowed, started, weighted, mask, None, distances, self.transition_weight
             )
-            if step is None:
-                transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
-        # shape: (S, M, M) (not made when the fused step weighed the distances itself)
-        if step is None and (transitions is None or self.mode is DecodingMode.POINTWISE):
-            transitions = torch.zeros(pairwise, dtype=self.dtype, device=self.device)
-        if transitions is not None:
-            transitions = transitions.to(self.device, self.dtype)
         if step is None:
+            if weigh:  # (a lag's window keeps the transitions themselves)
+                transitions = weighted_transitions(distances, self.transition_weight, self.dtype)
+            # shape: (S, M, M)
+            if transitions is None or self.mode is DecodingMode.POINTWISE:
+                transitions = torch.zeros(pairwise, dtype=self.dtype, device=self.device)
+            transitions = transitions.to(self.device, self.dtype)
             step = fused_step.max_plus_step(
                 previous_scores, previous_allowed, started, weighted, mask, transitions, distances
             )

@@ -232,9 +232,8 @@ class SessionStore:
         )
         flag(StepCode.NORMALIZATION_OVERFLOW, ~torch.isfinite(normalized).all(1))
         rows = (status == 0).nonzero().view(-1)
-        out = _blank_step(count, width, device, status)
         if rows.numel() == 0:
-            return out
+            return _blank_step(count, width, device, status)
         stepped = self._decode(slots[rows], kept[rows], kept_raw[rows], normalized[rows], real[rows])
         ok = stepped["ok"]
         status[rows[~ok]] = int(StepCode.DECODE_OVERFLOW)

@@ -365,19 +365,18 @@ class StepResults(Mapping):
 
     def _finish(self, session_id: SessionId, record: StepRecord, neighborhood: Optional[Sequence[str]]) -> RetrievalResult:
         result = record.result(self._retriever, neighborhood)
-        row = self._rows[session_id]
-        slot = self._row_lists()["slots"][row]
-        if slot not in self._detached:
-            _, path, _, trace = record.decoded(self._retriever)
-            self._built.put(slot, record.length, path, trace)
+        self.build(session_id)
         return result
 
     def build(self, session_id: SessionId) -> None:
-        """Build the session's path and trace now (they raise what a session raises)."""
+        """Build the session's path and trace now (they raise what a session raises) and
+        keep them for the next step's reuse (not for a slot closed since: another session
+        may hold it)."""
         record = self.record(session_id)
         _, path, _, trace = record.decoded(self._retriever)
         slot = self._row_lists()["slots"][self._rows[session_id]]
-        self._built.put(slot, record.length, path, trace)
+        if slot not in self._detached:
+            self._built.put(slot, record.length, path, trace)
 
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""
