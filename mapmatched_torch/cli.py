@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["build_parser", "main"]
 
@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--gated-calibrate", action="store_true",
                       help="the gated method also learns a distance saturation cap (for graphs whose far jumps "
                            "cost a full bound, e.g. --graph section)")
+    grid.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
+                      help="ridge on the mixed methods' query-mixing gate (default: 0.01)")
+    grid.add_argument("--mixing-temperature", type=_nonnegative_float, default=None, metavar="T",
+                      help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
 
     stats = ev.add_argument_group("slices, intervals, verdict")
     stats.add_argument("--bootstrap", type=_nonnegative_int, default=1000, metavar="N",
@@ -228,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = ev.add_argument_group("running and output")
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     run.add_argument("--batch-size", type=_positive_int, default=None, help="conversations per chunk (default: auto)")
+    run.add_argument("--stream", action="store_true",
+                     help="synthetic benchmark only: draw the conversations chunk by chunk, so memory stays flat in "
+                          "--conversations (a different sample than without; cross-fitted methods are skipped)")
     run.add_argument("--split-conversation", type=_nonnegative_int, default=None,
                      help="conversation index of the emission/transition plot (default: automatic)")
     run.add_argument("--json", metavar="PATH", help="write the JSON report here")
@@ -404,6 +411,12 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
     from .eval.runner import inputs_from_dataset, inputs_from_synthetic, progress_enabled
 
     dataset = _load_dataset(args)
+    stream = getattr(args, "stream", False)
+    if stream and dataset is not None:
+        from .core.errors import MapMatchedValueError
+
+        raise MapMatchedValueError("--stream draws the synthetic benchmark chunk by chunk; a data option (--data, "
+                                   "--inscit, ...) is loaded whole: leave --stream out")
     progress = False if args.quiet else None
     make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
                                  seed=args.seed, progress=progress_enabled(progress))
@@ -416,10 +429,12 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
         )
     from .eval.candidates import passage_embedding_text
     from .eval.distances import build_corpus_graph
-    from .eval.synthetic import make_synthetic
+    from .eval.synthetic import make_synthetic, synthetic_stream
 
-    _status(args, f"{PROG} {args.command}: synthetic benchmark: {args.conversations} conversations x {args.turns} turns")
-    bench = make_synthetic(args.conversations, args.turns, args.candidates or 16, args.seed)
+    _status(args, f"{PROG} {args.command}: synthetic benchmark: {args.conversations} conversations x {args.turns} turns"
+                  + (", drawn chunk by chunk" if stream else ""))
+    bench = (synthetic_stream if stream else make_synthetic)(args.conversations, args.turns, args.candidates or 16,
+                                                             args.seed)
     graph = None
     if args.graph is not None:
         texts = [passage_embedding_text(p) for p in bench.dataset.passages]
@@ -457,6 +472,15 @@ def _backend() -> str:
     return str(torch.distributed.get_backend())
 
 
+def _method_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The registered methods' options (``EvalConfig.method_options``) the flags set."""
+    options: Dict[str, Any] = {"gated_calibrate": True} if args.gated_calibrate else {}
+    for key in ("mixing_l2", "mixing_temperature"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
+    return options
+
+
 def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
     """Evaluate and (on rank 0 alone) print and write the reports."""
     from .eval.plots import write_plots
@@ -468,7 +492,7 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
         relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
         seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
-        fold_repeats=args.fold_repeats, method_options={"gated_calibrate": True} if args.gated_calibrate else {},
+        fold_repeats=args.fold_repeats, method_options=_method_options(args),
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )

@@ -9,6 +9,8 @@
   topic switch vs same topic.
 - :mod:`~mapmatched_torch.eval.bootstrap`: paired bootstrap intervals over
   conversations and the pass/fail :func:`verdict`.
+- :mod:`~mapmatched_torch.eval.turn_values`: per-turn metrics held losslessly in about a
+  byte per value (:class:`CodedValues`, :class:`PerTurnMetrics`) and their exact slice sums.
 - :mod:`~mapmatched_torch.eval.synthetic`: the built-in deterministic benchmark.
 - :mod:`~mapmatched_torch.eval.candidates`: each turn's retrieval candidates as
   (B, T, M) tensors (synthetic, or embedder + exact dense top-M) and their normalization.

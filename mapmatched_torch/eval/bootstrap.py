@@ -23,14 +23,22 @@ the resamples in chunks whose size depends only on the number of conversations, 
 the same inputs, seed and device give the same interval (CPU and CUDA generators
 differ, so the two devices give different, equally valid, intervals).
 
-Cost: O(n_resamples * C) time; memory O(min(n_resamples * C, 2**24)) per chunk.
+Every sum over conversations (the point estimate and each resample's) is a fixed
+pairwise tree of elementwise additions, so an interval does not depend on the number
+of torch threads (a long ``tensor.sum()`` does, in its last bits), and a distributed
+evaluation's report equals the one-process report. :func:`bootstrap_means` bootstraps
+many columns over one slice with one set of resamples (the harness's path: every
+ranking's interval and lift per slice), each equal to its own :func:`bootstrap_mean`.
+
+Cost: O(n_resamples * C) time per column; memory O(min(n_resamples * C, 2**24)) per
+chunk plus (C,) per column.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
@@ -42,6 +50,8 @@ __all__ = [
     "BootstrapResult",
     "Verdict",
     "bootstrap_mean",
+    "bootstrap_means",
+    "paired_difference",
     "paired_bootstrap",
     "verdict",
 ]
@@ -110,9 +120,10 @@ class Verdict:
         return self.passed
 
 
-def _check_inputs(values: torch.Tensor, conversation: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _check_inputs(values: torch.Tensor, conversation: torch.Tensor, mask: Optional[torch.Tensor],
+                  what: str = "per-turn values") -> torch.Tensor:
     if not isinstance(values, torch.Tensor) or values.dim() != 1:
-        raise MapMatchedValueError(f"per-turn values must be a (N,) tensor, got {getattr(values, 'shape', type(values))}")
+        raise MapMatchedValueError(f"{what} must be a (N,) tensor, got {getattr(values, 'shape', type(values))}")
     if not isinstance(conversation, torch.Tensor) or conversation.shape != values.shape:
         raise MapMatchedValueError(f"conversation must be a (N,) tensor of shape {tuple(values.shape)}")
     if conversation.is_floating_point() or conversation.dtype == torch.bool:
@@ -160,43 +171,107 @@ def bootstrap_mean(
     Raises:
         MapMatchedValueError: bad shapes or options, or a non-finite value in the slice.
     """
-    mask = _check_inputs(values, conversation, mask)
+    return bootstrap_means([values], conversation, mask, n_resamples=n_resamples, confidence=confidence, seed=seed,
+                           weighting=weighting)[0]
+
+
+def bootstrap_means(
+    columns: Iterable[torch.Tensor],
+    conversation: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    *,
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    weighting: str = "turn",
+) -> List[BootstrapResult]:
+    """:func:`bootstrap_mean` of several per-turn columns over one slice, with one set of resamples.
+
+    Every column's result equals :func:`bootstrap_mean` of that column alone (the
+    generator is seeded the same and draws the same conversations), but the slice's
+    conversations are grouped once and each chunk of resamples is drawn once for all
+    columns. ``columns`` is consumed one column at a time (a generator that decodes or
+    computes each column is fine): only each column's (C,) per-conversation sums are
+    kept, not the (N,) columns.
+
+    Args:
+        columns: (N,) float per-turn tensors (see :func:`bootstrap_mean`).
+        conversation, mask, n_resamples, confidence, seed, weighting: as in :func:`bootstrap_mean`.
+
+    Returns:
+        One :class:`BootstrapResult` per column, in order.
+
+    Raises:
+        MapMatchedValueError: bad shapes or options, or a non-finite value in the slice.
+    """
     _check_options(n_resamples, confidence, weighting)
-    selected = values[mask].to(torch.float64)
-    if selected.numel() and not bool(torch.isfinite(selected).all()):
-        raise MapMatchedValueError("per-turn values in the slice must be finite")
+    mask = _check_inputs(conversation, conversation, mask, what="conversation")
     _, groups = torch.unique(conversation[mask], return_inverse=True)
     count = int(groups.max()) + 1 if groups.numel() else 0
+    device = conversation.device
+    # shape: (C,) per column, per-conversation sums
+    sums: List[torch.Tensor] = []
+    for values in columns:
+        _check_inputs(values, conversation, mask)
+        selected = values[mask].to(torch.float64)
+        if selected.numel() and not bool(torch.isfinite(selected).all()):
+            raise MapMatchedValueError("per-turn values in the slice must be finite")
+        sums.append(torch.zeros(count, dtype=torch.float64, device=device).index_add_(0, groups, selected))
+    n_turns = int(groups.numel())
     if count == 0:
         nan = math.nan
-        return BootstrapResult(nan, nan, nan, 0, 0, float(confidence), n_resamples, weighting, seed)
-    device = values.device
-    # shape: (C,) per-conversation sums and turn counts
-    sums = torch.zeros(count, dtype=torch.float64, device=device).index_add_(0, groups, selected)
+        return [BootstrapResult(nan, nan, nan, 0, 0, float(confidence), n_resamples, weighting, seed) for _ in sums]
+    # shape: (C,) turns per conversation
     turns = torch.bincount(groups, minlength=count).to(torch.float64)
-    means = sums / turns
-    point = float(sums.sum() / turns.sum()) if weighting == "turn" else float(means.mean())
+    if weighting == "turn":
+        total_turns = _ordered_sum(turns)
+        points = [float(_ordered_sum(column) / total_turns) for column in sums]
+    else:
+        sums = [column / turns for column in sums]  # per-conversation means
+        points = [float(_ordered_sum(column) / count) for column in sums]
 
     generator = torch.Generator(device=device)
     generator.manual_seed(int(seed))
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // count)
-    statistics = []
+    statistics: List[List[torch.Tensor]] = [[] for _ in sums]
     for start in range(0, n_resamples, rows_per_chunk):
         rows = min(rows_per_chunk, n_resamples - start)
         # shape: (rows, C) resampled conversation indices
         drawn = torch.randint(0, count, (rows, count), generator=generator, device=device)
-        if weighting == "turn":
-            statistics.append(sums[drawn].sum(dim=1) / turns[drawn].sum(dim=1))
-        else:
-            statistics.append(means[drawn].mean(dim=1))
-    # shape: (n_resamples,)
-    resampled = torch.cat(statistics)
+        denominator = _ordered_sum(turns[drawn]) if weighting == "turn" else float(count)
+        for column, kept in zip(sums, statistics):
+            kept.append(_ordered_sum(column[drawn]) / denominator)
     alpha = (1.0 - float(confidence)) / 2.0
-    bounds = torch.quantile(resampled, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=device))
-    return BootstrapResult(
-        point, float(bounds[0]), float(bounds[1]), count, int(selected.numel()), float(confidence), n_resamples,
-        weighting, int(seed),
-    )
+    levels = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=device)
+    results = []
+    for point, kept in zip(points, statistics):
+        # shape: (n_resamples,)
+        bounds = torch.quantile(torch.cat(kept), levels)
+        results.append(BootstrapResult(point, float(bounds[0]), float(bounds[1]), count, n_turns, float(confidence),
+                                       n_resamples, weighting, int(seed)))
+    return results
+
+
+def _ordered_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dimension by a fixed pairwise tree of elementwise additions.
+
+    ``tensor.sum()`` splits a long reduction across threads, so its last bits depend on
+    the number of torch threads (torchrun runs one per process by default, a plain run
+    all cores). Here every addition is elementwise and the pairing depends only on the
+    length, so the result does too: the same on any thread count, shard layout or device.
+
+    Args:
+        values: (..., K) float tensor.
+
+    Returns:
+        (...,) tensor (zeros for K = 0).
+    """
+    x = values
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        head = x[..., :half] + x[..., half:2 * half]
+        x = head if x.shape[-1] % 2 == 0 else torch.cat([head, x[..., 2 * half:]], dim=-1)
+    return x[..., 0] if x.shape[-1] else x.new_zeros(x.shape[:-1])
 
 
 def paired_bootstrap(
@@ -225,14 +300,21 @@ def paired_bootstrap(
         >>> result.mean, result.n, result.n_turns
         (0.25, 3, 4)
     """
+    return bootstrap_mean(paired_difference(treatment, baseline), conversation, mask, n_resamples=n_resamples,
+                          confidence=confidence, seed=seed, weighting=weighting)
+
+
+def paired_difference(treatment: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    """(N,) float64 ``treatment - baseline``, the per-turn values :func:`paired_bootstrap` resamples.
+
+    Raises:
+        MapMatchedValueError: not two tensors of one shape.
+    """
     if not isinstance(treatment, torch.Tensor) or not isinstance(baseline, torch.Tensor):
         raise MapMatchedValueError("treatment and baseline must be tensors")
     if treatment.shape != baseline.shape:
         raise MapMatchedValueError(f"treatment {tuple(treatment.shape)} and baseline {tuple(baseline.shape)} differ in shape")
-    difference = treatment.to(torch.float64) - baseline.to(torch.float64)
-    return bootstrap_mean(
-        difference, conversation, mask, n_resamples=n_resamples, confidence=confidence, seed=seed, weighting=weighting
-    )
+    return treatment.to(torch.float64) - baseline.to(torch.float64)
 
 
 def verdict(followup_ci: BootstrapResult, standalone_ci: BootstrapResult, tolerance: float = 0.0) -> Verdict:

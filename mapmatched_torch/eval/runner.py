@@ -52,6 +52,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -68,7 +69,7 @@ from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph
 from ..kernels.ranking_metrics import SparseQrels, labelled, pack_qrels, ranking_metrics
-from .bootstrap import BootstrapResult, Verdict, bootstrap_mean, paired_bootstrap, verdict
+from .bootstrap import BootstrapResult, Verdict, bootstrap_means, paired_difference, verdict
 from .candidates import (
     Candidates,
     candidates_from_synthetic,
@@ -104,6 +105,7 @@ from .selection import (
 )
 from .slices import emission_entropy, entropy_slices, topic_slices
 from .synthetic import SyntheticStream
+from .turn_values import CodedValues, PerTurnMetrics
 
 __all__ = [
     "SLICES",
@@ -606,7 +608,9 @@ class EvalResult:
             primary_selected_on_data: whether it was chosen on the evaluated data.
         split: the per-turn split of one conversation (None without map-matching).
         timings: seconds per phase.
-        per_turn: method key -> metric -> (N,) float64 per-turn values (not in JSON).
+        per_turn: method key -> metric -> (N,) float64 per-turn values (not in JSON), a
+            :class:`~mapmatched_torch.eval.turn_values.PerTurnMetrics` that holds them
+            coded (about a byte per value) and decodes a column when it is read.
         slice_masks: slice name -> (N,) bool (not in JSON).
         conversation: (N,) long conversation index of each turn (not in JSON).
         warnings: degenerate data that weakens the intervals or the slices (a single
@@ -631,7 +635,7 @@ class EvalResult:
     primary_selected_on_data: bool
     split: Optional[PathSplit]
     timings: Dict[str, float]
-    per_turn: Dict[str, Dict[str, Tensor]] = field(repr=False, default_factory=dict)
+    per_turn: PerTurnMetrics = field(repr=False, default_factory=PerTurnMetrics)
     slice_masks: Dict[str, Tensor] = field(repr=False, default_factory=dict)
     conversation: Optional[Tensor] = field(repr=False, default=None)
     warnings: Tuple[str, ...] = ()
@@ -719,7 +723,7 @@ def _prepare_methods(inputs: EvalInputs, config: EvalConfig, options: MethodOpti
 class _Scored(NamedTuple):
     """What the chunk loop produces."""
 
-    metrics: Dict[str, Dict[str, Tensor]]  # method key -> metric -> (N,)
+    metrics: PerTurnMetrics  # method key -> metric -> (N,), coded
     described: Dict[str, Tuple[str, Dict[str, Any]]]  # method key -> (method name, params)
     turns: Dict[str, Tensor]  # per real turn (N,): conversation, position, entropy, topic_switch, eligible
     clock: Dict[str, float]
@@ -731,7 +735,9 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
 
     Each chunk is ``inputs.select(rows)`` (a slice of in-memory inputs, or drawn by a
     stream): only the chunk's (B_c, T, M) tensors and the (N,) per-turn results are
-    held, so memory stays flat in the number of conversations.
+    held, so memory stays flat in the number of conversations; the per-turn metrics are
+    coded chunk by chunk (:class:`~mapmatched_torch.eval.turn_values.CodedValues`, about
+    a byte per value instead of eight).
     """
     embeddings = None if inputs.passage_embeddings is None else inputs.passage_embeddings.to(device)
     needs_similarity = any(spec.needs_similarity for spec in active)
@@ -739,7 +745,7 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
     # this rank's contiguous block of conversations (all of them without a process group)
     part = shard(inputs.num_conversations, rank(), world_size())
     step = _chunk_size(config, inputs.shape)
-    per_turn: Dict[str, Dict[str, List[Tensor]]] = {}
+    per_turn: Dict[str, Dict[str, List[CodedValues]]] = {}
     described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     turn_parts: Dict[str, List[Tensor]] = {}
     clock = {"inputs": 0.0, "normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
@@ -779,17 +785,16 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
                 described.setdefault(output.key, (output.method, output.params))
                 values = ranking_metrics(output.passages[chunk.valid], chunk_qrels, config.ks)
                 for metric, tensor in values.items():
-                    per_turn.setdefault(output.key, {}).setdefault(metric, []).append(tensor)
+                    per_turn.setdefault(output.key, {}).setdefault(metric, []).append(CodedValues.encode(tensor))
             clock["methods"] += tock - tick
             clock["metrics"] += time.perf_counter() - tock
         bar.update(rows.stop - rows.start)
     bar.close()
     clock["cpu"] = time.process_time() - cpu  # this process's CPU seconds in the loop (a shared machine's wall is not)
-    # shape: (N_r,) each, N_r = 0 on a rank without conversations; concatenated one metric at a
+    # shape: (N_r,) each, N_r = 0 on a rank without conversations; joined one metric at a
     # time, dropping its chunks, so the peak is the metrics plus one metric's chunks
-    metrics: Dict[str, Dict[str, Tensor]] = {}
-    for key, values in per_turn.items():
-        metrics[key] = {m: torch.cat(values.pop(m)) for m in list(values)}
+    metrics = PerTurnMetrics({key: {m: CodedValues.concat(values.pop(m)) for m in list(values)}
+                              for key, values in per_turn.items()})
     turns = {name: torch.cat(parts) for name, parts in turn_parts.items()} if turn_parts else _no_turns(device)
     return _Scored(metrics, described, turns, clock)
 
@@ -822,10 +827,11 @@ def _no_turns(device: torch.device) -> Dict[str, Tensor]:
 def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
     """Every rank's shard on rank 0, concatenated in rank order (= conversation order); None elsewhere.
 
-    Without a process group (or with one process) ``scored`` itself. The per-turn
-    tensors travel through the CPU (pickled by ``gather_object``) one method at a
-    time, so rank 0 holds the gathered metrics plus one method's shards, not a second
-    copy of everything; the clock is rank 0's (its own shard) plus the ``gather`` wait.
+    Without a process group (or with one process) ``scored`` itself. The coded
+    per-turn metrics travel through the CPU (pickled by ``gather_object``) one method
+    at a time, so rank 0 holds the gathered metrics plus one method's shards, not a
+    second copy of everything; joined, their codes are those of a one-process run. The
+    clock is rank 0's (its own shard) plus the ``gather`` wait.
     """
     if world_size() == 1:
         return scored
@@ -835,13 +841,13 @@ def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
     for shard_described in gather_to_all(scored.described):
         for key, value in shard_described.items():
             described.setdefault(key, value)
-    metrics: Dict[str, Dict[str, Tensor]] = {}
+    metrics = PerTurnMetrics()
     for key in described:
-        mine = scored.metrics.get(key)
-        parts = gather_to_main(None if mine is None else {m: v.cpu() for m, v in mine.items()})
+        mine = scored.metrics.columns(key) if key in scored.metrics else None
+        parts = gather_to_main(None if mine is None else {m: v.to(torch.device("cpu")) for m, v in mine.items()})
         if parts is not None:
             held = [part for part in parts if part is not None]
-            metrics[key] = {m: torch.cat([part[m] for part in held]).to(device) for m in held[0]}
+            metrics.put(key, {m: CodedValues.concat([part[m] for part in held]).to(device) for m in held[0]})
     facts = gather_to_main({name: v.cpu() for name, v in scored.turns.items()})
     if facts is None:
         return None
@@ -951,7 +957,7 @@ def _select_headline(scored: _Scored, eligible: Tensor, conversation: Tensor, ba
     chosen = cross_fitted_selection(scored.metrics, selection_candidates(scored.described), conversation, eligible,
                                     fold, PRIMARY_METRIC)
     key = SELECTION_KEY_FORMAT.format(folds=config.fit_folds)
-    scored.metrics[key] = chosen.metrics
+    scored.metrics.add(key, chosen.metrics)
     scored.described[key] = (SELECTION_METHOD, chosen.params(PRIMARY_METRIC))
     return key
 
@@ -1033,27 +1039,46 @@ def _warnings(masks: Dict[str, Tensor], conversation: Tensor, split_note: Option
     return tuple(notes)
 
 
-def _summaries(metrics: Dict[str, Dict[str, Tensor]], described: Dict[str, Tuple[str, Dict[str, Any]]],
+def _summaries(metrics: PerTurnMetrics, described: Dict[str, Tuple[str, Dict[str, Any]]],
                masks: Dict[str, Tensor], conversation: Tensor, config: EvalConfig, show: bool) -> List[MethodResult]:
-    baseline = metrics["pointwise"][PRIMARY_METRIC]
+    """Every ranking's slice means (exact sums of the coded metrics), intervals and lifts.
+
+    The bootstrap runs per slice for every ranking at once (:func:`bootstrap_means`:
+    one grouping and one set of resamples; each result equals its own
+    ``bootstrap_mean``), reading each ranking's primary metric as it goes.
+    """
     resamples = max(config.n_bootstrap, 1)
     options = dict(n_resamples=resamples, confidence=config.confidence, seed=config.seed)
-    results: List[MethodResult] = []
     keys = list(metrics)
-    for key in tqdm(keys, desc="bootstrap", unit="method", disable=not show, leave=False):
+    lifted = [key for key in keys if key != "pointwise"]
+    turns = {name: int(mask.sum()) for name, mask in masks.items()}
+    # key -> slice -> metric -> mean
+    means = {key: {name: {metric: column.masked_sum(mask) / turns[name] if turns[name] else math.nan
+                          for metric, column in metrics.columns(key).items()}
+                   for name, mask in masks.items()}
+             for key in keys}
+    intervals: Dict[str, Dict[str, BootstrapResult]] = {key: {} for key in keys}
+    lifts: Dict[str, Dict[str, BootstrapResult]] = {key: {} for key in lifted}
+    for name, mask in tqdm(masks.items(), desc="bootstrap", unit="slice", disable=not show, leave=False):
+        baseline = metrics["pointwise"][PRIMARY_METRIC]
+        columns = itertools.chain((metrics[key][PRIMARY_METRIC] for key in keys),
+                                  (paired_difference(metrics[key][PRIMARY_METRIC], baseline) for key in lifted))
+        found = bootstrap_means(columns, conversation, mask, **options)
+        for key, result in zip(keys, found):  # the first len(keys) results
+            intervals[key][name] = result
+        for key, result in zip(lifted, found[len(keys):]):
+            lifts[key][name] = result
+    results: List[MethodResult] = []
+    for key in keys:
         method, params = described[key]
-        values = metrics[key]
         slices: Dict[str, SliceResult] = {}
-        for name, mask in masks.items():
-            turns = int(mask.sum())
-            means = {m: float(v[mask].mean()) if turns else math.nan for m, v in values.items()}
-            interval = bootstrap_mean(values[PRIMARY_METRIC], conversation, mask, **options)
-            lift = None if key == "pointwise" else paired_bootstrap(
-                values[PRIMARY_METRIC], baseline, conversation, mask, **options)
+        for name in masks:
+            interval = intervals[key][name]
+            lift = lifts[key][name] if key in lifts else None
             if config.n_bootstrap == 0:
                 interval = _without_interval(interval)
                 lift = None if lift is None else _without_interval(lift)
-            slices[name] = SliceResult(turns, interval.n, means, interval, lift)
+            slices[name] = SliceResult(turns[name], interval.n, means[key][name], interval, lift)
         judged = None
         if not _is_baseline(method, params):
             judged = verdict(slices["follow-up"].lift, slices["standalone"].lift, config.tolerance)
@@ -1092,7 +1117,7 @@ def _primary(results: List[MethodResult], config: EvalConfig) -> Tuple[Optional[
     return (best, grid[best]), True
 
 
-def _split_conversation(metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor, key: str, batch: int,
+def _split_conversation(metrics: PerTurnMetrics, conversation: Tensor, key: str, batch: int,
                         config: EvalConfig) -> int:
     """The configured conversation, else the one whose summed nDCG@3 gain over pointwise is largest (first of equals)."""
     if config.split_conversation is not None:
@@ -1105,7 +1130,7 @@ def _split_conversation(metrics: Dict[str, Dict[str, Tensor]], conversation: Ten
     return int(per_conversation.argmax())
 
 
-def _split(inputs: EvalInputs, lookup: CorpusDistances, metrics: Dict[str, Dict[str, Tensor]], conversation: Tensor,
+def _split(inputs: EvalInputs, lookup: CorpusDistances, metrics: PerTurnMetrics, conversation: Tensor,
            primary: Tuple[str, Setting], config: EvalConfig, device: torch.device) -> PathSplit:
     """The per-turn emission vs transition split of one conversation's decoded path (whole conversation).
 

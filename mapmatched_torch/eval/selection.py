@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import MapMatchedValueError
+from .turn_values import PerTurnMetrics
 
 __all__ = [
     "SELECTION_KEY_FORMAT",
@@ -130,7 +131,9 @@ def cross_fitted_selection(
 
     Returns:
         The :class:`Selection`. A fold whose other folds have no eligible turn keeps
-        the first candidate (its training mean NaN).
+        the first candidate (its training mean NaN). The training means are exact
+        (``math.fsum`` of the values over the count), so the choice does not depend
+        on the order of the turns or the number of torch threads.
 
     Raises:
         MapMatchedValueError: no candidate, or a candidate without ``metric``.
@@ -140,24 +143,24 @@ def cross_fitted_selection(
     missing = [key for key in candidates if metric not in per_turn.get(key, {})]
     if missing:
         raise MapMatchedValueError(f"the cross-fitted selection's candidates {missing} have no {metric!r} values")
+    coded = PerTurnMetrics.of(per_turn)
     fold = fold.to(conversation.device)
     # shape: (N,) fold of each turn
     turn_fold = fold[conversation]
-    # shape: (C, N)
-    stacked = torch.stack([per_turn[key][metric].to(torch.float64) for key in candidates])
     folds = int(fold.max()) + 1 if fold.numel() else 0
-    names = list(per_turn[candidates[0]])
-    metrics = {name: torch.empty_like(per_turn[candidates[0]][name], dtype=torch.float64) for name in names}
+    names = list(coded.columns(candidates[0]))
+    first = coded.column(candidates[0], metric)
+    metrics = {name: torch.empty(len(first), dtype=torch.float64, device=first.device) for name in names}
     choices: List[str] = []
     means: List[float] = []
     for held_out in range(folds):
         train = eligible & (turn_fold != held_out)
         count = int(train.sum())
         if count:
-            # shape: (C,); argmax keeps the first of equal maxima
-            scores = stacked[:, train].sum(dim=1) / count
-            best = int(torch.argmax(scores))
-            means.append(float(scores[best]))
+            # exact sums (order-free); max keeps the first of equal means
+            scores = [coded.column(key, metric).masked_sum(train) / count for key in candidates]
+            best = max(range(len(scores)), key=lambda index: (scores[index], -index))
+            means.append(scores[best])
         else:
             best = 0
             means.append(math.nan)
@@ -165,7 +168,7 @@ def cross_fitted_selection(
         choices.append(key)
         rows = turn_fold == held_out
         for name in names:
-            metrics[name][rows] = per_turn[key][name].to(torch.float64)[rows]
+            metrics[name][rows] = coded[key][name][rows]
     return Selection(metrics, tuple(choices), tuple(means), tuple(candidates))
 
 

@@ -96,12 +96,21 @@ class ContextTable:
                 table = torch.full((self._table.shape[0], widest), -1, dtype=torch.int32, device=self._device)
                 table[:, : self._table.shape[1]] = self._table
                 self._table = table
-            block = torch.full((len(codes), self._table.shape[1]), -1, dtype=torch.int32)
-            for position, row in enumerate(found):
-                block[position, : len(row)] = torch.tensor(row, dtype=torch.int32)
-            self._table[missing] = block.to(self._device)
+            self._table[missing] = _padded_rows(found, self._table.shape[1]).to(self._device)
             # kept only for a graph that answers many at once (an immutable NeighborhoodGraph):
             # any other graph is asked again every time, as a session asks it
             # (new codes the neighbourhoods added get rows next time)
             self._filled[missing] = self.neighborhoods.batched
         return self._table[chunks].long()
+
+
+def _padded_rows(rows: Sequence[Sequence[int]], width: int) -> Tensor:
+    """``(R, width)`` int32: each row's codes first, -1 after (one scatter, not a copy per row)."""
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    flat = torch.tensor([code for row in rows for code in row], dtype=torch.int32)
+    block = torch.full((len(rows), width), -1, dtype=torch.int32)
+    # shape: (sum of lengths,) each code's row, and its column (its place within the row)
+    row_of = torch.repeat_interleave(torch.arange(len(rows)), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    block[row_of, torch.arange(flat.numel()) - starts[row_of]] = flat
+    return block

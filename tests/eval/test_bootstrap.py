@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from mapmatched_torch.core.errors import MapMatchedValueError
-from mapmatched_torch.eval.bootstrap import BootstrapResult, bootstrap_mean, paired_bootstrap, verdict
+from mapmatched_torch.eval.bootstrap import (
+    BootstrapResult,
+    bootstrap_mean,
+    bootstrap_means,
+    paired_bootstrap,
+    paired_difference,
+    verdict,
+)
 
 
 def _clustered(seed: int, conversations: int = 120, turns: int = 6, mean: float = 0.1):
@@ -113,3 +120,36 @@ def test_verdict_cases(followup_low, standalone_low, tolerance, expected):
 def test_verdict_rejects_a_negative_tolerance():
     with pytest.raises(MapMatchedValueError, match="tolerance must be finite and nonnegative"):
         verdict(_result(0.1), _result(0.0), -0.01)
+
+
+@pytest.mark.parametrize("weighting", ["turn", "conversation"])
+def test_bootstrap_means_equals_one_bootstrap_per_column(weighting):
+    values, conversation = _clustered(4, conversations=50, turns=4)
+    mask = torch.arange(values.numel()) % 3 != 0
+    columns = [values, values * 0.5 - 0.1, paired_difference(values, values.flip(0))]
+    options = dict(n_resamples=300, confidence=0.9, seed=5, weighting=weighting)
+    together = bootstrap_means((column for column in columns), conversation, mask, **options)
+    assert together == [bootstrap_mean(column, conversation, mask, **options) for column in columns]
+    assert paired_bootstrap(values, values.flip(0), conversation, mask, **options) == together[2]
+
+
+def test_bootstrap_means_of_an_empty_slice_and_of_no_column():
+    values, conversation = _clustered(5, conversations=4, turns=2)
+    empty = bootstrap_means([values, values], conversation, torch.zeros_like(values, dtype=torch.bool))
+    assert [(r.n, r.n_turns, math.isnan(r.mean)) for r in empty] == [(0, 0, True), (0, 0, True)]
+    assert bootstrap_means([], conversation) == []
+
+
+def test_intervals_do_not_depend_on_the_number_of_threads():
+    # long enough that torch splits a plain 1-D sum across threads (its last bits then move)
+    values, conversation = _clustered(6, conversations=70_000, turns=1)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(bootstrap_mean(values, conversation, n_resamples=20, seed=1))
+    finally:
+        torch.set_num_threads(threads)
+    assert results[0] == results[1]
+    assert results[0].mean == pytest.approx(math.fsum(values.tolist()) / values.numel(), rel=1e-14)

@@ -313,3 +313,16 @@ def test_missing_gold_is_counted_warned_and_droppable(fixtures, tmp_path, capsys
     pointwise = next(m for m in data["methods"] if m["key"] == "pointwise")
     assert pointwise["slices"]["all"]["n_turns"] == (6 if policy == "all" else 5)
     assert ("--qrels in-corpus dropped them" in warning) == (policy == "in-corpus")
+
+
+def test_stream_draws_the_synthetic_benchmark_chunk_by_chunk(fixtures, tmp_path, capsys):
+    rc = main(["eval", *SMALL, "--stream", "--batch-size", "7", "--betas", "0,0.5", "--json", str(tmp_path / "s.json")])
+    assert rc == 0
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["info"]["conversations"] == 24 and data["info"]["generator"]["stream"] is True
+    keys = [m["key"] for m in data["methods"]]
+    assert keys[0] == "pointwise" and "map-matched lambda=1 beta=0.5 full" in keys
+    assert "fitted" in data["skipped"]  # it prepares on every conversation at once
+    capsys.readouterr()
+    assert main(["eval", "--data", str(fixtures / "normalized"), "--stream", "--quiet"]) == 2
+    assert "--stream" in capsys.readouterr().err

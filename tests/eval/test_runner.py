@@ -339,3 +339,30 @@ def test_each_rank_draws_only_its_shard(streamed, monkeypatch):
     recording = RecordingStream(streamed)
     assert evaluate(recording, _config(methods=("pointwise", "map-matched"), betas=(0.5,), batch_size=6)) is None
     assert recording.drawn == [(18, 24), (24, 30), (30, 36), (36, 37)]  # shard(37, 1, 2) = [18, 37)
+
+
+def test_report_does_not_depend_on_the_number_of_torch_threads():
+    """torchrun runs one thread per process, a plain run all cores: the report must not move.
+
+    36,000 turns: long enough that a float64 ``tensor.sum()`` over a slice is split across
+    threads (its last bits then depend on the thread count; the harness sums exactly).
+    """
+    inputs = inputs_from_synthetic(make_synthetic(n_conversations=4500, turns=8, candidates=4, seed=3, topics=16,
+                                                  passages_per_topic=6, with_conversations=False))
+    config = _config(methods=("pointwise", "map-matched"), betas=(0.5,), lags=(None,), n_bootstrap=20)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(evaluate(inputs, config))
+    finally:
+        torch.set_num_threads(threads)
+    one, two = results
+    assert [m.slices for m in one.methods] == [m.slices for m in two.methods]
+    assert one.primary == two.primary and one.split == two.split
+    # the per-turn metrics are held coded: about a byte per value, not eight
+    values = sum(len(metrics) for metrics in one.per_turn.values()) * one.conversation.numel()
+    assert one.per_turn.nbytes < 1.5 * values
+    mean = one.method("pointwise").slices["all"].means["ndcg@3"]
+    assert mean == math.fsum(one.per_turn["pointwise"]["ndcg@3"].tolist()) / one.conversation.numel()
