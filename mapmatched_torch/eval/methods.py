@@ -88,7 +88,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 import torch
 from torch import Tensor
 
-from ..core.checks import check_choice, check_decode_options
+from ..core.checks import check_choice, check_decode_options, check_positive_finite
 from ..core.errors import MapMatchedValueError
 from ..kernels import chain, fused
 from ..kernels.decode import fixed_lag_viterbi, forward_scores
@@ -1080,7 +1080,8 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
        queries' candidates, each later round (``options.extra["mixing_rounds"]``,
        default 2 rounds in all) from the online mixed retrieval with the last round's
        gate (``options.extra["mixing_iterations"]``, default 100 LBFGS iterations;
-       ``["mixing_l2"]``, default 0.01);
+       ``["mixing_l2"]``, default 0.01; ``["mixing_temperature"]``, default None: the
+       softmax temperature fitted with the gate, a float: held at that value);
     2. every conversation is retrieved again turn by turn
        (:func:`~mapmatched_torch.eval.candidates.retrieve_online` over the corpus
        embeddings, M candidates per turn as the raw query's), each query mixed with the
@@ -1118,6 +1119,10 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
     rounds = max(1, int(options.extra.get("mixing_rounds", 2)))
     iterations = int(options.extra.get("mixing_iterations", 100))
     l2 = float(options.extra.get("mixing_l2", 0.01))
+    held_temperature = options.extra.get("mixing_temperature")
+    temperature = {} if held_temperature is None else {
+        "temperature": check_positive_finite(held_temperature, "the method option mixing_temperature (None: fitted)"),
+        "fit_temperature": False}
     ranking = _gated_ranking(options)  # checked before any fit
     provider = DenseProvider(passages, inputs.passage_ids, metric="inner_product", device=device)
     queries, passages = queries.to(device), passages.to(device)
@@ -1133,7 +1138,8 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
         for _ in range(rounds):
             try:
                 fit = fit_query_mixing(*_mixing_rows(queries, passages, decoded, relevant, valid, train), passages,
-                                       iterations=iterations, l2=l2, initial=None if fit is None else fit.mixing)
+                                       iterations=iterations, l2=l2, initial=None if fit is None else fit.mixing,
+                                       **temperature)
             except MapMatchedValueError as error:
                 raise MethodUnavailable(f"the query-mixing fit of fold {held_out} failed: {error}") from None
             mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded)

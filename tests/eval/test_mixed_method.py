@@ -214,3 +214,25 @@ def test_the_options_run_in_the_methods_and_a_bad_ranking_is_named(inputs):
                                                                "gated_ranking": "marginal"})
     with pytest.raises(ValueError, match="gated_ranking"):
         METHODS["mixed+gated"].prepare(inputs, bad)
+
+
+def test_a_held_mixing_temperature_is_every_folds_temperature_and_a_bad_one_is_named(inputs):
+    base = {"mixing_iterations": 10}
+    fitted = METHODS["mixed"].prepare(inputs, MethodOptions(settings_grid((1.0,), (0.5,)), extra=base))
+    held = METHODS["mixed"].prepare(inputs, MethodOptions(settings_grid((1.0,), (0.5,)),
+                                                          extra={**base, "mixing_temperature": 0.03}))
+    assert [fold["mixing"]["temperature"] for fold in held.params] == [0.03, 0.03]
+    assert all(fold["mixing"]["temperature"] != 0.03 for fold in fitted.params)
+    assert held.params[0]["mixing"]["gate_weight"] != fitted.params[0]["mixing"]["gate_weight"]
+    bad = MethodOptions(settings_grid((1.0,), (0.5,)), extra={**base, "mixing_temperature": -1.0})
+    with pytest.raises(ValueError, match="mixing_temperature"):
+        METHODS["mixed"].prepare(inputs, bad)
+
+
+def test_the_mixing_flags_reach_the_methods_options():
+    from mapmatched_torch.cli import _method_options, build_parser
+
+    parser = build_parser()
+    assert _method_options(parser.parse_args(["eval"])) == {}
+    args = parser.parse_args(["eval", "--mixing-temperature", "0.03", "--mixing-l2", "0", "--gated-calibrate"])
+    assert _method_options(args) == {"gated_calibrate": True, "mixing_l2": 0.0, "mixing_temperature": 0.03}

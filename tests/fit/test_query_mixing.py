@@ -87,3 +87,24 @@ def test_turns_without_gold_are_dropped_and_a_fit_without_any_is_refused():
         query_mixing_loss(queries, contexts, relevant[:, :3], corpus, torch.zeros(4, dtype=torch.float64), 0.0, 1.0)
     with pytest.raises(ValueError, match="initial_mix_weight must be in"):
         fit_query_mixing(queries, contexts, relevant, corpus, initial_mix_weight=1.0)
+
+
+def test_a_held_temperature_stays_put_and_the_gate_is_still_recovered():
+    generator, corpus, queries, contexts = _problem(2000, 40, 8, seed=5)
+    mean, std = cosine_statistics(queries, contexts)
+    mixed, _, _ = mixed_queries(queries, contexts, 0.6, 0.5, -1.5, mean, std)
+    gold = torch.multinomial(torch.softmax(mixed @ corpus.T / 0.1, dim=-1), 1, generator=generator).squeeze(1)
+    relevant = torch.zeros(2000, 40, dtype=torch.bool)
+    relevant[torch.arange(2000), gold] = True
+    held = fit_query_mixing(queries, contexts, relevant, corpus, l2=0.0, temperature=0.1, fit_temperature=False)
+    assert held.temperature == 0.1
+    assert held.mixing.mix_weight == pytest.approx(0.6, abs=0.06)
+    assert held.mixing.gate_bias == pytest.approx(0.5, abs=0.25)
+    assert held.mixing.gate_weight == pytest.approx(-1.5, abs=0.3)
+    # held at a wrong temperature, the gate still fits (and the loss cannot beat the fitted one)
+    wrong = fit_query_mixing(queries, contexts, relevant, corpus, l2=0.0, temperature=0.3, fit_temperature=False)
+    free = fit_query_mixing(queries, contexts, relevant, corpus, l2=0.0, temperature=0.3)
+    assert wrong.temperature == 0.3 and free.temperature == pytest.approx(0.1, rel=0.1)
+    assert free.loss < wrong.loss < wrong.initial_loss
+    with pytest.raises(TypeError, match="fit_temperature must be True or False"):
+        fit_query_mixing(queries, contexts, relevant, corpus, fit_temperature=1)
