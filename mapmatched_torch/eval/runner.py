@@ -105,7 +105,8 @@ from .selection import (
 )
 from .slices import emission_entropy, entropy_slices, topic_slices
 from .synthetic import SyntheticStream
-from .turn_values import CodedValues, PerTurnMetrics
+from .turn_values import CodedColumnWriter, CodedValues, PerTurnMetrics
+from ._allocator import trim_heap
 
 __all__ = [
     "SLICES",
@@ -735,9 +736,11 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
 
     Each chunk is ``inputs.select(rows)`` (a slice of in-memory inputs, or drawn by a
     stream): only the chunk's (B_c, T, M) tensors and the (N,) per-turn results are
-    held, so memory stays flat in the number of conversations; the per-turn metrics are
-    coded chunk by chunk (:class:`~mapmatched_torch.eval.turn_values.CodedValues`, about
-    a byte per value instead of eight).
+    held, so memory stays flat in the number of conversations. The per-turn metrics are
+    coded chunk by chunk (:class:`~mapmatched_torch.eval.turn_values.CodedColumnWriter`,
+    about a byte per value instead of eight) and, with the per-turn facts, written into
+    buffers sized once for the shard (conversations x turns), so the chunks'
+    temporaries are not interleaved with what is kept.
     """
     embeddings = None if inputs.passage_embeddings is None else inputs.passage_embeddings.to(device)
     needs_similarity = any(spec.needs_similarity for spec in active)
@@ -745,9 +748,12 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
     # this rank's contiguous block of conversations (all of them without a process group)
     part = shard(inputs.num_conversations, rank(), world_size())
     step = _chunk_size(config, inputs.shape)
-    per_turn: Dict[str, Dict[str, List[CodedValues]]] = {}
+    # the most real turns this shard can have
+    capacity = (part.stop - part.start) * inputs.shape[1]
+    per_turn: Dict[str, Dict[str, CodedColumnWriter]] = {}
     described: Dict[str, Tuple[str, Dict[str, Any]]] = {}
-    turn_parts: Dict[str, List[Tensor]] = {}
+    facts = {name: torch.empty(capacity, dtype=dtype, device=device) for name, dtype in _TURN_FACTS.items()}
+    filled = 0
     clock = {"inputs": 0.0, "normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
     cpu = time.process_time()
     bar = tqdm(total=part.stop - part.start, unit="conv", desc=f"evaluating {inputs.name}", disable=not show,
@@ -763,7 +769,8 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
         normalized = normalize_candidate_scores(chunk.scores, chunk.mask, config.score_normalization,
                                                 exact=config.exact_normalization)
         for name, values in _turn_facts(piece, chunk, chunk_qrels, normalized, rows, config).items():
-            turn_parts.setdefault(name, []).append(values)
+            facts[name][filled:filled + values.numel()] = values
+        filled += int(chunk.valid.sum())
         tock = time.perf_counter()
         # shape: (B_c, T-1, M, M), ONCE for every setting and method of the chunk
         distances = lookup.consecutive(chunk.index) if needs_distances else None
@@ -785,17 +792,18 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
                 described.setdefault(output.key, (output.method, output.params))
                 values = ranking_metrics(output.passages[chunk.valid], chunk_qrels, config.ks)
                 for metric, tensor in values.items():
-                    per_turn.setdefault(output.key, {}).setdefault(metric, []).append(CodedValues.encode(tensor))
+                    columns = per_turn.setdefault(output.key, {})
+                    columns.setdefault(metric, CodedColumnWriter(capacity, device)).append(tensor)
             clock["methods"] += tock - tick
             clock["metrics"] += time.perf_counter() - tock
         bar.update(rows.stop - rows.start)
     bar.close()
     clock["cpu"] = time.process_time() - cpu  # this process's CPU seconds in the loop (a shared machine's wall is not)
-    # shape: (N_r,) each, N_r = 0 on a rank without conversations; joined one metric at a
-    # time, dropping its chunks, so the peak is the metrics plus one metric's chunks
-    metrics = PerTurnMetrics({key: {m: CodedValues.concat(values.pop(m)) for m in list(values)}
-                              for key, values in per_turn.items()})
-    turns = {name: torch.cat(parts) for name, parts in turn_parts.items()} if turn_parts else _no_turns(device)
+    # shape: (N_r,) each, N_r = 0 on a rank without conversations; finished one metric at a
+    # time, dropping its writer
+    metrics = PerTurnMetrics({key: {m: writers.pop(m).finish() for m in list(writers)}
+                              for key, writers in per_turn.items()})
+    turns = {name: values if filled == capacity else values[:filled].clone() for name, values in facts.items()}
     return _Scored(metrics, described, turns, clock)
 
 
@@ -817,11 +825,6 @@ def _turn_facts(piece: "EvalInputs", chunk: Candidates, qrels: SparseQrels, norm
         "topic_switch": piece.topic_switch.to(device=device, dtype=torch.int8)[valid],
         "eligible": labelled(qrels),
     }
-
-
-def _no_turns(device: torch.device) -> Dict[str, Tensor]:
-    """The facts of no turn (a rank without conversations)."""
-    return {name: torch.zeros(0, dtype=dtype, device=device) for name, dtype in _TURN_FACTS.items()}
 
 
 def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
@@ -848,6 +851,7 @@ def _gather_scored(scored: _Scored, device: torch.device) -> Optional[_Scored]:
         if parts is not None:
             held = [part for part in parts if part is not None]
             metrics.put(key, {m: CodedValues.concat([part[m] for part in held]).to(device) for m in held[0]})
+        trim_heap()  # the key's pickled and joined temporaries
     facts = gather_to_main({name: v.cpu() for name, v in scored.turns.items()})
     if facts is None:
         return None
@@ -914,6 +918,7 @@ def evaluate(inputs: EvalInputs, config: Optional[EvalConfig] = None) -> Optiona
     conversation = scored.turns["conversation"]
     masks, slicing, split_note = _slices(scored.turns, config)
     headline = _select_headline(scored, masks["all"], conversation, batch, config)
+    trim_heap()
     results = _summaries(scored.metrics, scored.described, masks, conversation, config, show)
     timings["bootstrap"] = time.perf_counter() - tick
 
@@ -1068,6 +1073,7 @@ def _summaries(metrics: PerTurnMetrics, described: Dict[str, Tuple[str, Dict[str
             intervals[key][name] = result
         for key, result in zip(lifted, found[len(keys):]):
             lifts[key][name] = result
+        trim_heap()  # the slice's decoded columns
     results: List[MethodResult] = []
     for key in keys:
         method, params = described[key]

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from mapmatched_torch.core.errors import MapMatchedValueError
-from mapmatched_torch.eval.turn_values import CodedValues, PerTurnMetrics, code_dtype
+from mapmatched_torch.core.errors import MapMatchedRuntimeError, MapMatchedValueError
+from mapmatched_torch.eval.turn_values import CodedColumnWriter, CodedValues, PerTurnMetrics, code_dtype
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -97,3 +97,29 @@ def test_per_turn_metrics_is_a_mapping_of_decoded_tensors():
     assert metrics.nbytes == sum(column.nbytes for column in metrics.columns("pointwise").values())
     metrics.put("copy", metrics.columns("pointwise"))
     assert torch.equal(metrics["copy"]["mrr"], values["mrr"])
+
+
+def test_writer_equals_coding_the_whole_column_and_widens_as_values_appear():
+    generator = torch.Generator().manual_seed(1)
+    parts = [torch.tensor([0.5, -0.0, 0.0, math.nan], dtype=torch.float64), torch.zeros(0, dtype=torch.float64),
+             torch.randint(0, 5, (40,), generator=generator).to(torch.float64) / 3.0,
+             torch.arange(400, dtype=torch.float64).flip(0) / 7.0,  # past 256 values: the codes widen
+             torch.tensor([0.5, 1e300], dtype=torch.float32)]
+    writer = CodedColumnWriter(sum(part.numel() for part in parts) + 3, torch.device("cpu"))
+    for part in parts:
+        writer.append(part)
+    written = writer.finish()
+    whole = CodedValues.encode(torch.cat([part.to(torch.float64) for part in parts]))
+    assert torch.equal(written.bits, whole.bits) and torch.equal(written.codes, whole.codes)
+    assert written.codes.dtype == torch.int16
+
+
+def test_writer_refuses_overflow_and_bad_input_and_finishes_empty():
+    writer = CodedColumnWriter(2, torch.device("cpu"))
+    assert len(writer.finish()) == 0
+    writer.append(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    with pytest.raises(MapMatchedRuntimeError, match="do not fit"):
+        writer.append(torch.tensor([3.0], dtype=torch.float64))
+    with pytest.raises(MapMatchedValueError, match="1-D floating"):
+        writer.append(torch.tensor([1, 2]))
+    assert writer.finish().decode().tolist() == [1.0, 2.0]  # nothing lost
