@@ -13,25 +13,27 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from typing import Any, Optional
 
 __all__ = ["trim_heap"]
 
-_LIBC: Optional[Any] = None
-_LOADED = False
+
+@functools.lru_cache(maxsize=None)
+def _libc() -> Optional[Any]:
+    """glibc, loaded once; None elsewhere (or without ``malloc_trim``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def trim_heap() -> None:
     """Release the C heap's free pages to the OS (``malloc_trim(0)`` on glibc; a no-op elsewhere)."""
-    global _LIBC, _LOADED
-    if not _LOADED:
-        _LOADED = True
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                _LIBC = libc if hasattr(libc, "malloc_trim") else None
-            except OSError:
-                _LIBC = None
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

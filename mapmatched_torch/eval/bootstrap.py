@@ -120,19 +120,25 @@ class Verdict:
         return self.passed
 
 
-def _check_inputs(values: torch.Tensor, conversation: torch.Tensor, mask: Optional[torch.Tensor],
-                  what: str = "per-turn values") -> torch.Tensor:
-    if not isinstance(values, torch.Tensor) or values.dim() != 1:
-        raise MapMatchedValueError(f"{what} must be a (N,) tensor, got {getattr(values, 'shape', type(values))}")
-    if not isinstance(conversation, torch.Tensor) or conversation.shape != values.shape:
-        raise MapMatchedValueError(f"conversation must be a (N,) tensor of shape {tuple(values.shape)}")
+def _check_slice(conversation: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The slice's (N,) bool mask (every turn for None), after checking ``conversation`` and ``mask``."""
+    if not isinstance(conversation, torch.Tensor) or conversation.dim() != 1:
+        raise MapMatchedValueError(
+            f"conversation must be a (N,) tensor, got {getattr(conversation, 'shape', type(conversation))}")
     if conversation.is_floating_point() or conversation.dtype == torch.bool:
         raise MapMatchedValueError(f"conversation must hold integer conversation indices, got {conversation.dtype}")
     if mask is None:
-        return torch.ones_like(values, dtype=torch.bool)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != values.shape:
-        raise MapMatchedValueError(f"mask must be a bool tensor of shape {tuple(values.shape)}")
+        return torch.ones_like(conversation, dtype=torch.bool)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != conversation.shape:
+        raise MapMatchedValueError(f"mask must be a bool tensor of shape {tuple(conversation.shape)}")
     return mask
+
+
+def _check_column(values: torch.Tensor, conversation: torch.Tensor) -> None:
+    if not isinstance(values, torch.Tensor) or values.dim() != 1:
+        raise MapMatchedValueError(f"per-turn values must be a (N,) tensor, got {getattr(values, 'shape', type(values))}")
+    if conversation.shape != values.shape:
+        raise MapMatchedValueError(f"conversation must be a (N,) tensor of shape {tuple(values.shape)}")
 
 
 def _check_options(n_resamples: int, confidence: float, weighting: str) -> None:
@@ -205,14 +211,14 @@ def bootstrap_means(
         MapMatchedValueError: bad shapes or options, or a non-finite value in the slice.
     """
     _check_options(n_resamples, confidence, weighting)
-    mask = _check_inputs(conversation, conversation, mask, what="conversation")
+    mask = _check_slice(conversation, mask)
     _, groups = torch.unique(conversation[mask], return_inverse=True)
     count = int(groups.max()) + 1 if groups.numel() else 0
     device = conversation.device
     # shape: (C,) per column, per-conversation sums
     sums: List[torch.Tensor] = []
     for values in columns:
-        _check_inputs(values, conversation, mask)
+        _check_column(values, conversation)
         selected = values[mask].to(torch.float64)
         if selected.numel() and not bool(torch.isfinite(selected).all()):
             raise MapMatchedValueError("per-turn values in the slice must be finite")

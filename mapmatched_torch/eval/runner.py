@@ -52,14 +52,13 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -768,9 +767,11 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
         tick = time.perf_counter()
         normalized = normalize_candidate_scores(chunk.scores, chunk.mask, config.score_normalization,
                                                 exact=config.exact_normalization)
-        for name, values in _turn_facts(piece, chunk, chunk_qrels, normalized, rows, config).items():
-            facts[name][filled:filled + values.numel()] = values
-        filled += int(chunk.valid.sum())
+        chunk_facts = _turn_facts(piece, chunk, chunk_qrels, normalized, rows, config)
+        real = chunk_facts["conversation"].numel()  # the chunk's real turns
+        for name, values in chunk_facts.items():
+            facts[name][filled:filled + real] = values
+        filled += real
         tock = time.perf_counter()
         # shape: (B_c, T-1, M, M), ONCE for every setting and method of the chunk
         distances = lookup.consecutive(chunk.index) if needs_distances else None
@@ -1050,37 +1051,44 @@ def _summaries(metrics: PerTurnMetrics, described: Dict[str, Tuple[str, Dict[str
 
     The bootstrap runs per slice for every ranking at once (:func:`bootstrap_means`:
     one grouping and one set of resamples; each result equals its own
-    ``bootstrap_mean``), reading each ranking's primary metric as it goes.
+    ``bootstrap_mean``), decoding each ranking's primary metric once per slice for its
+    interval and its lift.
     """
     resamples = max(config.n_bootstrap, 1)
     options = dict(n_resamples=resamples, confidence=config.confidence, seed=config.seed)
     keys = list(metrics)
-    lifted = [key for key in keys if key != "pointwise"]
     turns = {name: int(mask.sum()) for name, mask in masks.items()}
     # key -> slice -> metric -> mean
     means = {key: {name: {metric: column.masked_sum(mask) / turns[name] if turns[name] else math.nan
                           for metric, column in metrics.columns(key).items()}
                    for name, mask in masks.items()}
              for key in keys}
-    intervals: Dict[str, Dict[str, BootstrapResult]] = {key: {} for key in keys}
-    lifts: Dict[str, Dict[str, BootstrapResult]] = {key: {} for key in lifted}
+    baseline = metrics["pointwise"][PRIMARY_METRIC]
+
+    def kinds(key: str) -> Tuple[str, ...]:
+        """What is bootstrapped of a key: its metric, and (but for pointwise) its lift."""
+        return ("interval",) if key == "pointwise" else ("interval", "lift")
+
+    order = [(key, kind) for key in keys for kind in kinds(key)]
+
+    def columns() -> Iterator[Tensor]:  # in ``order``, each key's metric decoded once
+        for key in keys:
+            values = metrics[key][PRIMARY_METRIC]
+            for kind in kinds(key):
+                yield values if kind == "interval" else paired_difference(values, baseline)
+
+    found: Dict[Tuple[str, str], Dict[str, BootstrapResult]] = {entry: {} for entry in order}
     for name, mask in tqdm(masks.items(), desc="bootstrap", unit="slice", disable=not show, leave=False):
-        baseline = metrics["pointwise"][PRIMARY_METRIC]
-        columns = itertools.chain((metrics[key][PRIMARY_METRIC] for key in keys),
-                                  (paired_difference(metrics[key][PRIMARY_METRIC], baseline) for key in lifted))
-        found = bootstrap_means(columns, conversation, mask, **options)
-        for key, result in zip(keys, found):  # the first len(keys) results
-            intervals[key][name] = result
-        for key, result in zip(lifted, found[len(keys):]):
-            lifts[key][name] = result
+        for entry, result in zip(order, bootstrap_means(columns(), conversation, mask, **options)):
+            found[entry][name] = result
         trim_heap()  # the slice's decoded columns
     results: List[MethodResult] = []
     for key in keys:
         method, params = described[key]
         slices: Dict[str, SliceResult] = {}
         for name in masks:
-            interval = intervals[key][name]
-            lift = lifts[key][name] if key in lifts else None
+            interval = found[key, "interval"][name]
+            lift = found[key, "lift"][name] if key != "pointwise" else None
             if config.n_bootstrap == 0:
                 interval = _without_interval(interval)
                 lift = None if lift is None else _without_interval(lift)

@@ -73,12 +73,10 @@ class CodedValues(NamedTuple):
         Raises:
             MapMatchedValueError: ``values`` is not a 1-D floating tensor.
         """
-        if not isinstance(values, Tensor) or values.dim() != 1 or not values.is_floating_point():
-            raise MapMatchedValueError(
-                f"per-turn values must be a 1-D floating tensor, got {getattr(values, 'shape', type(values))}"
-            )
-        table, inverse = _unique_with_inverse(values.to(torch.float64).contiguous().view(torch.int64))
-        return cls(table, inverse.to(code_dtype(table.numel())))
+        bits = _bits_of(values)
+        writer = CodedColumnWriter(bits.numel(), bits.device)
+        writer._append_bits(bits)
+        return writer.finish()
 
     @classmethod
     def concat(cls, parts: Sequence["CodedValues"]) -> "CodedValues":
@@ -89,7 +87,7 @@ class CodedValues(NamedTuple):
         """
         if not parts:
             raise MapMatchedValueError("CodedValues.concat needs at least one part")
-        table, _ = _unique_with_inverse(torch.cat([part.bits for part in parts]))
+        table = _distinct(torch.cat([part.bits for part in parts]))
         dtype = code_dtype(table.numel())
         codes = [torch.searchsorted(table, part.bits).index_select(0, _index(part.codes)).to(dtype) for part in parts]
         return cls(table, torch.cat(codes))
@@ -193,21 +191,19 @@ class CodedColumnWriter:
             MapMatchedValueError: not a 1-D floating tensor.
             MapMatchedRuntimeError: more entries than the capacity.
         """
-        if not isinstance(values, Tensor) or values.dim() != 1 or not values.is_floating_point():
-            raise MapMatchedValueError(
-                f"per-turn values must be a 1-D floating tensor, got {getattr(values, 'shape', type(values))}"
-            )
-        count = values.numel()
+        self._append_bits(_bits_of(values))
+
+    def _append_bits(self, bits: Tensor) -> None:
+        """:meth:`append` of checked (n,) int64 float64 bit patterns."""
+        count = bits.numel()
         if self._size + count > self._codes.numel():
             raise MapMatchedRuntimeError(
                 f"CodedColumnWriter holds {self._codes.numel()} entries; {self._size} + {count} do not fit"
             )
-        bits = values.to(torch.float64).contiguous().view(torch.int64)
         codes = self._lookup(bits)
         missing = codes < 0
         if bool(missing.any()):
-            fresh, _ = _unique_with_inverse(bits[missing])
-            self._table = torch.cat([self._table, fresh])
+            self._table = torch.cat([self._table, _distinct(bits[missing])])
             self._sorted, self._order = torch.sort(self._table)
             self._widen(code_dtype(self._table.numel()))
             codes = self._lookup(bits)
@@ -217,9 +213,8 @@ class CodedColumnWriter:
     def finish(self) -> CodedValues:
         """The column written so far, in :class:`CodedValues`' canonical form (sorted table)."""
         size = self._table.numel()
-        # shape: (V,) the sorted place of each value's code
-        place = torch.empty_like(self._order).scatter_(0, self._order, torch.arange(size, device=self._order.device))
-        codes = place.index_select(0, _index(self._codes[:self._size])) if size else self._order
+        # each code's place in the sorted table
+        codes = _places(self._order).index_select(0, _index(self._codes[:self._size])) if size else self._order
         return CodedValues(self._sorted, codes.to(code_dtype(size)))
 
     def _lookup(self, bits: Tensor) -> Tensor:
@@ -236,19 +231,32 @@ class CodedColumnWriter:
             self._codes = wider
 
 
-def _unique_with_inverse(bits: Tensor) -> "tuple[Tensor, Tensor]":
-    """(sorted distinct values, (N,) int64 index of each entry's value) of a 1-D int64 tensor.
+def _bits_of(values: Tensor) -> Tensor:
+    """(n,) int64 bit patterns of a 1-D floating tensor's values as float64.
 
-    ``torch.unique(sorted=True, return_inverse=True)`` gives the same, but its CPU path
-    takes tens of milliseconds for 36k entries when the cores are shared (2 threads,
-    one busy core); the hashed ``sorted=False`` path and a sort of the few distinct
-    values do not.
+    Raises:
+        MapMatchedValueError: ``values`` is not a 1-D floating tensor.
     """
-    table, inverse = torch.unique(bits, sorted=False, return_inverse=True)
-    table, order = torch.sort(table)
-    # shape: (V,) the sorted place of each hashed value
-    place = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-    return table, place.index_select(0, inverse)
+    if not isinstance(values, Tensor) or values.dim() != 1 or not values.is_floating_point():
+        raise MapMatchedValueError(
+            f"per-turn values must be a 1-D floating tensor, got {getattr(values, 'shape', type(values))}"
+        )
+    return values.to(torch.float64).contiguous().view(torch.int64)
+
+
+def _distinct(bits: Tensor) -> Tensor:
+    """The sorted distinct values of a 1-D int64 tensor.
+
+    ``torch.unique(sorted=True)`` gives the same, but its CPU path takes tens of
+    milliseconds for 36k entries when the cores are shared (2 threads, one busy core);
+    the hashed ``sorted=False`` path and a sort of the few distinct values do not.
+    """
+    return torch.sort(torch.unique(bits, sorted=False)).values
+
+
+def _places(order: Tensor) -> Tensor:
+    """The inverse of a permutation: ``places[order[i]] == i``."""
+    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
 def _index(codes: Tensor) -> Tensor:

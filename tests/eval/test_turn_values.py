@@ -112,6 +112,7 @@ def test_writer_equals_coding_the_whole_column_and_widens_as_values_appear():
     whole = CodedValues.encode(torch.cat([part.to(torch.float64) for part in parts]))
     assert torch.equal(written.bits, whole.bits) and torch.equal(written.codes, whole.codes)
     assert written.codes.dtype == torch.int16
+    assert torch.equal(whole.bits, torch.unique(_bits(torch.cat([part.to(torch.float64) for part in parts]))))
 
 
 def test_writer_refuses_overflow_and_bad_input_and_finishes_empty():
