@@ -96,3 +96,8 @@ class TensorGraph(TrellisGraph, NeighborhoodGraph, Protocol):
         """Elementwise float64 distances between index-code tensors of one shape."""
         ...
 
+    def neighborhood_indices(self, centres: torch.Tensor, radius: float) -> torch.Tensor:
+        """``(C, W)`` int64 node indices of each ``(C,)`` index code's neighbourhood
+        (``neighborhoods``' order, -1 padded; a negative code: an empty row)."""
+        ...
+

@@ -365,9 +365,10 @@ def grid_distances(
         ValueError: tensors that are not ``(G, M)`` and ``(G, M')`` int64 on the graph's
             device, a node index ``>= N``, an unknown engine, a bad option.
 
-    Cost: with a dense table one broadcast gather; with a CPU cache and numba one
-    compiled pass answers the cached pairs and the codes that need no graph (no
-    ``(G, M, M')`` index tensors), and only the pairs it misses are searched;
+    Cost: with a dense table one broadcast gather (one compiled pass on the CPU with
+    numba); with a CPU cache and numba one compiled pass answers the cached pairs and
+    the codes that need no graph (no ``(G, M, M')`` index tensors), and only the pairs
+    it misses are searched;
     otherwise :func:`pair_distances` of the expanded pairs.
     """
     _check_grid(sources, targets, adjacency)
@@ -378,6 +379,8 @@ def grid_distances(
     maximum_distance = options.bound
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
     if engine == "dense":
+        if table.device.type == "cpu" and table.dtype == torch.float64 and table.is_contiguous() and _compiled.available():
+            return _compiled.compiled_table_grid(table, sources, targets, maximum_distance)  # one compiled pass
         # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
         return table_distances(table, sources[:, :, None], targets[:, None, :], maximum_distance)
     shape = (sources.shape[0], sources.shape[1], targets.shape[1])

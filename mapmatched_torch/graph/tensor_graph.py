@@ -24,7 +24,7 @@ Conventions:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from ..core.graph_types import (
     empty_distance_ids_error,
 )
 from ..core.optional import import_optional
+from ..kernels.ragged import padded_rows
 from ..standalone.graph import InMemoryCorpusGraph
 from ._csr import CSRAdjacency, build_csr, infer_num_nodes
 from ._memory import rows_per_chunk
@@ -663,52 +664,93 @@ class TensorCorpusGraph:
             check_neighborhood_centre(centre)
         codes = self._vocabulary.index(centres).tolist()
         known = sorted({code for code in codes if code >= 0})
-        rank = self._vocabulary.rank().numpy()
-        found = {
-            source: self._ordered_ball(source, ball, found_distances, rank, distances)
-            for source, ball, found_distances in self._balls(known, limit, engine)
-        }
+        counts, nodes, found_distances = self._ordered_balls(np.asarray(known, dtype=np.int64), limit, engine)
+        ids = self.nodes
+        names = [ids[node] for node in nodes.tolist()]
+        values = found_distances.tolist() if distances else None
+        found, start = {}, 0
+        for source, count in zip(known, counts.tolist()):
+            stop = start + count
+            found[source] = tuple(zip(names[start:stop], values[start:stop])) if distances else tuple(names[start:stop])
+            start = stop
         return tuple(found[code] if code >= 0 else () for code in codes)
 
-    def _balls(self, known: List[int], limit: float, engine: str) -> Iterator[Tuple[int, np.ndarray, np.ndarray]]:
-        """``(centre, nodes, distances)`` of each centre's ball within ``limit`` (numpy, any order)."""
-        if known and resolve_engine(engine, self.device) == "compiled":
+    def neighborhood_indices(self, centres: torch.Tensor, radius: float, *, engine: str = "auto") -> torch.Tensor:
+        """:meth:`neighborhoods` as node indices, for index codes: no chunk ID is built.
+
+        Args:
+            centres: ``(C,)`` int64 index codes on the graph's device (``< 0``, i.e.
+                padding or an unknown chunk: an empty neighbourhood).
+            radius: a finite number >= 0 (the limit is ``min(radius, maximum_distance)``).
+            engine: as for :meth:`neighborhoods`.
+
+        Returns:
+            ``(C, W)`` int64 on the graph's device: row ``c`` holds the nodes within the
+            limit of ``centres[c]``, itself excluded, ordered by (distance, chunk ID),
+            then ``-1``; ``W`` is the largest neighbourhood (0 when all are empty). Row
+            ``c`` names the chunks of ``neighborhood(nodes[centres[c]], radius)``, in order.
+
+        Raises:
+            ValueError: ``centres`` not an int64 tensor of index codes on the graph's
+                device (or a node index >= N), or a bad radius.
+        """
+        limit = min(check_neighborhood_radius(radius), self._maximum_distance)
+        _check_code_tensors(self._adjacency, centres=centres)
+        if centres.dim() != 1:
+            raise MapMatchedValueError(f"centres must be a (C,) tensor, got shape {tuple(centres.shape)}")
+        # shape: (K,) the distinct known centres, and each centre's place among them
+        known, place = torch.unique(centres.clamp_min(-1), return_inverse=True)
+        counts, nodes, _ = self._ordered_balls(known[known >= 0].cpu().numpy(), limit, engine)
+        counts = torch.from_numpy(counts)
+        if known.numel() and int(known[0]) < 0:
+            counts = torch.cat([torch.zeros(1, dtype=torch.long), counts])  # the unknown centres' empty row
+        rows = padded_rows(torch.from_numpy(nodes), counts, int(counts.max()) if counts.numel() else 0, -1)
+        return rows.to(self.device)[place]
+
+    def _ordered_balls(
+        self, known: np.ndarray, limit: float, engine: str
+    ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The neighbourhood of each of the ``(K,)`` int64 node indices ``known``:
+        ``(counts (K,), nodes, distances)`` with the neighbourhoods one after another,
+        each without its centre and ordered by (distance, chunk ID)."""
+        counts, nodes, distances = self._balls(known, limit, engine)
+        owner = np.repeat(np.arange(known.size), counts)
+        keep = nodes != known[owner]
+        owner, nodes, distances = owner[keep], nodes[keep], distances[keep]
+        if not nodes.size:
+            return np.zeros(known.size, dtype=np.int64), nodes, distances
+        # the balls come by centre, then nondecreasing distance: only equal distances need
+        # the ID order, so one sort by (run of equal (centre, distance), ID rank)
+        run = np.cumsum(np.concatenate([[False], (owner[1:] != owner[:-1]) | (distances[1:] != distances[:-1])]))
+        order = np.argsort(run * self.num_nodes + self._vocabulary.rank().numpy()[nodes])
+        return np.bincount(owner, minlength=known.size).astype(np.int64), nodes[order], distances[order]
+
+    def _balls(self, known: np.ndarray, limit: float, engine: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each centre's ball within ``limit`` (the centre included): ``(counts (K,),
+        nodes, distances)``, the balls one after another, each in nondecreasing distance (numpy)."""
+        if known.size and resolve_engine(engine, self.device) == "compiled":
             # O(ball) per centre instead of O(N) (a table row is O(N) too)
-            sources = torch.tensor(known, dtype=torch.long)
-            for source, (ball, distances) in zip(
-                known, compiled_balls(self._adjacency, sources, limit, self._memory_budget)
-            ):
-                yield source, ball, distances
-            return
-        step = rows_per_chunk(self.num_nodes, max(len(known), 1), self._memory_budget)
-        for first in range(0, len(known), step):
+            return compiled_balls(self._adjacency, torch.from_numpy(known), limit, self._memory_budget)
+        counts, nodes, distances = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
+        step = rows_per_chunk(self.num_nodes, max(known.size, 1), self._memory_budget)
+        for first in range(0, known.size, step):
             # shape: (C,) centres of this chunk, (C, N) their rows
-            sources = torch.tensor(known[first:first + step], dtype=torch.long, device=self.device)
+            sources = torch.from_numpy(known[first:first + step]).to(self.device)
             if self._table is not None:
                 rows = self._table[sources]
             else:
                 rows = bounded_rows(
                     self._adjacency, sources, limit=limit, engine=engine, memory_budget=self._memory_budget
                 )
-            for source, row in zip(sources.tolist(), rows):
-                # shape: (K,) nodes in the ball
-                ball = (row <= limit).nonzero().squeeze(1)
-                yield source, ball.cpu().numpy(), row[ball].cpu().numpy()
-
-    def _ordered_ball(
-        self, source: int, ball: np.ndarray, distances: np.ndarray, rank: np.ndarray, with_distances: bool
-    ) -> Tuple[Any, ...]:
-        """The chunk IDs (``with_distances``: ``(chunk ID, distance)`` pairs) of the ball's
-        nodes but the source, by (distance, ID).
-
-        numpy, not torch: balls are small and a torch call costs microseconds each."""
-        keep = ball != source
-        ball, distances = ball[keep], distances[keep]
-        order = np.lexsort((rank[ball], distances))  # by distance, then ID rank
-        ids = self.nodes
-        if not with_distances:
-            return tuple(ids[node] for node in ball[order].tolist())
-        return tuple((ids[node], distance) for node, distance in zip(ball[order].tolist(), distances[order].tolist()))
+            # shape: (C, N) the balls; (K,) their (centre, node) entries, row by row
+            inside = rows <= limit
+            row, node = inside.nonzero(as_tuple=True)
+            row, node, value = row.cpu().numpy(), node.cpu().numpy(), rows[inside].double().cpu().numpy()
+            order = np.lexsort((value, row))  # each row's ball by distance
+            counts.append(inside.sum(dim=1).cpu().numpy())
+            nodes.append(node[order])
+            distances.append(value[order])
+        return np.concatenate(counts), np.concatenate(nodes), np.concatenate(distances)
 
     # ------------------------------------------------------------------ cache
 

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from ..core.protocols import CorpusGraph, implements
-from ..graph.protocols import NeighborhoodGraph
+from ..graph.protocols import NeighborhoodGraph, TensorGraph
+from ..kernels.ragged import padded_rows
 from .codes import ChunkCodes
 
 __all__ = ["NeighborhoodCache", "ContextTable"]
@@ -73,6 +74,10 @@ class ContextTable:
     def __init__(self, graph: CorpusGraph, codes: ChunkCodes, radius: float, device: torch.device, cache: int) -> None:
         self.neighborhoods = NeighborhoodCache(graph, radius, cache)
         self._codes, self._device = codes, device
+        tensor_graph = implements(graph, TensorGraph)
+        #: a tensor graph's neighbourhoods of index codes (its node indices are the first codes), or None
+        self._indexed = graph.neighborhood_indices if tensor_graph else None
+        self._graph_device = graph.device if tensor_graph else None
         self._table = torch.full((0, 1), -1, dtype=torch.int32, device=self._device)
         self._filled = torch.zeros(0, dtype=torch.bool, device=self._device)
 
@@ -89,28 +94,34 @@ class ContextTable:
             self._table, self._filled = table, filled
         missing = chunks[~self._filled[chunks]].unique()
         if missing.numel():
-            codes = missing.tolist()
-            found = [self._codes.codes(row) for row in self.neighborhoods.get(self._codes.names(codes))]
-            widest = max(map(len, found), default=0)
-            if widest > self._table.shape[1]:
-                table = torch.full((self._table.shape[0], widest), -1, dtype=torch.int32, device=self._device)
+            found = self._neighborhood_codes(missing)
+            if found.shape[1] > self._table.shape[1]:
+                table = torch.full((self._table.shape[0], found.shape[1]), -1, dtype=torch.int32, device=self._device)
                 table[:, : self._table.shape[1]] = self._table
                 self._table = table
-            self._table[missing] = _padded_rows(found, self._table.shape[1]).to(self._device)
+            self._table[missing] = torch.nn.functional.pad(found, (0, self._table.shape[1] - found.shape[1]), value=-1)
             # kept only for a graph that answers many at once (an immutable NeighborhoodGraph):
             # any other graph is asked again every time, as a session asks it
             # (new codes the neighbourhoods added get rows next time)
             self._filled[missing] = self.neighborhoods.batched
         return self._table[chunks].long()
 
+    def _neighborhood_codes(self, missing: Tensor) -> Tensor:
+        """``(R, W)`` int32 neighbourhood codes of ``(R,)`` chunk codes (-1 padded).
+
+        A tensor graph answers with node indices, which are its codes (no chunk ID is
+        built; a code beyond its nodes has no neighbourhood there); any other graph
+        answers chunk IDs, coded here."""
+        if self._indexed is not None:
+            # shape: (R,) index codes of the graph: -1 for the chunks it does not know
+            centres = torch.where(missing < self._codes.graph_nodes, missing, -1)
+            return self._indexed(centres.to(self._graph_device), self.neighborhoods.radius).to(self._device, torch.int32)
+        found = [self._codes.codes(row) for row in self.neighborhoods.get(self._codes.names(missing.tolist()))]
+        return _padded_rows(found, max(map(len, found), default=0)).to(self._device)
+
 
 def _padded_rows(rows: Sequence[Sequence[int]], width: int) -> Tensor:
-    """``(R, width)`` int32: each row's codes first, -1 after (one scatter, not a copy per row)."""
+    """``(R, width)`` int32: each row's codes first, -1 after."""
     lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
     flat = torch.tensor([code for row in rows for code in row], dtype=torch.int32)
-    block = torch.full((len(rows), width), -1, dtype=torch.int32)
-    # shape: (sum of lengths,) each code's row, and its column (its place within the row)
-    row_of = torch.repeat_interleave(torch.arange(len(rows)), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    block[row_of, torch.arange(flat.numel()) - starts[row_of]] = flat
-    return block
+    return padded_rows(flat, lengths, width)

@@ -83,7 +83,8 @@ def test_which_graphs_implement_which_protocol() -> None:
         "plain": [False, False, False, False],
     }
     assert missing_members(_Trellis(), TensorGraph) == (
-        "device", "index", "neighborhoods", "nodes", "num_nodes", "pair_distances", "vocabulary",
+        "device", "index", "neighborhood_indices", "neighborhoods", "nodes", "num_nodes", "pair_distances",
+        "vocabulary",
     )
     assert missing_members(object(), CorpusGraph) == ("distance", "maximum_distance", "neighborhood")
 

@@ -510,6 +510,24 @@ def test_grid_distances_equal_pair_distances_of_the_expanded_pairs(seed, device)
     assert torch.equal(found, expected)
 
 
+@pytest.mark.skipif(not _compiled.available(), reason="numba is not installed")
+@pytest.mark.parametrize("groups", [3, 2048])  # the serial kernel, and the parallel one (>= 65536 pairs)
+def test_compiled_table_grid_equals_table_distances(groups) -> None:
+    from mapmatched_torch.graph.shortest_paths import table_distances
+
+    generator = torch.Generator().manual_seed(groups)
+    nodes, width, columns, bound = 40, 6, 7, 2.5
+    table = torch.rand(nodes, nodes, generator=generator, dtype=torch.float64) * 4  # entries above the bound too
+    table[torch.rand(nodes, nodes, generator=generator) < 0.2] = math.inf
+    sources = torch.randint(-4, nodes, (groups, width), generator=generator)
+    targets = torch.randint(-4, nodes, (groups, columns), generator=generator)
+    targets[:, 0] = sources[:, 0]  # equal codes: nodes, padding and unknown IDs
+    found = _compiled.compiled_table_grid(table, sources, targets, bound)
+    expected = table_distances(table, sources[:, :, None], targets[:, None, :], bound)
+    assert found.dtype == torch.float64 and torch.equal(found, expected)
+    assert (found == 0.0).any() and (found == bound).any() and ((found > 0) & (found < bound)).any()
+
+
 def test_grid_distances_validates_its_codes(device) -> None:
     from mapmatched_torch.graph import grid_distances
 

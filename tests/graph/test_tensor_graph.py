@@ -199,6 +199,53 @@ def test_distance_and_neighborhood_match_the_standalone(device, weights, directe
         assert graph.neighborhood_distances(ids[0], 2.0) == reference.neighborhood_distances(ids[0], 2.0)
 
 
+@pytest.mark.parametrize("weights", WEIGHTS)
+@pytest.mark.parametrize("directed", [False, True])
+def test_neighborhood_indices_match_the_standalone(device, weights, directed, monkeypatch) -> None:
+    for seed in range(4):
+        reference = random_reference(200 + seed, weights, directed)
+        graph = TensorCorpusGraph.from_graph(reference, device=device)
+        small_rounds = TensorCorpusGraph.from_graph(reference, device=device, memory_budget=1)
+        # every centre twice, in random order, with padding and unknown codes among them
+        codes = list(range(graph.num_nodes)) * 2 + [-1, -2, -7]
+        random.Random(seed).shuffle(codes)
+        centres = torch.tensor(codes, dtype=torch.long, device=device)
+        for radius in (0.0, 0.5, 1.0, 1e300):
+            expected = [
+                [graph.vocabulary.indices_of([chunk])[0] for chunk in reference.neighborhood(graph.nodes[code], radius)]
+                if code >= 0 else []
+                for code in codes
+            ]
+            width = max(map(len, expected))
+            padded = torch.tensor([row + [-1] * (width - len(row)) for row in expected], dtype=torch.long).reshape(
+                len(codes), width
+            )
+            for engine in ("auto", "scipy", "compiled"):
+                found = graph.neighborhood_indices(centres, radius, engine=engine)
+                assert found.device == centres.device and found.dtype == torch.long
+                assert torch.equal(found.cpu(), padded), (engine, radius)
+            assert torch.equal(small_rounds.neighborhood_indices(centres, radius, engine="compiled").cpu(), padded)
+            # balls larger than the first round's room are searched again in full
+            monkeypatch.setattr("mapmatched_torch.graph.engines.compiled.BALL_FIRST_WIDTH", 2)
+            assert torch.equal(graph.neighborhood_indices(centres, radius, engine="compiled").cpu(), padded)
+            monkeypatch.undo()
+
+
+def test_neighborhood_indices_shapes_and_bad_input() -> None:
+    graph = TensorCorpusGraph.from_edges([("a", "b", 1.0), ("b", "c", 1.0)], nodes=["z"])
+    assert graph.neighborhood_indices(torch.zeros(0, dtype=torch.long), 1.0).shape == (0, 0)
+    assert graph.neighborhood_indices(torch.tensor([-1, -3]), 1.0).tolist() == [[], []]
+    assert graph.neighborhood_indices(graph.index(["b", "z"]), 1.0).tolist() == [graph.index(["a", "c"]).tolist(), [-1, -1]]
+    with pytest.raises(ValueError, match="int64 tensor of index codes"):
+        graph.neighborhood_indices(torch.tensor([0.0]), 1.0)
+    with pytest.raises(ValueError, match="out of range"):
+        graph.neighborhood_indices(torch.tensor([4]), 1.0)
+    with pytest.raises(ValueError, match=r"centres must be a \(C,\) tensor"):
+        graph.neighborhood_indices(torch.tensor([[0]]), 1.0)
+    with pytest.raises(ValueError, match="^neighborhood radius must be finite and nonnegative"):
+        graph.neighborhood_indices(torch.tensor([0]), -1.0)
+
+
 def test_distance_uses_and_counts_the_row_cache() -> None:
     graph = TensorCorpusGraph.from_edges([("a", "b", 0.5), ("b", "c", 0.5)], nodes=["z"], maximum_distance=1.0)
     assert graph.distance("a", "c") == 1.0 and graph.distance("a", "z") == 1.0 and graph.distance("a", "b") == 0.5

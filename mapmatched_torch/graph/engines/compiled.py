@@ -35,6 +35,7 @@ from .base import GroupedPairs, SearchOptions
 
 __all__ = [
     "available", "CompiledEngine", "COMPILED_ENGINE", "compiled_balls", "compiled_lookup", "compiled_lookup_grid",
+    "compiled_table_grid",
 ]
 
 
@@ -62,6 +63,9 @@ class _Kernels:
 
     def lookup_grid(self, *args: Any) -> None:
         self._call(self._module.lookup_grid, self._module.lookup_grid_serial, args)
+
+    def table_grid(self, *args: Any) -> None:
+        self._call(self._module.table_grid, self._module.table_grid_serial, args)
 
     @staticmethod
     def _call(parallel: Any, serial: Any, args: tuple) -> None:
@@ -129,8 +133,8 @@ class CompiledEngine:
         """``(S, N)`` bounded rows (see :meth:`.base.DistanceEngine.rows`) from complete
         ball searches on every thread (e.g. a dense table's N rows)."""
         rows = np.full((sources.numel(), adjacency.num_nodes), np.inf)
-        for first, ball_nodes, ball_values, ball_count in _ball_chunks(
-            adjacency, sources, options.bound, options.memory_budget
+        for first, ball_nodes, ball_values, ball_count, _ in _ball_chunks(
+            adjacency, sources.cpu().numpy().astype(np.int64, copy=False), options.bound, options.memory_budget
         ):
             for row, count in enumerate(ball_count.tolist()):
                 rows[first + row, ball_nodes[row, :count]] = ball_values[row, :count]
@@ -259,49 +263,90 @@ def _guided_pass(kernels, arrays, adjacency, pair_source, targets, pair_group, b
         found[chunk] = done
 
 
+#: The nodes a ball search keeps per centre at first (:func:`compiled_balls`): a centre
+#: whose ball is larger is searched again with room for all N. Rows as wide as N cost a
+#: page fault per row and page written (measured: 542 balls of about 50 nodes in a 20k
+#: graph took 30 ms on two threads with (542, N) rows, 6 ms with 1024-wide ones).
+BALL_FIRST_WIDTH = 1024
+
+
 def _ball_chunks(
-    adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int]
-) -> Iterator[Tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-    """Complete bounded balls of the centres, a round at a time: ``(first, nodes,
-    values, counts)`` with row ``r`` holding centre ``first + r``'s ``counts[r]``
-    nodes in settle order (nondecreasing distance)."""
+    adjacency: CSRAdjacency, centres: np.ndarray, limit: float, memory_budget: Optional[int],
+    width: Optional[int] = None,
+) -> Iterator[Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Bounded balls of the centres, a round at a time: ``(first, nodes, values, counts,
+    radii)`` with row ``r`` holding centre ``first + r``'s ``counts[r]`` nodes in
+    settle order (nondecreasing distance).
+
+    ``width`` None: complete balls (rows of N; ``radii`` all inf). Else at most
+    ``width`` nodes per centre: a search stops once it settled that many, and its
+    ``radii[r]`` is then the distance it reached (< inf: the ball may be incomplete);
+    inf means the ball is complete."""
     kernels = _kernels()
     arrays = _csr_arrays(adjacency)
     nodes = adjacency.num_nodes
-    sources = centres.cpu().numpy().astype(np.int64, copy=False)
-    per_round = rows_per_chunk(nodes, max(sources.size, 1), memory_budget, bytes_per_entry=16)
-    for first in range(0, sources.size, per_round):
-        chunk = sources[first:first + per_round]
-        ball_nodes = np.empty((chunk.size, nodes), dtype=np.int64)
-        ball_values = np.empty((chunk.size, nodes), dtype=np.float64)
+    kept = nodes if width is None else max(1, min(int(width), nodes))
+    settle_limit = 0 if kept >= nodes else kept
+    per_round = rows_per_chunk(kept, max(centres.size, 1), memory_budget, bytes_per_entry=16)
+    for first in range(0, centres.size, per_round):
+        chunk = centres[first:first + per_round]
+        ball_nodes = np.empty((chunk.size, kept), dtype=np.int64)
+        ball_values = np.empty((chunk.size, kept), dtype=np.float64)
         ball_count = np.empty(chunk.size, dtype=np.int64)
         ball_radius = np.empty(chunk.size, dtype=np.float64)
-        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), 0, ball_nodes,
-                      ball_values, ball_count, ball_radius, _blocks(None, chunk.size))
-        yield first, ball_nodes, ball_values, ball_count
+        kernels.balls(*arrays, np.arange(chunk.size + 1, dtype=np.int64), chunk, float(limit), settle_limit,
+                      ball_nodes, ball_values, ball_count, ball_radius, _blocks(None, chunk.size))
+        yield first, ball_nodes, ball_values, ball_count, ball_radius
 
 
 def compiled_balls(
     adjacency: CSRAdjacency, centres: torch.Tensor, limit: float, memory_budget: Optional[int] = None
-) -> List[Tuple[np.ndarray, np.ndarray]]:
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The bounded ball of each centre: every node within ``limit``, by one search each.
 
     Args:
         adjacency: the graph.
         centres: ``(C,)`` int64 node indices.
         limit: the search bound (a node exactly at it counts).
-        memory_budget: bytes of ball storage per round (``16 N`` per centre at most).
+        memory_budget: bytes of ball storage per round.
 
     Returns:
-        Per centre, ``(nodes, distances)``: int64 and float64 numpy arrays of every
-        node within ``limit`` (the centre included, at 0.0), in nondecreasing distance.
-        Cost O(ball) per centre, not O(N).
+        ``(counts, nodes, distances)``: ``(C,)`` int64 ball sizes, and the balls one
+        after another, ``(sum counts,)`` int64 nodes and float64 distances (centre
+        ``c``'s ball first, the centre included at 0.0, in nondecreasing distance).
+        Cost O(ball) per centre, not O(N): balls are searched with room for
+        :data:`BALL_FIRST_WIDTH` nodes, and only larger ones again in full.
     """
-    result: List[Tuple[np.ndarray, np.ndarray]] = []
-    for _, ball_nodes, ball_values, ball_count in _ball_chunks(adjacency, centres, limit, memory_budget):
-        for row, count in enumerate(ball_count.tolist()):
-            result.append((ball_nodes[row, :count], ball_values[row, :count]))
-    return result
+    sources = centres.cpu().numpy().astype(np.int64, copy=False)
+    counts = np.zeros(sources.size, dtype=np.int64)
+    parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (centre positions, nodes, distances) per round
+
+    def collect(positions: np.ndarray, ball_nodes, ball_values, ball_count, keep: np.ndarray) -> None:
+        rows, lengths = np.flatnonzero(keep), ball_count[keep]
+        counts[positions[rows]] = lengths
+        # shape: (sum lengths,) flat places of the kept rows' entries, row after row
+        starts = np.cumsum(lengths) - lengths
+        places = np.repeat(rows * ball_nodes.shape[1] - starts, lengths) + np.arange(int(lengths.sum()))
+        parts.append((np.repeat(positions[rows], lengths), ball_nodes.reshape(-1)[places], ball_values.reshape(-1)[places]))
+
+    incomplete = []
+    for first, ball_nodes, ball_values, ball_count, ball_radius in _ball_chunks(
+        adjacency, sources, limit, memory_budget, width=BALL_FIRST_WIDTH
+    ):
+        positions = np.arange(first, first + ball_count.size)
+        complete = np.isinf(ball_radius)
+        collect(positions, ball_nodes, ball_values, ball_count, complete)
+        incomplete.append(positions[~complete])
+    again = np.concatenate(incomplete) if incomplete else np.empty(0, dtype=np.int64)
+    if again.size:
+        for first, ball_nodes, ball_values, ball_count, _ in _ball_chunks(adjacency, sources[again], limit, memory_budget):
+            positions = again[first:first + ball_count.size]
+            collect(positions, ball_nodes, ball_values, ball_count, np.ones(ball_count.size, dtype=bool))
+    if not parts:
+        return counts, np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
+    owner = np.concatenate([part[0] for part in parts])
+    order = np.argsort(owner, kind="stable")  # centre by centre, each ball in settle order
+    return counts, np.concatenate([part[1] for part in parts])[order], np.concatenate([part[2] for part in parts])[order]
 
 
 #: Below this many queries a cache lookup runs on the calling thread.
@@ -359,3 +404,22 @@ def compiled_lookup_grid(
     _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), sources.numpy(),
                            targets.numpy(), int(nodes), float(bound), out, answered, row_needed, row_hit, blocks)
     return torch.from_numpy(out), torch.from_numpy(answered), torch.from_numpy(row_needed), torch.from_numpy(row_hit)
+
+
+def compiled_table_grid(table: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, bound: float) -> torch.Tensor:
+    """:func:`~mapmatched_torch.graph.shortest_paths.table_distances` of every pair
+    ``(sources[g, j], targets[g, i])`` in one compiled pass (no index or mask temporaries).
+
+    Args:
+        table: ``(N, N)`` float64 CPU dense table (``inf``: beyond the bound).
+        sources: ``(G, M)`` int64 index codes; ``targets``: ``(G, M')`` (validated by the caller).
+        bound: the maximum distance.
+
+    Returns:
+        ``(G, M, M')`` float64, equal to ``table_distances`` bit for bit.
+    """
+    out = np.empty((sources.shape[0], sources.shape[1], targets.shape[1]), dtype=np.float64)
+    blocks = 1 if out.size < LOOKUP_SERIAL_BELOW else _blocks(None, sources.shape[0])
+    _kernels().table_grid(table.numpy(), sources.contiguous().numpy(), targets.contiguous().numpy(), float(bound), out,
+                          blocks)
+    return torch.from_numpy(out)

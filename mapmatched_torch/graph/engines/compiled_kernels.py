@@ -387,3 +387,37 @@ def lookup_grid_serial(keys, values, row_start, complete, sources, targets, node
     """:func:`lookup_grid` on the calling thread."""
     _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
                        row_hit, 0, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _table_grid_block(table, sources, targets, bound, out, block, blocks):
+    """The groups ``block, block + blocks, ...`` of :func:`table_grid`."""
+    width, columns = sources.shape[1], targets.shape[1]
+    for group in range(block, sources.shape[0], blocks):
+        for row in range(width):
+            source = sources[group, row]
+            for column in range(columns):
+                target = targets[group, column]
+                if source == target and target != -1:
+                    out[group, row, column] = 0.0  # equal codes, unknown IDs included (not padding)
+                elif source < 0 or target < 0:
+                    out[group, row, column] = bound
+                else:
+                    value = table[source, target]
+                    out[group, row, column] = bound if value > bound else value
+
+
+@numba.njit(cache=True, parallel=True)
+def table_grid(table, sources, targets, bound, out, blocks):
+    """SPEC distances of the pairs ``(sources[g, j], targets[g, i])`` of index codes from
+    a dense ``(N, N)`` table, into ``out[g, j, i]``: equal codes 0.0 (padding excepted),
+    padding or unknown IDs ``bound``, else the table's entry capped at ``bound``; on
+    ``blocks`` threads, split by group."""
+    for block in numba.prange(blocks):
+        _table_grid_block(table, sources, targets, bound, out, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def table_grid_serial(table, sources, targets, bound, out):
+    """:func:`table_grid` on the calling thread."""
+    _table_grid_block(table, sources, targets, bound, out, 0, 1)
