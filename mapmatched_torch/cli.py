@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["build_parser", "main"]
 
@@ -77,44 +77,26 @@ def _name_list(text: str) -> Tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(convert: Callable[[str], Any], expected: str, accepts: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert(text)``, refused with "expected <expected>" unless ``accepts`` it."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _unit_interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
-    return value
+_positive_int = _number(int, "a positive integer", lambda value: value > 0)
+_nonnegative_int = _number(int, "an integer >= 0", lambda value: value >= 0)
+_unit_interval = _number(float, "a number in [0, 1]", lambda value: 0.0 <= value <= 1.0)
+_nonnegative_float = _number(float, "a finite number >= 0", lambda value: math.isfinite(value) and value >= 0)
+_positive_float = _number(float, "a finite number > 0", lambda value: math.isfinite(value) and value > 0)
 
 
 # --------------------------------------------------------------------------- parser
@@ -216,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "cost a full bound, e.g. --graph section)")
     grid.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
                       help="ridge on the mixed methods' query-mixing gate (default: 0.01)")
-    grid.add_argument("--mixing-temperature", type=_nonnegative_float, default=None, metavar="T",
+    grid.add_argument("--mixing-temperature", type=_positive_float, default=None, metavar="T",
                       help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
 
     stats = ev.add_argument_group("slices, intervals, verdict")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -326,3 +327,26 @@ def test_stream_draws_the_synthetic_benchmark_chunk_by_chunk(fixtures, tmp_path,
     capsys.readouterr()
     assert main(["eval", "--data", str(fixtures / "normalized"), "--stream", "--quiet"]) == 2
     assert "--stream" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, bad, message", [
+    ("--conversations", "x", "expected a positive integer, got 'x'"),
+    ("--conversations", "0", "expected a positive integer, got 0"),
+    ("--bootstrap", "-1", "expected an integer >= 0, got -1"),
+    ("--maximal-marginal-relevance-lambda", "1.5", r"expected a number in \[0, 1\], got 1.5"),
+    ("--mixing-l2", "inf", "expected a finite number >= 0, got inf"),
+    ("--mixing-temperature", "0", "expected a finite number > 0, got 0.0"),  # refused before any data is read
+    ("--mixing-temperature", "nan", "expected a finite number > 0, got nan"),
+])
+def test_number_options_are_refused_with_their_bounds(flag, bad, message, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", flag, bad])
+    assert re.search(f"argument {flag}: {message}$", capsys.readouterr().err.strip())
+
+
+def test_number_options_accept_their_bounds():
+    args = build_parser().parse_args(["eval", "--bootstrap", "0", "--maximal-marginal-relevance-lambda", "1",
+                                      "--mixing-l2", "0", "--mixing-temperature", "1e-3"])
+    assert (args.bootstrap, args.relevance_weight, args.mixing_l2, args.mixing_temperature) == (
+        0, 1.0, 0.0, 1e-3
+    )
