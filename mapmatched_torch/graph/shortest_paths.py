@@ -379,7 +379,9 @@ def grid_distances(
     maximum_distance = options.bound
     engine = resolve_engine(engine, adjacency.device, has_table=table is not None)
     if engine == "dense":
-        if table.device.type == "cpu" and table.dtype == torch.float64 and table.is_contiguous() and _compiled.available():
+        nodes = adjacency.num_nodes
+        compiled = table.device.type == "cpu" and table.dtype == torch.float64 and table.is_contiguous()
+        if compiled and tuple(table.shape) == (nodes, nodes) and _compiled.available():
             return _compiled.compiled_table_grid(table, sources, targets, maximum_distance)  # one compiled pass
         # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
         return table_distances(table, sources[:, :, None], targets[:, None, :], maximum_distance)

@@ -106,6 +106,18 @@ class ContextTable:
             self._filled[missing] = self.neighborhoods.batched
         return self._table[chunks].long()
 
+    def neighborhood_ids(self, chunk_ids: Sequence[str]) -> List[tuple]:
+        """Each chunk's neighbourhood as chunk IDs (what built results read).
+
+        For a tensor graph they are the table's rows, so a chunk's neighbourhood is
+        searched once for its contexts and its results alike; any other graph answers
+        through :class:`NeighborhoodCache`."""
+        if self._indexed is None:
+            return self.neighborhoods.get(chunk_ids)
+        codes = torch.tensor(self._codes.codes(chunk_ids), dtype=torch.long, device=self._device)
+        names = self._codes.names
+        return [tuple(names([code for code in row if code >= 0])) for row in self.rows(codes).tolist()]
+
     def _neighborhood_codes(self, missing: Tensor) -> Tensor:
         """``(R, W)`` int32 neighbourhood codes of ``(R,)`` chunk codes (-1 padded).
 

@@ -288,7 +288,7 @@ class StepResults(Mapping):
         record = self.record(session_id)
         if record.built:
             return record.result(self._retriever, None)
-        neighborhood = self._context_table.neighborhoods.get([self.chunk_id(session_id)])[0]
+        neighborhood = self._context_table.neighborhood_ids([self.chunk_id(session_id)])[0]
         return self._finish(session_id, record, neighborhood)
 
     def __iter__(self) -> Iterator[SessionId]:
@@ -381,7 +381,7 @@ class StepResults(Mapping):
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""
         pending = [key for key in self._rows if not self.record(key).built]
-        neighborhoods = self._context_table.neighborhoods.get([self.chunk_id(key) for key in pending])
+        neighborhoods = self._context_table.neighborhood_ids([self.chunk_id(key) for key in pending])
         for key, neighborhood in zip(pending, neighborhoods):
             self._finish(key, self.record(key), neighborhood)
         return {key: self.record(key).result(self._retriever, None) for key in self._rows}

@@ -375,6 +375,42 @@ def test_mixed_object_and_indexed_turns_and_unknown_ids():
         assert results["x"] == session.retrieve_candidates(pairs)
 
 
+def test_contexts_and_built_results_search_each_chunk_once_on_a_tensor_graph(monkeypatch):
+    # a tensor graph's neighbourhoods come as node-index rows into the context table, and
+    # built results read their neighbourhoods from it: no chunk-ID search, no second one
+    from mapmatched_torch.graph import TensorCorpusGraph
+
+    standalone = make_graph(6)
+    graph = TensorCorpusGraph.from_graph(standalone)
+    calls = {"indices": 0, "ids": 0}
+    indices, ids = graph.neighborhood_indices, graph.neighborhoods
+
+    def counted_indices(*args, **kwargs):
+        calls["indices"] += 1
+        return indices(*args, **kwargs)
+
+    def counted_ids(*args, **kwargs):
+        calls["ids"] += 1
+        return ids(*args, **kwargs)
+
+    monkeypatch.setattr(graph, "neighborhood_indices", counted_indices)
+    monkeypatch.setattr(graph, "neighborhoods", counted_ids)
+    server = MapMatchedServer(graph, candidate_limit=5, context_radius=2.0)
+    sessions = {key: MapMatchedRetriever(standalone, candidate_limit=5, context_radius=2.0).session() for key in "ab"}
+    for key in sessions:
+        server.open(key)
+    rng = random.Random(5)
+    candidates, scores, pairs = indexed_turns(rng, graph, list(sessions), width=5)
+    results, errors = server.step_indexed(list(sessions), candidates, scores)
+    assert not errors
+    built = results.materialize()
+    assert calls == {"indices": 1, "ids": 0}
+    assert results.contexts() == {key: built[key].context_chunk_ids for key in sessions}
+    assert calls == {"indices": 1, "ids": 0}  # the contexts read the rows the results filled
+    for key in sessions:
+        assert built[key] == sessions[key].retrieve_candidates(pairs[key])
+
+
 def test_results_are_built_when_read():
     from mapmatched_torch.graph import TensorCorpusGraph
 
