@@ -40,6 +40,9 @@ results = {name: fit_weights(data.conversations, data.graph, progress=False, **o
 with open(sys.argv[1], "w") as out:
     json.dump({"exchanges": len(exchanges), **{name: [r.history, r.validation_ndcg_before,
                r.validation_ndcg_after, r.stopped] for name, r in results.items()}}, out)
+# both ranks are done before either tears gloo down: a rank leaving while its peer's last
+# exchange is still closing can abort the peer ("terminate called without an active exception")
+torch.distributed.barrier()
 torch.distributed.destroy_process_group()
 """
 
