@@ -1,7 +1,7 @@
 """Throughput and peak memory of the batched decoders, side by side with baselines.
 
-Prints conversations per second for ``viterbi``, ``fixed_lag_viterbi`` (lag 2) and
-``log_partition`` at B in {1, 64, 1024, 4096} conversations of T=12 turns and M=32
+Prints conversations per second for ``viterbi``, ``fixed_lag_viterbi`` (lag 2),
+``log_partition`` and ``marginals`` at B in {1, 64, 1024, 4096} conversations of T=12 turns and M=32
 candidates, in float32 and float64, next to
 
 - the torch path (``use_fused_kernels(False)``: the eager chain DP that the fused
@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mapmatched_torch.kernels.decode import fixed_lag_viterbi, log_partition, viterbi  # noqa: E402
+from mapmatched_torch.kernels.decode import fixed_lag_viterbi, log_partition, marginals, viterbi  # noqa: E402
 from mapmatched_torch.kernels.fused import fused_kernels_enabled, use_fused_kernels  # noqa: E402
 from mapmatched_torch.testing import random_trellis  # noqa: E402
 
@@ -289,6 +289,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 "viterbi": lambda: viterbi(emissions, transitions, on_device),
                 "fixed_lag": lambda: fixed_lag_viterbi(emissions, transitions, on_device, LAG),
                 "log_partition": lambda: log_partition(emissions, transitions, on_device),
+                "marginals": lambda: marginals(emissions, transitions, on_device),
             }
             numpy_inputs = (emissions.cpu().numpy(), transitions.cpu().numpy(), mask.numpy())
             peers = torch_struct_calls(emissions, transitions)
@@ -297,8 +298,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 rate = batch / _seconds(call, device, repeats)
                 peak = peak_extra_mb(call, device)
                 baselines: List[Tuple[str, Optional[float]]] = []
-                if op != "log_partition":
-                    baselines.append(("torch path", batch / _seconds(torch_path(call), device, repeats)))
+                baselines.append(("torch path", batch / _seconds(torch_path(call), device, repeats)))
                 if op in peers:
                     baselines.append(("torch-struct", batch / _seconds(peers[op], device, repeats)))
                 if op == "viterbi" and crf is not None:

@@ -15,14 +15,25 @@ reverse-lexicographic minimum).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from typing import List, NamedTuple, Optional, Tuple, Union
+from typing import Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["RandomTrellis", "BruteForce", "random_trellis", "enumerate_paths", "DEVICES", "device_available"]
+__all__ = [
+    "RandomTrellis",
+    "BruteForce",
+    "random_trellis",
+    "enumerate_paths",
+    "BREAKAGES",
+    "broken_trellis",
+    "fused_kernels_off",
+    "DEVICES",
+    "device_available",
+]
 
 #: Device names the device-generic tests run on (CUDA ones skip without a GPU).
 DEVICES = ("cpu", "cuda")
@@ -116,6 +127,55 @@ def random_trellis(
     pairs = mask[:, :-1, :, None] & mask[:, 1:, None, :]
     distances = torch.where(pairs, distances, fill)
     return RandomTrellis(emissions.to(device, dtype), distances.to(device, dtype), mask.to(device))
+
+
+@contextlib.contextmanager
+def fused_kernels_off() -> Iterator[None]:
+    """Run the block on the torch path (the fused kernels off), restoring the setting after."""
+    from .kernels import fused
+
+    before = fused.fused_kernels_enabled()
+    fused.use_fused_kernels(False)
+    try:
+        yield
+    finally:
+        fused.use_fused_kernels(before)
+
+
+#: The ways :func:`broken_trellis` breaks a trellis (each one a check of the decoders).
+BREAKAGES = ("nan_emission", "inf_transition", "nan_transition", "empty_first_turn", "gap", "overflow")
+
+
+def broken_trellis(breakage: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+    """A (3, 4, 2) float32 trellis ``(emissions, transitions, mask)`` broken one way.
+
+    Args:
+        breakage: one of :data:`BREAKAGES`: a NaN emission at a real candidate, a -inf
+            or NaN transition between real candidates, an empty first turn, a real turn
+            after an empty one, or emissions so large (3e38) that a forward score
+            overflows; or None (intact).
+
+    Returns:
+        Zero emissions and transitions, every candidate real, except for the breakage.
+    """
+    emissions = torch.zeros(3, 4, 2)
+    transitions = torch.zeros(3, 3, 2, 2)
+    mask = torch.ones(3, 4, 2, dtype=torch.bool)
+    if breakage == "nan_emission":
+        emissions[1, 2, 1] = float("nan")
+    elif breakage == "inf_transition":
+        transitions[2, 1, 0, 1] = -float("inf")
+    elif breakage == "nan_transition":
+        transitions[0, 2, 1, 0] = float("nan")
+    elif breakage == "empty_first_turn":
+        mask[1, 0] = False
+    elif breakage == "gap":
+        mask[2, 1] = False
+    elif breakage == "overflow":
+        emissions[1, :, :] = 3e38
+    elif breakage is not None:
+        raise ValueError(f"breakage must be one of {BREAKAGES}, got {breakage!r}")
+    return emissions, transitions, mask
 
 
 class BruteForce(NamedTuple):

@@ -335,6 +335,9 @@ def forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, locks: 
 
 
 def _log_partition(emissions: Tensor, transitions: Tensor, allowed: Tensor) -> Tensor:
+    fused_log_z = fused.log_partition(emissions, transitions, allowed)  # None with a gradient
+    if fused_log_z is not None:
+        return fused_log_z
     forward = chain.forward(LOG, emissions, transitions, allowed)
     raise_if_nonfinite(forward.nonfinite)
     return LOG.sum(forward.alphas[:, -1], dim=1)[0]
@@ -353,10 +356,25 @@ def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tenso
     Returns:
         ``(B,)`` log Z.
 
+    Without a gradient (no input requires one, or grad mode is off) the fused CPU
+    kernel computes it where it applies (:mod:`mapmatched_torch.kernels.fused`; equal
+    to this recursion to a few ulps, not bit for bit).
+
     Cost: O(B T M^2) time; autograd keeps O(B T M^2).
     """
+    fused_log_z = fused.log_partition(*_without_gradient(*fused.check_shapes(emissions, transitions, mask)))
+    if fused_log_z is not None:
+        return fused_log_z
     prepared = prepare(emissions, transitions, mask)
     return _log_partition(prepared.emissions, prepared.pairwise, mask)
+
+
+def _without_gradient(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """The inputs detached when no gradient can be asked of the result (grad mode off),
+    so that the fused kernels apply; as given otherwise."""
+    if torch.is_grad_enabled():
+        return emissions, transitions, mask
+    return emissions.detach(), transitions.detach(), mask
 
 
 def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
@@ -373,10 +391,18 @@ def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
     Returns:
         ``(B, T, M)``: each real turn sums to 1; 0 at masked candidates and padding.
 
-    Cost: about twice :func:`log_partition`.
+    Cost: about twice :func:`log_partition`. Where the result needs no gradient, the
+    fused forward-backward kernel computes it (:func:`mapmatched_torch.kernels.fused.marginals`).
     """
+    differentiable = torch.is_grad_enabled() and (
+        getattr(emissions, "requires_grad", False) or getattr(transitions, "requires_grad", False)
+    )
+    if not differentiable:
+        shaped = fused.check_shapes(emissions, transitions, mask)
+        fused_marginals = fused.marginals(shaped[0].detach(), shaped[1].detach(), shaped[2])
+        if fused_marginals is not None:
+            return fused_marginals
     prepared = prepare(emissions, transitions, mask)
-    differentiable = torch.is_grad_enabled() and (emissions.requires_grad or transitions.requires_grad)
     with torch.enable_grad():
         # shape: (B, T, M)
         shift = torch.zeros_like(prepared.emissions, requires_grad=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import pytest
@@ -10,21 +9,14 @@ import torch
 
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.kernels import decode, fused
+from mapmatched_torch.testing import BREAKAGES, broken_trellis, fused_kernels_off
 
 pytest.importorskip("numba")
 
 LAGS = (None, 0, 1, 2, 5)
 
 
-@contextlib.contextmanager
-def torch_path():
-    """Decode with the torch path (the fused kernels off) inside the block."""
-    before = fused.fused_kernels_enabled()
-    fused.use_fused_kernels(False)
-    try:
-        yield
-    finally:
-        fused.use_fused_kernels(before)
+torch_path = fused_kernels_off  # decode with the torch path inside the block
 
 
 def reference(emissions, transitions, mask, lag):
@@ -118,24 +110,9 @@ def _message(function):
 
 
 @pytest.mark.parametrize("lag", [None, 1])
-@pytest.mark.parametrize(
-    "breakage",
-    ["nan_emission", "inf_transition", "empty_first_turn", "gap", "overflow"],
-)
+@pytest.mark.parametrize("breakage", BREAKAGES)
 def test_invalid_trellises_raise_the_torch_paths_message(breakage, lag):
-    emissions = torch.zeros(3, 4, 2)
-    transitions = torch.zeros(3, 3, 2, 2)
-    mask = torch.ones(3, 4, 2, dtype=torch.bool)
-    if breakage == "nan_emission":
-        emissions[1, 2, 1] = float("nan")
-    elif breakage == "inf_transition":
-        transitions[2, 1, 0, 1] = -float("inf")
-    elif breakage == "empty_first_turn":
-        mask[1, 0] = False
-    elif breakage == "gap":
-        mask[2, 1] = False
-    else:
-        emissions[1, :, :] = 3e38
+    emissions, transitions, mask = broken_trellis(breakage)
     with torch_path():
         expected = _message(lambda: reference(emissions, transitions, mask, lag))
     assert _message(lambda: fused.max_plus(emissions, transitions, mask, lag)) == expected
@@ -269,28 +246,13 @@ def test_forward_reaches_the_brute_force_optimum_under_locks():
                 assert scores[0, t, i].item() == (max(totals) if totals else -float("inf"))
 
 
-@pytest.mark.parametrize(
-    "breakage",
-    ["nan_emission", "inf_transition", "empty_first_turn", "gap", "overflow", "lock_out_of_range", "lock_masked"],
-)
+@pytest.mark.parametrize("breakage", BREAKAGES + ("lock_out_of_range", "lock_masked"))
 def test_forward_invalid_inputs_raise_the_torch_paths_message(breakage):
-    emissions = torch.zeros(3, 4, 2)
-    transitions = torch.zeros(3, 3, 2, 2)
-    mask = torch.ones(3, 4, 2, dtype=torch.bool)
+    emissions, transitions, mask = broken_trellis(None if breakage.startswith("lock") else breakage)
     locks = torch.full((3, 4), -1, dtype=torch.long)
-    if breakage == "nan_emission":
-        emissions[1, 2, 1] = float("nan")
-    elif breakage == "inf_transition":
-        transitions[2, 1, 0, 1] = -float("inf")
-    elif breakage == "empty_first_turn":
-        mask[1, 0] = False
-    elif breakage == "gap":
-        mask[2, 1] = False
-    elif breakage == "overflow":
-        emissions[1, :, :] = 3e38
-    elif breakage == "lock_out_of_range":
+    if breakage == "lock_out_of_range":
         locks[2, 3] = 2
-    else:
+    elif breakage == "lock_masked":
         mask[0, 1, 1] = False
         locks[0, 1] = 1
     expected = _message(lambda: reference_forward(emissions, transitions, mask, locks))

@@ -1,0 +1,406 @@
+"""numba kernels of the fused log-semiring forward and forward-backward passes.
+
+Imported only when numba is installed; see :mod:`.fused` for the contract. One
+conversation is one unit of work, as in :mod:`.fused_cpu_kernels` (whose row status
+codes and turn-structure rule this module shares): the forward recursion of
+:mod:`.chain` in the log semiring,
+
+    alpha[t, i] = logsumexp_j (alpha[t-1, j] + tr[t-1, j, i]) + e[t, i]
+    logsumexp_j x_j = m + log(sum_j exp(x_j - m)),  m = max_j x_j,
+
+over the real candidates only (masked ones are skipped, not added as -inf), then the
+backward recursion for the posterior marginals
+
+    beta[T-1, j] = 0,  beta[t, j] = logsumexp_i (tr[t, j, i] + e[t+1, i] + beta[t+1, i])
+    p(x_t = i) = exp(alpha[t, i] + beta[t, i] - log Z).
+
+Nearly all the time goes to one ``exp`` per move and turn, so the ``exp`` here is a
+vectorizable one written out (:func:`exp_shifted`): Cody-Waite reduction by ln 2, a
+Taylor polynomial in Estrin's form, the power of two built in the exponent bits. In
+float64 it is within 1.01 ulp of libm's over [-708, 0]; in float32, computed in float32,
+within 1 ulp of float32 rounding. Below -708 (float64) or -87 (float32) it returns 0
+exactly, where the true value is below the smallest normal number: a sum that holds
+its maximum's ``exp(0) = 1`` cannot see it. Fused multiply-adds are allowed inside the
+``exp`` only (``fastmath={"contract"}``); every other operation keeps IEEE semantics.
+
+These results are *not* bit-equal to the torch path: torch's vectorized ``exp`` and its
+reduction order differ from these. They are deterministic, and each conversation's
+result depends on its own real candidates only (not on the batch, the padding or the
+thread count), which the torch path does not guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from .fused_cpu_kernels import INVALID, OK, OVERFLOW, _length
+
+__all__ = ["OK", "INVALID", "OVERFLOW", "exp_shifted", "log_positive", "log_partition", "log_partition_serial",
+           "marginals", "marginals_serial"]
+
+_NEG_INF = -np.inf
+
+
+def _bitcast(source, target, llvm_target):
+    """An intrinsic reinterpreting a ``source`` scalar's bits as ``target`` (no conversion)."""
+
+    @intrinsic
+    def bitcast(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_target)
+
+        return target(source), codegen
+
+    return bitcast
+
+
+_bits64 = _bitcast(types.float64, types.int64, ir.IntType(64))
+_float64 = _bitcast(types.int64, types.float64, ir.DoubleType())
+_bits32 = _bitcast(types.float32, types.int32, ir.IntType(32))
+_float32 = _bitcast(types.int32, types.float32, ir.FloatType())
+
+
+# float64: 1.5 * 2**52 rounds x * log2(e) to an integer k held in the low mantissa bits;
+# ln 2 split so that k * _LN2_HI_64 is exact; |r| <= ln(2) / 2 after the reduction, where
+# the degree-13 Taylor remainder is below 5e-18.
+_SHIFT_64 = 6755399441055744.0
+_LOG2E_64 = 1.4426950408889634
+_LN2_HI_64 = 6.93147180369123816490e-01
+_LN2_LO_64 = 1.90821492927058770002e-10
+_LOW_64 = -708.0
+_HIGH_64 = 700.0
+_WINDOW_64 = (math.exp(-600.0), math.exp(600.0))
+_C64 = tuple(1.0 / math.factorial(n) for n in range(14))
+
+# float32: the same construction, 1.5 * 2**23, a degree-7 polynomial (remainder 1.3e-8).
+_SHIFT_32 = np.float32(12582912.0)
+_LOG2E_32 = np.float32(1.4426950408889634)
+_LN2_HI_32 = np.float32(0.693145751953125)
+_LN2_LO_32 = np.float32(1.428606765330187045e-06)
+_LOW_32 = np.float32(-87.0)
+_HIGH_32 = np.float32(80.0)
+_WINDOW_32 = (math.exp(-40.0), math.exp(40.0))
+_ZERO_32 = np.float32(0.0)
+_C32 = tuple(np.float32(1.0 / math.factorial(n)) for n in range(8))
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _exp64(x):
+    c = _C64
+    x = x if x < _HIGH_64 else _HIGH_64  # NaN too: the sum leaves the window, or is discarded
+    kd = x * _LOG2E_64 + _SHIFT_64
+    k = kd - _SHIFT_64
+    r = (x - k * _LN2_HI_64) - k * _LN2_LO_64
+    r2 = r * r
+    r4 = r2 * r2
+    low = ((c[0] + c[1] * r) + (c[2] + c[3] * r) * r2) + ((c[4] + c[5] * r) + (c[6] + c[7] * r) * r2) * r4
+    high = ((c[8] + c[9] * r) + (c[10] + c[11] * r) * r2) + (c[12] + c[13] * r) * r4
+    value = (low + high * (r4 * r4)) * _float64((_bits64(kd) + 1023) << 52)
+    return value if x >= _LOW_64 else 0.0
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _exp32(x):
+    c = _C32
+    x = x if x < _HIGH_32 else _HIGH_32
+    kd = x * _LOG2E_32 + _SHIFT_32
+    k = kd - _SHIFT_32
+    r = (x - k * _LN2_HI_32) - k * _LN2_LO_32
+    r2 = r * r
+    value = ((c[0] + c[1] * r) + (c[2] + c[3] * r) * r2) + ((c[4] + c[5] * r) + (c[6] + c[7] * r) * r2) * (r2 * r2)
+    value = value * _float32(np.int32((_bits32(kd) + 127) << 23))
+    return value if x >= _LOW_32 else _ZERO_32
+
+
+def exp_shifted(x):
+    """``exp(x)`` for x <= ~0 (the shifted terms of a log-sum-exp), in x's dtype.
+
+    Exactly 0 below -708 (float64) / -87 (float32); accurate to about 1 ulp above.
+    Python-level stub: the kernels use the numba overload.
+    """
+    return math.exp(x) if x >= (-708.0 if isinstance(x, float) else -87.0) else 0.0
+
+
+# log of a positive normal number: s = 2**k * m with m in [sqrt(1/2), sqrt(2)),
+# log m = 2 atanh(z) = 2 (z + z**3 / 3 + ...), z = (m - 1) / (m + 1), |z| <= 0.1716.
+_SQRT2_64 = math.sqrt(2.0)
+_ODD_64 = tuple(2.0 / (2 * n + 1) for n in range(10))  # 2 / (2n + 1): remainder below 1e-17
+_SQRT2_32 = np.float32(math.sqrt(2.0))
+_ODD_32 = tuple(np.float32(2.0 / (2 * n + 1)) for n in range(5))
+_HALF_32 = np.float32(0.5)
+_ONE_32 = np.float32(1.0)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _log64(s):
+    c = _ODD_64
+    bits = _bits64(s)
+    k = ((bits >> 52) & 0x7FF) - 1023
+    m = _float64((bits & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000)
+    big = m > _SQRT2_64
+    m = m * 0.5 if big else m
+    k = k + 1 if big else k
+    z = (m - 1.0) / (m + 1.0)
+    w = z * z
+    w2 = w * w
+    w4 = w2 * w2
+    low = ((c[0] + c[1] * w) + (c[2] + c[3] * w) * w2) + ((c[4] + c[5] * w) + (c[6] + c[7] * w) * w2) * w4
+    series = z * (low + (c[8] + c[9] * w) * (w4 * w4))
+    kf = np.float64(k)
+    return kf * _LN2_HI_64 + (series + kf * _LN2_LO_64)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def _log32(s):
+    c = _ODD_32
+    bits = _bits32(s)
+    k = np.int32(((bits >> 23) & 0xFF) - 127)
+    m = _float32(np.int32((bits & 0x007FFFFF) | 0x3F800000))
+    big = m > _SQRT2_32
+    m = m * _HALF_32 if big else m
+    k = k + np.int32(1) if big else k
+    z = (m - _ONE_32) / (m + _ONE_32)
+    w = z * z
+    w2 = w * w
+    series = z * (((c[0] + c[1] * w) + (c[2] + c[3] * w) * w2) + c[4] * (w2 * w2))
+    kf = np.float32(k)
+    return kf * _LN2_HI_32 + (series + kf * _LN2_LO_32)
+
+
+def log_positive(s):
+    """``log(s)`` for a positive normal ``s``, in s's dtype, within about 1 ulp.
+
+    Anything else (0, subnormal, inf, NaN, negative) gives an unspecified finite or
+    non-finite number: callers use it only on sums inside the trusted window.
+    Python-level stub: the kernels use the numba overload.
+    """
+    return math.log(s)
+
+
+def _by_dtype(stub, float32_version, float64_version):
+    """Give the Python-level ``stub`` its numba overload: ``float32_version`` for a
+    float32 argument, ``float64_version`` for a float64 one."""
+
+    @overload(stub, jit_options={"cache": True, "nogil": True})
+    def _overload(x):
+        if x == types.float32:
+            return lambda x: float32_version(x)
+        if x == types.float64:
+            return lambda x: float64_version(x)
+        return None
+
+
+_by_dtype(exp_shifted, _exp32, _exp64)
+_by_dtype(log_positive, _log32, _log64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _constants(like):
+    """0, -inf and the trusted window of a one-pass sum, in ``like``'s dtype."""
+    constants = np.zeros(4, like.dtype)
+    constants[1] = _NEG_INF
+    window = _WINDOW_32 if like.itemsize == 4 else _WINDOW_64
+    constants[2] = window[0]
+    constants[3] = window[1]
+    return constants
+
+
+@numba.njit(cache=True, nogil=True)
+def _in_window(total, constants):
+    """Whether a sum of shifted terms can be trusted (see :func:`_forward_row`)."""
+    return constants[2] <= total <= constants[3]
+
+
+@numba.njit(cache=True, nogil=True)
+def _move_sum_exact(values, weights, keep, count, constants):
+    """logsumexp_k (values[k] + weights[k]) over the k < count with keep[k], two passes
+    (the maximum, then the shifted sum): the fallback of the one-pass sums."""
+    top = constants[1]
+    for k in range(count):
+        if keep[k]:
+            value = values[k] + weights[k]
+            top = value if value > top else top
+    total = constants[0]
+    for k in range(count):
+        if keep[k]:
+            total += exp_shifted((values[k] + weights[k]) - top)
+    return top + log_positive(total)
+
+
+@numba.njit(cache=True, nogil=True)
+def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
+    """The log-semiring forward pass of row b into ``alpha`` (T, M); returns
+    (length, status, log Z).
+
+    One pass over each turn's transitions: with A the largest forward score of the
+    previous turn, ``total[i] = sum_j exp((alpha[j] - A) + tr[j, i])`` and
+    ``alpha[i] = (A + log total[i]) + e[i]``. A is not column i's maximum, so a sum
+    outside a window (``constants[2:4]``: its terms could have underflowed or been
+    clamped) is recomputed exactly, two passes over the column
+    (:func:`_move_sum_exact`); with scores and transitions of ordinary spread that
+    never happens. ``check[i]`` sums the weights into i from real candidates: it is
+    finite iff they all are (or it overflowed: then the caller's torch checks decide).
+    ``constants`` holds 0, -inf and the window in the row's dtype; ``work`` is a
+    (4, M) workspace.
+    """
+    candidates = alpha.shape[1]
+    total, check, logs, column = work[0], work[1], work[2], work[3]
+    length = _length(mask, b)
+    if length < 0:
+        return length, INVALID, constants[1]
+    for i in range(candidates):
+        if mask[b, 0, i]:
+            value = emissions[b, 0, i]
+            if not np.isfinite(value):
+                return length, INVALID, constants[1]
+            alpha[0, i] = value
+        else:
+            alpha[0, i] = constants[1]
+    status = OK
+    for t in range(1, length):
+        anchor = constants[1]
+        for j in range(candidates):
+            anchor = alpha[t - 1, j] if alpha[t - 1, j] > anchor else anchor
+        for i in range(candidates):
+            total[i] = constants[0]
+            check[i] = constants[0]
+        for j in range(candidates):
+            if not mask[b, t - 1, j]:
+                continue
+            shift = alpha[t - 1, j] - anchor
+            row = transitions[b, t - 1, j]
+            for i in range(candidates):
+                weight = row[i]
+                check[i] += weight
+                total[i] += exp_shifted(shift + weight)
+        for i in range(candidates):
+            logs[i] = log_positive(total[i])  # one vector loop; used only inside the window
+        for i in range(candidates):
+            if mask[b, t, i]:
+                emission = emissions[b, t, i]
+                if not (np.isfinite(emission) and np.isfinite(check[i])):
+                    return length, INVALID, constants[1]
+                if _in_window(total[i], constants):
+                    moved = anchor + logs[i]
+                else:
+                    for j in range(candidates):
+                        column[j] = transitions[b, t - 1, j, i]
+                    moved = _move_sum_exact(alpha[t - 1], column, mask[b, t - 1], candidates, constants)
+                value = moved + emission
+                alpha[t, i] = value
+                if not np.isfinite(value):
+                    status = OVERFLOW
+            else:
+                alpha[t, i] = constants[1]
+    last = length - 1
+    zeros = total
+    for i in range(candidates):
+        zeros[i] = constants[0]
+    log_z = _move_sum_exact(alpha[last], zeros, mask[b, last], candidates, constants)
+    if not np.isfinite(log_z):
+        status = OVERFLOW
+    return length, status, log_z
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_row(transitions, mask, emissions, b, length, log_z, alpha, beta, work, flipped, out, constants):
+    """Posterior marginals of row b into ``out`` (T, M), from its forward scores.
+
+    The mirror of :func:`_forward_row`: ``shifted[i] = e[t+1, i] + beta[t+1, i]``,
+    U its maximum, ``beta[t, j] = U + log sum_i exp((shifted[i] - U) + tr[t, j, i])``
+    (the turn's transitions transposed into ``flipped`` so that the sum runs along
+    contiguous memory for every j at once), exact where a sum leaves the window.
+    """
+    turns, candidates = out.shape
+    total, shifted, logs = work[0], work[1], work[2]
+    for t in range(turns):
+        for i in range(candidates):
+            out[t, i] = constants[0]
+    last = length - 1
+    for i in range(candidates):
+        beta[last, i] = constants[0]
+    for t in range(last - 1, -1, -1):
+        anchor = constants[1]
+        for i in range(candidates):
+            if mask[b, t + 1, i]:
+                shifted[i] = emissions[b, t + 1, i] + beta[t + 1, i]
+                anchor = shifted[i] if shifted[i] > anchor else anchor
+        for j in range(candidates):
+            row = transitions[b, t, j]
+            for i in range(candidates):
+                flipped[i, j] = row[i]
+            total[j] = constants[0]
+        for i in range(candidates):
+            if not mask[b, t + 1, i]:
+                continue
+            shift = shifted[i] - anchor
+            into = flipped[i]
+            for j in range(candidates):
+                total[j] += exp_shifted(shift + into[j])
+        for j in range(candidates):
+            logs[j] = log_positive(total[j])
+        for j in range(candidates):
+            if not mask[b, t, j]:
+                beta[t, j] = constants[1]
+            elif _in_window(total[j], constants):
+                beta[t, j] = anchor + logs[j]
+            else:
+                beta[t, j] = _move_sum_exact(shifted, transitions[b, t, j], mask[b, t + 1], candidates, constants)
+    for t in range(length):
+        for i in range(candidates):
+            if mask[b, t, i]:
+                out[t, i] = exp_shifted((alpha[t, i] + beta[t, i]) - log_z)
+
+
+@numba.njit(cache=True, nogil=True)
+def _block(emissions, transitions, mask, log_z, status, posteriors, block, blocks):
+    """Rows block, block + blocks, ...: log Z, and the marginals when ``posteriors``
+    is not empty (one workspace per block)."""
+    turns, candidates = mask.shape[1], mask.shape[2]
+    alpha = np.empty((turns, candidates), emissions.dtype)
+    beta = np.empty((turns, candidates), emissions.dtype)
+    work = np.empty((4, candidates), emissions.dtype)
+    flipped = np.empty((candidates, candidates), emissions.dtype)
+    constants = _constants(emissions)
+    backward = posteriors.shape[0] > 0
+    for b in range(block, mask.shape[0], blocks):
+        length, row_status, value = _forward_row(emissions, transitions, mask, b, alpha, work, constants)
+        log_z[b] = value
+        status[b] = row_status
+        if backward and row_status == OK:
+            _backward_row(
+                transitions, mask, emissions, b, length, value, alpha, beta, work, flipped, posteriors[b], constants
+            )
+
+
+@numba.njit(cache=True, parallel=True)
+def log_partition(emissions, transitions, mask, log_z, status, blocks):
+    """log Z of every row into ``log_z`` (B,), ``blocks`` threads (see :mod:`.fused`)."""
+    empty = np.empty((0, 0, 0), emissions.dtype)
+    for block in numba.prange(blocks):
+        _block(emissions, transitions, mask, log_z, status, empty, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def log_partition_serial(emissions, transitions, mask, log_z, status):
+    """:func:`log_partition` on the calling thread."""
+    _block(emissions, transitions, mask, log_z, status, np.empty((0, 0, 0), emissions.dtype), 0, 1)
+
+
+@numba.njit(cache=True, parallel=True)
+def marginals(emissions, transitions, mask, log_z, status, posteriors, blocks):
+    """log Z (B,) and the posterior marginals (B, T, M) of every row, ``blocks`` threads."""
+    for block in numba.prange(blocks):
+        _block(emissions, transitions, mask, log_z, status, posteriors, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def marginals_serial(emissions, transitions, mask, log_z, status, posteriors):
+    """:func:`marginals` on the calling thread."""
+    _block(emissions, transitions, mask, log_z, status, posteriors, 0, 1)
