@@ -335,12 +335,65 @@ def forward_scores(emissions: Tensor, transitions: Tensor, mask: Tensor, locks: 
 
 
 def _log_partition(emissions: Tensor, transitions: Tensor, allowed: Tensor) -> Tensor:
-    fused_log_z = fused.log_partition(emissions, transitions, allowed)  # None with a gradient
+    """log Z of a clean trellis (:func:`~mapmatched_torch.kernels.checks.prepare`'s output):
+    the fused kernels where they apply, with their backward pass when a gradient is
+    asked for (:class:`_FusedLogPartition`), else the torch path."""
+    if torch.is_grad_enabled() and (emissions.requires_grad or transitions.requires_grad):
+        if fused.applies(emissions, transitions, allowed, gradients=True):
+            try:
+                return _FusedLogPartition.apply(emissions, transitions, allowed)
+            except _TorchPathDecides:
+                pass
+        return _torch_log_partition(emissions, transitions, allowed)
+    fused_log_z = fused.log_partition(emissions.detach(), transitions.detach(), allowed)
     if fused_log_z is not None:
         return fused_log_z
+    return _torch_log_partition(emissions, transitions, allowed)
+
+
+def _torch_log_partition(emissions: Tensor, transitions: Tensor, allowed: Tensor) -> Tensor:
     forward = chain.forward(LOG, emissions, transitions, allowed)
     raise_if_nonfinite(forward.nonfinite)
     return LOG.sum(forward.alphas[:, -1], dim=1)[0]
+
+
+class _TorchPathDecides(Exception):
+    """The fused kernel flagged a row that the torch checks accept (not expected: the
+    torch path then decides)."""
+
+
+class _FusedLogPartition(torch.autograd.Function):
+    """log Z by the fused kernel; its gradient (marginals, pair marginals) by the same
+    kernels' backward pass (:func:`mapmatched_torch.kernels.fused.log_partition_gradients`).
+
+    A gradient that must itself be differentiable (``create_graph=True``: double
+    backward) is computed by the torch path's autograd instead, from the same inputs.
+    """
+
+    @staticmethod
+    def forward(ctx, emissions: Tensor, transitions: Tensor, allowed: Tensor) -> Tensor:  # type: ignore[override]
+        log_z = fused.log_partition(emissions.detach(), transitions.detach(), allowed)
+        if log_z is None:
+            raise _TorchPathDecides()
+        ctx.save_for_backward(emissions, transitions, allowed)
+        return log_z
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        emissions, transitions, allowed = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():  # create_graph: the torch path's differentiable gradient
+            inputs = [tensor for tensor, needed in zip((emissions, transitions), wanted) if needed]
+            found = iter(torch.autograd.grad(_torch_log_partition(emissions, transitions, allowed), inputs, grad,
+                                             create_graph=True))
+            return tuple(next(found) if needed else None for needed in wanted) + (None,)
+        result = fused.log_partition_gradients(emissions, transitions, allowed, pairs=wanted[1])
+        assert result is not None, "the fused kernel applied in the forward pass"
+        _, marginal, pair = result
+        # shape: (B, T, M), (B, T-1, M, M)
+        grad_emissions = grad[:, None, None] * marginal if wanted[0] else None
+        grad_transitions = grad[:, None, None, None] * pair if wanted[1] else None
+        return grad_emissions, grad_transitions, None
 
 
 def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
@@ -356,9 +409,9 @@ def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tenso
     Returns:
         ``(B,)`` log Z.
 
-    Without a gradient (no input requires one, or grad mode is off) the fused CPU
-    kernel computes it where it applies (:mod:`mapmatched_torch.kernels.fused`; equal
-    to this recursion to a few ulps, not bit for bit).
+    The fused CPU kernel computes it where it applies, and its gradient with its own
+    backward pass (:mod:`mapmatched_torch.kernels.fused`; equal to this recursion to a
+    few ulps, not bit for bit); a double backward runs the torch path's autograd.
 
     Cost: O(B T M^2) time; autograd keeps O(B T M^2).
     """

@@ -36,9 +36,12 @@ plan, with a vectorized ``exp`` and ``log`` of their own. Those results are *not
 torch path's bit for bit (torch's ``exp`` and summation order cannot be reproduced):
 they agree with the torch path and with brute-force enumeration to a few ulps (float64
 log Z within 1e-15 relative on the tests' trellises), are deterministic, and depend on
-each conversation's real candidates only (not on the batch, padding or threads). With
-a gradient the torch path (autograd) runs, so log Z computed with and without a
-gradient can differ in the last bits.
+each conversation's real candidates only (not on the batch, padding or threads). Their
+backward pass (:func:`log_partition_gradients`: the marginals and pair marginals, one
+local share per move, as reverse-mode differentiation computes them) is the gradient
+of :func:`~mapmatched_torch.kernels.decode.log_partition` and ``log_likelihood`` when
+one is asked for, so fitting runs on them too; a gradient that must itself be
+differentiable (double backward) comes from the torch path.
 
 Threads: ``torch.get_num_threads()`` (so ``OMP_NUM_THREADS`` and
 ``torch.set_num_threads`` apply), serial below 32 conversations
@@ -70,6 +73,7 @@ __all__ = [
     "online_forward_scores",
     "log_partition",
     "marginals",
+    "log_partition_gradients",
     "check_shapes",
 ]
 
@@ -91,14 +95,16 @@ def fused_kernels_enabled() -> bool:
     return _STATE["enabled"]
 
 
-def applies(*tensors: Tensor) -> bool:
-    """Whether a fused kernel can decode these (already shape-checked) tensors."""
+def applies(*tensors: Tensor, gradients: bool = False) -> bool:
+    """Whether a fused kernel can decode these (already shape-checked) tensors; with
+    ``gradients``, inputs that require a gradient count too (the log-semiring kernels
+    have a backward pass)."""
     if not _STATE["enabled"] or not numba_runtime.available():
         return False
     first = tensors[0]
     if first.device.type != "cpu" or first.dtype not in _DTYPES:
         return False
-    return not any(tensor.requires_grad for tensor in tensors)
+    return gradients or not any(tensor.requires_grad for tensor in tensors)
 
 
 def _kernels():
@@ -260,10 +266,12 @@ def online_forward_scores(emissions: object, transitions: object, mask: object, 
 
 
 def _log_semiring(
-    emissions: Tensor, transitions: Tensor, mask: Tensor, posteriors: bool
-) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-    """``(log Z (B,), marginals (B, T, M) or None)`` from the log-semiring kernels, or None."""
-    if not applies(emissions, transitions, mask):
+    emissions: Tensor, transitions: Tensor, mask: Tensor, posteriors: bool, pairs: bool = False,
+    gradients: bool = False,
+) -> Optional[Tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
+    """``(log Z (B,), marginals (B, T, M) or None, pair marginals (B, T-1, M, M) or None)``
+    from the log-semiring kernels, or None (``gradients``: see :func:`applies`)."""
+    if not applies(emissions, transitions, mask, gradients=gradients):
         return None
     kernels = _log_kernels()
     batch = emissions.shape[0]
@@ -271,18 +279,21 @@ def _log_semiring(
     status = torch.empty((batch,), dtype=torch.int8)
     arguments = (_array(emissions), _array(transitions), _array(mask), log_z.numpy(), status.numpy())
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
-    marginal = None
-    if posteriors:
-        # shape: (B, T, M)
+    marginal = pair = None
+    if posteriors or pairs:
+        # shape: (B, T, M), (B, T-1, M, M)
         marginal = torch.empty(emissions.shape, dtype=emissions.dtype)
-        numba_runtime.call(kernels.marginals, kernels.marginals_serial, arguments + (marginal.numpy(),), blocks)
+        pair = torch.empty(transitions.shape if pairs else (0, 0, 0, 0), dtype=emissions.dtype)
+        numba_runtime.call(
+            kernels.marginals, kernels.marginals_serial, arguments + (marginal.numpy(), pair.numpy()), blocks
+        )
     else:
         numba_runtime.call(kernels.log_partition, kernels.log_partition_serial, arguments, blocks)
     if bool((status == kernels.INVALID).any()):
-        prepare(emissions, transitions, mask)  # raises the torch path's message
-        return None  # the checks pass (a weight sum overflowed in the kernel's check): the torch path decides
+        prepare(emissions.detach(), transitions.detach(), mask)  # raises the torch path's message
+        return None  # unreachable unless the kernel and the checks disagree: the torch path decides
     raise_if_nonfinite(status == kernels.OVERFLOW)
-    return log_z, marginal
+    return log_z, marginal, pair if pairs else None
 
 
 def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Optional[Tensor]:
@@ -327,6 +338,29 @@ def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Optional[
     """
     result = _log_semiring(emissions, transitions, mask, posteriors=True)
     return None if result is None else result[1]
+
+
+def log_partition_gradients(
+    emissions: Tensor, transitions: Tensor, mask: Tensor, *, pairs: bool
+) -> Optional[Tuple[Tensor, Tensor, Optional[Tensor]]]:
+    """log Z and its gradients with the fused kernels, or None; inputs may require a
+    gradient (they are read, not differentiated through).
+
+    Args:
+        emissions, transitions, mask: as in :func:`log_partition` (shape-checked).
+        pairs: also compute the pair marginals (the gradient in the transitions,
+            ``(B, T-1, M, M)`` floats: 4 or 8 bytes per move).
+
+    Returns:
+        None when no fused kernel applies, else ``(log Z (B,), marginals (B, T, M),
+        pair marginals (B, T-1, M, M) or None)``: ``d log Z / d emissions`` and
+        ``d log Z / d transitions``, exactly 0 at masked candidates and the moves
+        touching them.
+
+    Raises:
+        MapMatchedValueError: as :func:`log_partition`.
+    """
+    return _log_semiring(emissions, transitions, mask, posteriors=True, pairs=pairs, gradients=True)  # type: ignore
 
 
 def check_shapes(emissions: object, transitions: object, mask: object) -> Tuple[Tensor, Tensor, Tensor]:

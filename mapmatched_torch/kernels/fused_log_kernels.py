@@ -234,7 +234,7 @@ def _move_sum_exact(values, weights, keep, count, constants):
 
 
 @numba.njit(cache=True, nogil=True)
-def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
+def _forward_row(emissions, transitions, mask, b, alpha, moved, work, constants):
     """The log-semiring forward pass of row b into ``alpha`` (T, M); returns
     (length, status, log Z).
 
@@ -244,10 +244,11 @@ def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
     outside a window (``constants[2:4]``: its terms could have underflowed or been
     clamped) is recomputed exactly, two passes over the column
     (:func:`_move_sum_exact`); with scores and transitions of ordinary spread that
-    never happens. ``check[i]`` sums the weights into i from real candidates: it is
-    finite iff they all are (or it overflowed: then the caller's torch checks decide).
-    ``constants`` holds 0, -inf and the window in the row's dtype; ``work`` is a
-    (4, M) workspace.
+    never happens. ``check[i]`` sums ``w - w`` over the weights into i from real
+    candidates: 0 iff they are all finite, NaN otherwise (it cannot overflow).
+    ``moved`` (T, M) gets each turn's sums before the emission (``alpha - e``), which the
+    backward pass divides by. ``constants`` holds 0, -inf and the window in the row's
+    dtype; ``work`` is a (4, M) workspace.
     """
     candidates = alpha.shape[1]
     total, check, logs, column = work[0], work[1], work[2], work[3]
@@ -277,7 +278,7 @@ def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
             row = transitions[b, t - 1, j]
             for i in range(candidates):
                 weight = row[i]
-                check[i] += weight
+                check[i] += weight - weight  # NaN iff some weight into i is not finite
                 total[i] += exp_shifted(shift + weight)
         for i in range(candidates):
             logs[i] = log_positive(total[i])  # one vector loop; used only inside the window
@@ -287,12 +288,13 @@ def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
                 if not (np.isfinite(emission) and np.isfinite(check[i])):
                     return length, INVALID, constants[1]
                 if _in_window(total[i], constants):
-                    moved = anchor + logs[i]
+                    sum_ = anchor + logs[i]
                 else:
                     for j in range(candidates):
                         column[j] = transitions[b, t - 1, j, i]
-                    moved = _move_sum_exact(alpha[t - 1], column, mask[b, t - 1], candidates, constants)
-                value = moved + emission
+                    sum_ = _move_sum_exact(alpha[t - 1], column, mask[b, t - 1], candidates, constants)
+                moved[t, i] = sum_
+                value = sum_ + emission
                 alpha[t, i] = value
                 if not np.isfinite(value):
                     status = OVERFLOW
@@ -309,98 +311,115 @@ def _forward_row(emissions, transitions, mask, b, alpha, work, constants):
 
 
 @numba.njit(cache=True, nogil=True)
-def _backward_row(transitions, mask, emissions, b, length, log_z, alpha, beta, work, flipped, out, constants):
-    """Posterior marginals of row b into ``out`` (T, M), from its forward scores.
+def _backward_row(transitions, mask, b, length, log_z, alpha, moved, flipped, out, pairs, constants):
+    """Posterior marginals of row b into ``out`` (T, M), and its pair marginals into
+    ``pairs`` (T-1, M, M) unless that is empty, from its forward scores.
 
-    The mirror of :func:`_forward_row`: ``shifted[i] = e[t+1, i] + beta[t+1, i]``,
-    U its maximum, ``beta[t, j] = U + log sum_i exp((shifted[i] - U) + tr[t, j, i])``
-    (the turn's transitions transposed into ``flipped`` so that the sum runs along
-    contiguous memory for every j at once), exact where a sum leaves the window.
+    As reverse-mode differentiation of log Z computes them, one local share at a time
+    (so nothing grows with the scores' magnitude and nothing can overflow):
+    ``p[L-1, i] = exp(alpha[L-1, i] - log Z)``, then for each move
+
+        share[t, j, i] = p[t+1, i] * exp((alpha[t, j] + tr[t, j, i]) - moved[t+1, i])
+
+    (the part of candidate i's weight that arrives from j, against the forward pass's
+    own sum ``moved`` into i: the shares into i sum to ``p[t+1, i]``), and
+    ``p[t, j] = sum_i share[t, j, i]``. The turn's transitions are
+    transposed into ``flipped`` (0 where a move touches a masked candidate) so that the
+    sum over i runs along contiguous memory for every j at once.
     """
     turns, candidates = out.shape
-    total, shifted, logs = work[0], work[1], work[2]
+    zero = constants[0]
+    writes_pairs = pairs.shape[0] > 0
     for t in range(turns):
         for i in range(candidates):
-            out[t, i] = constants[0]
+            out[t, i] = zero
     last = length - 1
+    if writes_pairs:  # the moves after the conversation's end (the others are all written below)
+        for t in range(max(last, 0), pairs.shape[0]):
+            for j in range(candidates):
+                for i in range(candidates):
+                    pairs[t, j, i] = zero
     for i in range(candidates):
-        beta[last, i] = constants[0]
+        if mask[b, last, i]:
+            out[last, i] = exp_shifted(alpha[last, i] - log_z)
     for t in range(last - 1, -1, -1):
-        anchor = constants[1]
-        for i in range(candidates):
-            if mask[b, t + 1, i]:
-                shifted[i] = emissions[b, t + 1, i] + beta[t + 1, i]
-                anchor = shifted[i] if shifted[i] > anchor else anchor
         for j in range(candidates):
             row = transitions[b, t, j]
+            real = mask[b, t, j]
             for i in range(candidates):
-                flipped[i, j] = row[i]
-            total[j] = constants[0]
+                flipped[i, j] = row[i] if real and mask[b, t + 1, i] else zero
         for i in range(candidates):
             if not mask[b, t + 1, i]:
                 continue
-            shift = shifted[i] - anchor
-            into = flipped[i]
+            into = out[t + 1, i]
+            sum_ = moved[t + 1, i]
+            moves = flipped[i]
+            for j in range(candidates):  # alpha[t, j] = -inf at a masked j: its share is 0
+                share = into * exp_shifted((alpha[t, j] + moves[j]) - sum_)
+                moves[j] = share
+                out[t, j] += share
+        if writes_pairs:  # flipped[i] holds i's shares, or zeros for a masked i
             for j in range(candidates):
-                total[j] += exp_shifted(shift + into[j])
-        for j in range(candidates):
-            logs[j] = log_positive(total[j])
-        for j in range(candidates):
-            if not mask[b, t, j]:
-                beta[t, j] = constants[1]
-            elif _in_window(total[j], constants):
-                beta[t, j] = anchor + logs[j]
-            else:
-                beta[t, j] = _move_sum_exact(shifted, transitions[b, t, j], mask[b, t + 1], candidates, constants)
-    for t in range(length):
-        for i in range(candidates):
-            if mask[b, t, i]:
-                out[t, i] = exp_shifted((alpha[t, i] + beta[t, i]) - log_z)
+                for i in range(candidates):
+                    pairs[t, j, i] = flipped[i, j]
 
 
 @numba.njit(cache=True, nogil=True)
-def _block(emissions, transitions, mask, log_z, status, posteriors, block, blocks):
-    """Rows block, block + blocks, ...: log Z, and the marginals when ``posteriors``
-    is not empty (one workspace per block)."""
+def _block(emissions, transitions, mask, log_z, status, posteriors, pairs, block, blocks):
+    """Rows block, block + blocks, ...: log Z, the marginals when ``posteriors`` is not
+    empty, the pair marginals when ``pairs`` is not empty (one workspace per block)."""
     turns, candidates = mask.shape[1], mask.shape[2]
     alpha = np.empty((turns, candidates), emissions.dtype)
-    beta = np.empty((turns, candidates), emissions.dtype)
+    moved = np.empty((turns, candidates), emissions.dtype)
     work = np.empty((4, candidates), emissions.dtype)
     flipped = np.empty((candidates, candidates), emissions.dtype)
     constants = _constants(emissions)
     backward = posteriors.shape[0] > 0
+    no_pairs = np.empty((0, 0, 0), emissions.dtype)
     for b in range(block, mask.shape[0], blocks):
-        length, row_status, value = _forward_row(emissions, transitions, mask, b, alpha, work, constants)
+        length, row_status, value = _forward_row(emissions, transitions, mask, b, alpha, moved, work, constants)
         log_z[b] = value
         status[b] = row_status
         if backward and row_status == OK:
             _backward_row(
-                transitions, mask, emissions, b, length, value, alpha, beta, work, flipped, posteriors[b], constants
+                transitions, mask, b, length, value, alpha, moved, flipped, posteriors[b],
+                pairs[b] if pairs.shape[0] > 0 else no_pairs, constants,
             )
 
 
 @numba.njit(cache=True, parallel=True)
 def log_partition(emissions, transitions, mask, log_z, status, blocks):
     """log Z of every row into ``log_z`` (B,), ``blocks`` threads (see :mod:`.fused`)."""
-    empty = np.empty((0, 0, 0), emissions.dtype)
     for block in numba.prange(blocks):
-        _block(emissions, transitions, mask, log_z, status, empty, block, blocks)
+        _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), block,
+               blocks)
 
 
 @numba.njit(cache=True, nogil=True)
 def log_partition_serial(emissions, transitions, mask, log_z, status):
     """:func:`log_partition` on the calling thread."""
-    _block(emissions, transitions, mask, log_z, status, np.empty((0, 0, 0), emissions.dtype), 0, 1)
+    _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), 0, 1)
 
 
 @numba.njit(cache=True, parallel=True)
-def marginals(emissions, transitions, mask, log_z, status, posteriors, blocks):
-    """log Z (B,) and the posterior marginals (B, T, M) of every row, ``blocks`` threads."""
+def marginals(emissions, transitions, mask, log_z, status, posteriors, pairs, blocks):
+    """log Z (B,), the marginals (B, T, M) and, unless ``pairs`` is empty, the pair
+    marginals (B, T-1, M, M) of every row, ``blocks`` threads."""
     for block in numba.prange(blocks):
-        _block(emissions, transitions, mask, log_z, status, posteriors, block, blocks)
+        _block(emissions, transitions, mask, log_z, status, posteriors, pairs, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def marginals_serial(emissions, transitions, mask, log_z, status, posteriors):
+def marginals_serial(emissions, transitions, mask, log_z, status, posteriors, pairs):
     """:func:`marginals` on the calling thread."""
-    _block(emissions, transitions, mask, log_z, status, posteriors, 0, 1)
+    _block(emissions, transitions, mask, log_z, status, posteriors, pairs, 0, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _no_posteriors(like):
+    return np.empty((0, 0, 0), like.dtype)
+
+
+@numba.njit(cache=True, nogil=True)
+def _no_pairs(like):
+    return np.empty((0, 0, 0, 0), like.dtype)

@@ -162,16 +162,19 @@ def test_masked_garbage_never_flags_or_changes_a_result():
     assert log_z.tolist() == [1.5] and posterior.tolist() == [[[1.0, 0.0], [1.0, 0.0]]]
 
 
-def test_a_weight_sum_overflow_leaves_the_decision_to_the_torch_path():
-    """Finite weights whose sum overflows look non-finite to the kernel's check; the torch
-    checks then pass and the torch path computes the result."""
-    emissions = torch.zeros(1, 2, 3)
-    transitions = torch.full((1, 1, 3, 3), -3e38)
-    transitions[0, 0, :, 0] = 0.0
-    mask = torch.ones(1, 2, 3, dtype=torch.bool)
-    assert fused.log_partition(emissions, transitions, mask) is None
-    expected = reference(emissions, transitions, mask)
-    assert torch.equal(decode.log_partition(emissions, transitions, mask), expected[0])
+def test_finite_weights_whose_sum_overflows_stay_in_the_kernel():
+    """Found by fuzzing: a finiteness check that summed the weights overflowed on finite
+    ones (-3e38 each) and sent the whole batch to the torch path, changing the other
+    rows' bits. The check cannot overflow now."""
+    generator = torch.Generator().manual_seed(17)
+    emissions = torch.randn(40, 2, 3, generator=generator)
+    transitions = -torch.rand(40, 1, 3, 3, generator=generator)
+    transitions[5, 0, :, 0] = -3e38
+    mask = torch.ones(40, 2, 3, dtype=torch.bool)
+    log_z = fused.log_partition(emissions, transitions, mask)
+    assert log_z is not None
+    torch.testing.assert_close(log_z, reference(emissions, transitions, mask)[0], rtol=2e-6, atol=2e-6)
+    assert torch.equal(fused.log_partition(emissions[:1], transitions[:1], mask[:1]), log_z[:1])
 
 
 def test_gradients_and_other_dtypes_take_the_torch_path():
@@ -249,3 +252,100 @@ def test_the_kernels_exp_and_log_are_within_a_few_ulps(dtype):
     nonzero = exact != 0
     assert ((out.double() - exact).abs()[nonzero] / spacing[nonzero]).max() <= 4.0
     assert out[-4].item() == 0.0
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 2e38), (torch.float64, 1e308)])
+def test_marginals_do_not_overflow_where_the_forward_scores_do_not(dtype, big):
+    """Found by fuzzing: a backward recursion of beta scores overflowed here (marginals
+    of 5e34 without an error); the local shares cannot."""
+    emissions = torch.tensor([[[-1.7 * big], [big], [big]]], dtype=dtype)
+    mask = torch.ones(1, 3, 1, dtype=torch.bool)
+    log_z, posterior = fused_both(emissions, torch.zeros(1, 2, 1, 1, dtype=dtype), mask)
+    assert torch.isfinite(log_z).all() and posterior.tolist() == [[[1.0], [1.0], [1.0]]]
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 300.0), (torch.float64, 1e4)])
+def test_marginals_keep_their_accuracy_when_scores_grow_large(dtype, scale):
+    """Found by fuzzing: ``exp(alpha + beta - log Z)`` loses ulp(|alpha| + |beta|) of
+    absolute accuracy; the local shares are as accurate as the torch path's autograd."""
+    generator = torch.Generator().manual_seed(13)
+    emissions = ((torch.rand(4, 30, 3, generator=generator, dtype=torch.float64) * 2 - 1) * scale).to(dtype)
+    transitions = ((torch.rand(4, 29, 3, 3, generator=generator, dtype=torch.float64) * 2 - 1) * 20).to(dtype)
+    mask = torch.ones(4, 30, 3, dtype=torch.bool)
+    _, posterior = fused_both(emissions, transitions, mask)
+    _, expected = reference(emissions, transitions, mask)
+    if dtype == torch.float64:
+        torch.testing.assert_close(posterior, expected, rtol=0, atol=1e-13)
+    else:  # float32 rounding of scores near 1e3 costs both paths about 1e-4: no worse than the torch path
+        _, truth = reference(emissions.double(), transitions.double(), mask)
+        ours, theirs = ((found.double() - truth).abs().max().item() for found in (posterior, expected))
+        assert ours <= 1.5 * theirs + 1e-6
+    one = fused_both(emissions[:, :, :1].contiguous(), transitions[:, :, :1, :1].contiguous(), mask[:, :, :1])[1]
+    assert (one == 1).all()  # one candidate per turn: every marginal exactly 1
+
+
+# --------------------------------------------------------------------- gradients
+
+
+def _gradients(function, emissions, transitions, mask, *extra):
+    emissions = emissions.clone().requires_grad_(True)
+    transitions = transitions.clone().requires_grad_(True)
+    value = function(emissions, transitions, mask, *extra)
+    weights = torch.linspace(0.5, 1.5, value.numel(), dtype=value.dtype)
+    return value.detach(), torch.autograd.grad((value * weights).sum(), (emissions, transitions))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_come_from_the_kernels_and_equal_the_torch_paths(dtype, monkeypatch):
+    generator = torch.Generator().manual_seed(14)
+    trellis = random_trellis(40, 6, 5, generator=generator, dtype=dtype)  # NaN garbage at padding
+    transitions = -trellis.distances
+    calls = []
+    original = fused.log_partition_gradients
+    monkeypatch.setattr(fused, "log_partition_gradients", lambda *a, **k: calls.append(k) or original(*a, **k))
+    value, (grad_e, grad_tr) = _gradients(decode.log_partition, trellis.emissions, transitions, trellis.mask)
+    assert calls == [{"pairs": True}]
+    with torch_path():
+        expected_value, (expected_e, expected_tr) = _gradients(
+            decode.log_partition, trellis.emissions, transitions, trellis.mask
+        )
+    log_z_rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(value, expected_value, rtol=log_z_rtol, atol=log_z_rtol)
+    torch.testing.assert_close(grad_e, expected_e, rtol=0, atol=atol * 2)
+    torch.testing.assert_close(grad_tr, expected_tr, rtol=0, atol=atol * 2)
+    pairs = trellis.mask[:, :-1, :, None] & trellis.mask[:, 1:, None, :]
+    assert not grad_e[~trellis.mask].any() and not grad_tr[~pairs].any()  # exactly 0 at padding, never NaN
+
+
+def test_log_likelihood_gradients_take_the_kernels(monkeypatch):
+    generator = torch.Generator().manual_seed(15)
+    trellis = random_trellis(20, 5, 4, generator=generator)
+    gold = torch.where(trellis.mask.any(dim=-1), trellis.mask.long().argmax(dim=-1), -1)
+    calls = []
+    original = fused.log_partition_gradients
+    monkeypatch.setattr(fused, "log_partition_gradients", lambda *a, **k: calls.append(k) or original(*a, **k))
+    value, grads = _gradients(decode.log_likelihood, trellis.emissions, -trellis.distances, trellis.mask, gold)
+    assert len(calls) == 2  # log Z(gold) and log Z
+    with torch_path():
+        expected_value, expected = _gradients(decode.log_likelihood, trellis.emissions, -trellis.distances,
+                                              trellis.mask, gold)
+    torch.testing.assert_close(value, expected_value, rtol=1e-13, atol=1e-13)
+    for ours, theirs in zip(grads, expected):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+
+
+def test_gradcheck_and_double_backward():
+    generator = torch.Generator().manual_seed(16)
+    trellis = random_trellis(3, 4, 3, generator=generator, fill=0.0)
+    emissions = trellis.emissions.clone().requires_grad_(True)
+    transitions = (-trellis.distances).clone().requires_grad_(True)
+
+    def log_z(e, tr):
+        return decode.log_partition(e, tr, trellis.mask)
+
+    assert torch.autograd.gradcheck(log_z, (emissions, transitions))
+    assert torch.autograd.gradgradcheck(log_z, (emissions, transitions))  # the torch path's create_graph
+    # only the emissions asked for: no transition gradient is made
+    (grad,) = torch.autograd.grad(log_z(emissions, transitions.detach()).sum(), (emissions,))
+    torch.testing.assert_close(grad, fused.marginals(emissions.detach(), transitions.detach(), trellis.mask),
+                               rtol=0, atol=0)
