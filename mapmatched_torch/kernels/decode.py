@@ -339,13 +339,14 @@ def _log_partition(emissions: Tensor, transitions: Tensor, allowed: Tensor) -> T
     the fused kernels where they apply, with their backward pass when a gradient is
     asked for (:class:`_FusedLogPartition`), else the torch path."""
     if torch.is_grad_enabled() and (emissions.requires_grad or transitions.requires_grad):
-        if fused.applies(emissions, transitions, allowed, gradients=True):
+        # one turn: log Z does not depend on the (empty) transitions; the torch path's graph says so
+        if emissions.shape[1] > 1 and fused.applies(emissions, transitions, allowed, gradients=True):
             try:
                 return _FusedLogPartition.apply(emissions, transitions, allowed)
             except _TorchPathDecides:
                 pass
         return _torch_log_partition(emissions, transitions, allowed)
-    fused_log_z = fused.log_partition(emissions.detach(), transitions.detach(), allowed)
+    fused_log_z = fused.log_partition(*_without_gradient(emissions, transitions, allowed))
     if fused_log_z is not None:
         return fused_log_z
     return _torch_log_partition(emissions, transitions, allowed)
@@ -385,7 +386,7 @@ class _FusedLogPartition(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the torch path's differentiable gradient
             inputs = [tensor for tensor, needed in zip((emissions, transitions), wanted) if needed]
             found = iter(torch.autograd.grad(_torch_log_partition(emissions, transitions, allowed), inputs, grad,
-                                             create_graph=True))
+                                             create_graph=True, allow_unused=True))
             return tuple(next(found) if needed else None for needed in wanted) + (None,)
         result = fused.log_partition_gradients(emissions, transitions, allowed, pairs=wanted[1])
         assert result is not None, "the fused kernel applied in the forward pass"
@@ -424,8 +425,9 @@ def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tenso
 
 def _without_gradient(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """The inputs detached when no gradient can be asked of the result (grad mode off),
-    so that the fused kernels apply; as given otherwise."""
-    if torch.is_grad_enabled():
+    so that the fused kernels apply; as given otherwise, and always for a forward-mode
+    dual tensor (detaching would drop its tangent: the torch path then runs)."""
+    if torch.is_grad_enabled() or not (fused.plain(emissions) and fused.plain(transitions)):
         return emissions, transitions, mask
     return emissions.detach(), transitions.detach(), mask
 
@@ -451,8 +453,7 @@ def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
         getattr(emissions, "requires_grad", False) or getattr(transitions, "requires_grad", False)
     )
     if not differentiable:
-        shaped = fused.check_shapes(emissions, transitions, mask)
-        fused_marginals = fused.marginals(shaped[0].detach(), shaped[1].detach(), shaped[2])
+        fused_marginals = fused.marginals(*_without_gradient(*fused.check_shapes(emissions, transitions, mask)))
         if fused_marginals is not None:
             return fused_marginals
     prepared = prepare(emissions, transitions, mask)

@@ -11,7 +11,9 @@ fallback. A fused kernel applies when
 
 - it is enabled (default; :func:`use_fused_kernels` or the environment variable
   ``MAPMATCHED_TORCH_FUSED=0`` turn it off),
-- the tensors are on the CPU, float32 or float64, and none requires a gradient,
+- the tensors are on the CPU, float32 or float64, and none requires a gradient (the
+  log-semiring kernels have a backward pass: see below), and none carries a forward-mode
+  tangent or is a ``torch.func`` transform's wrapper (those take the torch path),
 - numba is installed (the ``numba`` extra).
 
 CPU kernel (:mod:`.fused_cpu_kernels`): one thread decodes one conversation at a time,
@@ -58,6 +60,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from ..core.checks import check_nonnegative_int
 from ..core.errors import MapMatchedValueError
@@ -74,6 +77,7 @@ __all__ = [
     "log_partition",
     "marginals",
     "log_partition_gradients",
+    "plain",
     "check_shapes",
 ]
 
@@ -104,7 +108,33 @@ def applies(*tensors: Tensor, gradients: bool = False) -> bool:
     first = tensors[0]
     if first.device.type != "cpu" or first.dtype not in _DTYPES:
         return False
+    if _transforms_active() and not all(plain(tensor) for tensor in tensors):
+        return False
     return gradients or not any(tensor.requires_grad for tensor in tensors)
+
+
+def plain(tensor: Tensor) -> bool:
+    """Neither a forward-mode AD dual tensor nor a ``torch.func`` transform's wrapper:
+    a kernel reading its values would silently drop the tangent or the transform."""
+    if _is_wrapped(tensor):
+        return False
+    return forward_ad.unpack_dual(tensor).tangent is None
+
+
+def _transforms_active() -> bool:
+    """Whether a forward-mode AD level or a ``torch.func`` transform is active (only then
+    can a tensor carry a tangent or be a wrapper): two cheap probes instead of one per
+    tensor. Where torch lacks a probe, assume one is."""
+    if getattr(forward_ad, "_current_level", 0) >= 0:
+        return True
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is None or peek() is not None
+
+
+def _is_wrapped(tensor: Tensor) -> bool:
+    functorch = getattr(torch._C, "_functorch", None)
+    probe = getattr(functorch, "is_functorch_wrapped_tensor", None)
+    return bool(probe(tensor)) if probe is not None else False
 
 
 def _kernels():

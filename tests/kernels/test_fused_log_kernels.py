@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.autograd import forward_ad
 
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.kernels import decode, fused
@@ -349,3 +350,48 @@ def test_gradcheck_and_double_backward():
     (grad,) = torch.autograd.grad(log_z(emissions, transitions.detach()).sum(), (emissions,))
     torch.testing.assert_close(grad, fused.marginals(emissions.detach(), transitions.detach(), trellis.mask),
                                rtol=0, atol=0)
+
+
+def test_one_turn_gradients_behave_as_the_torch_paths():
+    """Found by fuzzing: with one turn log Z does not depend on the (empty) transitions;
+    a double backward crashed, and the transitions got a zero gradient where the torch
+    path's graph has none."""
+    emissions = torch.randn(2, 1, 3, dtype=torch.float64, requires_grad=True)
+    transitions = torch.zeros(2, 0, 3, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 1, 3, dtype=torch.bool)
+    (grad,) = torch.autograd.grad(decode.log_partition(emissions, transitions, mask).sum(), (emissions,),
+                                  create_graph=True)
+    (second,) = torch.autograd.grad((grad * torch.arange(3.0, dtype=torch.float64)).sum(), (emissions,))
+    decode.marginals(emissions, transitions, mask).pow(2).sum().backward()
+    with torch_path():
+        (expected,) = torch.autograd.grad(decode.log_partition(emissions, transitions, mask).sum(), (emissions,),
+                                          create_graph=True)
+        (expected_second,) = torch.autograd.grad((expected * torch.arange(3.0, dtype=torch.float64)).sum(),
+                                                 (emissions,))
+    torch.testing.assert_close(grad, expected)
+    torch.testing.assert_close(second, expected_second)
+    assert not decode.log_partition(emissions.detach(), transitions, mask).requires_grad
+
+
+def test_forward_mode_tangents_and_torch_func_take_the_torch_path():
+    """Found by fuzzing: a kernel reading a dual tensor's values dropped its tangent."""
+    generator = torch.Generator().manual_seed(18)
+    trellis = random_trellis(2, 3, 3, generator=generator, fill=0.0)
+    tangent = torch.randn(trellis.emissions.shape, generator=generator, dtype=torch.float64)
+    with torch_path(), forward_ad.dual_level():
+        expected = forward_ad.unpack_dual(
+            decode.log_partition(forward_ad.make_dual(trellis.emissions, tangent), -trellis.distances, trellis.mask)
+        ).tangent
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(trellis.emissions, tangent)
+        for grad_mode in (torch.enable_grad, torch.no_grad):
+            with grad_mode():
+                found = forward_ad.unpack_dual(decode.log_partition(dual, -trellis.distances, trellis.mask)).tangent
+                torch.testing.assert_close(found, expected)
+                found = forward_ad.unpack_dual(decode.viterbi(dual, -trellis.distances, trellis.mask).scores).tangent
+                assert found is not None
+    grad = torch.func.grad(lambda e: decode.log_partition(e, -trellis.distances, trellis.mask).sum())(
+        trellis.emissions
+    )
+    torch.testing.assert_close(grad, fused.marginals(trellis.emissions, -trellis.distances, trellis.mask), rtol=0,
+                               atol=1e-12)
