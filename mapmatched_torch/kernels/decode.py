@@ -373,22 +373,23 @@ class _FusedLogPartition(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emissions: Tensor, transitions: Tensor, allowed: Tensor) -> Tensor:  # type: ignore[override]
-        log_z = fused.log_partition(emissions.detach(), transitions.detach(), allowed)
-        if log_z is None:
+        states = fused.log_partition_states(emissions.detach(), transitions.detach(), allowed)
+        if states is None:
             raise _TorchPathDecides()
-        ctx.save_for_backward(emissions, transitions, allowed)
-        return log_z
+        ctx.save_for_backward(emissions, transitions, allowed, *states)
+        return states.log_z.clone()  # the kept log Z stays the backward pass's input
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        emissions, transitions, allowed = ctx.saved_tensors
+        emissions, transitions, allowed, *kept = ctx.saved_tensors
         wanted = ctx.needs_input_grad[:2]
         if torch.is_grad_enabled():  # create_graph: the torch path's differentiable gradient
             inputs = [tensor for tensor, needed in zip((emissions, transitions), wanted) if needed]
             found = iter(torch.autograd.grad(_torch_log_partition(emissions, transitions, allowed), inputs, grad,
                                              create_graph=True, allow_unused=True))
             return tuple(next(found) if needed else None for needed in wanted) + (None,)
-        result = fused.log_partition_gradients(emissions, transitions, allowed, pairs=wanted[1])
+        result = fused.log_partition_gradients(emissions.detach(), transitions.detach(), allowed, pairs=wanted[1],
+                                               states=fused.ForwardStates(*kept))
         assert result is not None, "the fused kernel applied in the forward pass"
         _, marginal, pair = result
         # shape: (B, T, M), (B, T-1, M, M)

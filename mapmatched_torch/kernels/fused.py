@@ -55,7 +55,7 @@ processes.
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -76,6 +76,8 @@ __all__ = [
     "online_forward_scores",
     "log_partition",
     "marginals",
+    "ForwardStates",
+    "log_partition_states",
     "log_partition_gradients",
     "plain",
     "check_shapes",
@@ -295,35 +297,61 @@ def online_forward_scores(emissions: object, transitions: object, mask: object, 
     return max_plus_forward(*check_shapes(emissions, transitions, mask), lag=lag)
 
 
+class ForwardStates(NamedTuple):
+    """A log-semiring forward pass kept for its backward pass (:func:`log_partition_states`).
+
+    Attributes:
+        log_z: ``(B,)``. scores: ``(B, T, M)`` forward scores. sums: ``(B, T, M)`` each
+            turn's sums before the emission. (Both unspecified after a row's end and at
+            masked candidates: for the kernels only.)
+    """
+
+    log_z: Tensor
+    scores: Tensor
+    sums: Tensor
+
+
 def _log_semiring(
     emissions: Tensor, transitions: Tensor, mask: Tensor, posteriors: bool, pairs: bool = False,
-    gradients: bool = False,
-) -> Optional[Tuple[Tensor, Optional[Tensor], Optional[Tensor]]]:
-    """``(log Z (B,), marginals (B, T, M) or None, pair marginals (B, T-1, M, M) or None)``
-    from the log-semiring kernels, or None (``gradients``: see :func:`applies`)."""
+    gradients: bool = False, keep: bool = False, states: Optional[ForwardStates] = None,
+) -> Optional[Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[ForwardStates]]]:
+    """``(log Z (B,), marginals (B, T, M) or None, pair marginals (B, T-1, M, M) or None,
+    the kept forward pass or None)`` from the log-semiring kernels, or None.
+
+    ``gradients``: see :func:`applies`. ``keep``: keep the forward pass. ``states``: a
+    kept forward pass of these inputs; only the backward pass runs.
+    """
     if not applies(emissions, transitions, mask, gradients=gradients):
         return None
     kernels = _log_kernels()
     batch = emissions.shape[0]
-    log_z = torch.empty((batch,), dtype=emissions.dtype)
-    status = torch.empty((batch,), dtype=torch.int8)
+    dtype = emissions.dtype
+    status = torch.zeros((batch,), dtype=torch.int8)  # OK: the given forward pass succeeded
+    if states is not None:
+        log_z, scores, sums = states
+    else:
+        log_z = torch.empty((batch,), dtype=dtype)
+        scores = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype)
+        sums = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype)
     arguments = (_array(emissions), _array(transitions), _array(mask), log_z.numpy(), status.numpy())
+    kept = (scores.numpy(), sums.numpy())
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
     marginal = pair = None
     if posteriors or pairs:
         # shape: (B, T, M), (B, T-1, M, M)
-        marginal = torch.empty(emissions.shape, dtype=emissions.dtype)
-        pair = torch.empty(transitions.shape if pairs else (0, 0, 0, 0), dtype=emissions.dtype)
+        marginal = torch.empty(emissions.shape, dtype=dtype)
+        pair = torch.empty(transitions.shape if pairs else (0, 0, 0, 0), dtype=dtype)
         numba_runtime.call(
-            kernels.marginals, kernels.marginals_serial, arguments + (marginal.numpy(), pair.numpy()), blocks
+            kernels.marginals, kernels.marginals_serial,
+            arguments + (marginal.numpy(), pair.numpy()) + kept + (states is not None,), blocks,
         )
     else:
-        numba_runtime.call(kernels.log_partition, kernels.log_partition_serial, arguments, blocks)
+        numba_runtime.call(kernels.log_partition, kernels.log_partition_serial, arguments + kept, blocks)
     if bool((status == kernels.INVALID).any()):
         prepare(emissions.detach(), transitions.detach(), mask)  # raises the torch path's message
         return None  # unreachable unless the kernel and the checks disagree: the torch path decides
     raise_if_nonfinite(status == kernels.OVERFLOW)
-    return log_z, marginal, pair if pairs else None
+    return log_z, marginal, pair if pairs else None, ForwardStates(log_z, scores, sums) if keep else None
 
 
 def log_partition(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Optional[Tensor]:
@@ -370,8 +398,19 @@ def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Optional[
     return None if result is None else result[1]
 
 
+def log_partition_states(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Optional[ForwardStates]:
+    """log Z with the fused kernel, its forward pass kept for :func:`log_partition_gradients`;
+    or None. Inputs may require a gradient (they are read, not differentiated through).
+
+    Args and Raises: as :func:`log_partition`. Cost: as :func:`log_partition`, plus two
+    ``(B, T, M)`` tensors kept.
+    """
+    result = _log_semiring(emissions, transitions, mask, posteriors=False, gradients=True, keep=True)
+    return None if result is None else result[3]
+
+
 def log_partition_gradients(
-    emissions: Tensor, transitions: Tensor, mask: Tensor, *, pairs: bool
+    emissions: Tensor, transitions: Tensor, mask: Tensor, *, pairs: bool, states: Optional[ForwardStates] = None
 ) -> Optional[Tuple[Tensor, Tensor, Optional[Tensor]]]:
     """log Z and its gradients with the fused kernels, or None; inputs may require a
     gradient (they are read, not differentiated through).
@@ -380,6 +419,8 @@ def log_partition_gradients(
         emissions, transitions, mask: as in :func:`log_partition` (shape-checked).
         pairs: also compute the pair marginals (the gradient in the transitions,
             ``(B, T-1, M, M)`` floats: 4 or 8 bytes per move).
+        states: :func:`log_partition_states` of these same inputs: the forward pass is
+            not run again.
 
     Returns:
         None when no fused kernel applies, else ``(log Z (B,), marginals (B, T, M),
@@ -390,7 +431,8 @@ def log_partition_gradients(
     Raises:
         MapMatchedValueError: as :func:`log_partition`.
     """
-    return _log_semiring(emissions, transitions, mask, posteriors=True, pairs=pairs, gradients=True)  # type: ignore
+    result = _log_semiring(emissions, transitions, mask, posteriors=True, pairs=pairs, gradients=True, states=states)
+    return None if result is None else result[:3]  # type: ignore[return-value]
 
 
 def check_shapes(emissions: object, transitions: object, mask: object) -> Tuple[Tensor, Tensor, Tensor]:

@@ -365,21 +365,33 @@ def _backward_row(transitions, mask, b, length, log_z, alpha, moved, flipped, ou
 
 
 @numba.njit(cache=True, nogil=True)
-def _block(emissions, transitions, mask, log_z, status, posteriors, pairs, block, blocks):
+def _block(emissions, transitions, mask, log_z, status, posteriors, pairs, scores, sums, reuse, block, blocks):
     """Rows block, block + blocks, ...: log Z, the marginals when ``posteriors`` is not
-    empty, the pair marginals when ``pairs`` is not empty (one workspace per block)."""
+    empty, the pair marginals when ``pairs`` is not empty (one workspace per block).
+
+    ``scores`` and ``sums`` (B, T, M), unless empty, keep each row's forward scores and
+    sums (``alpha`` and ``moved`` of :func:`_forward_row`; garbage after the row's
+    end); with ``reuse`` they and ``log_z``, ``status`` are inputs, from an earlier
+    forward pass, and only the backward pass runs.
+    """
     turns, candidates = mask.shape[1], mask.shape[2]
-    alpha = np.empty((turns, candidates), emissions.dtype)
-    moved = np.empty((turns, candidates), emissions.dtype)
+    local_alpha = np.empty((turns, candidates), emissions.dtype)
+    local_moved = np.empty((turns, candidates), emissions.dtype)
     work = np.empty((4, candidates), emissions.dtype)
     flipped = np.empty((candidates, candidates), emissions.dtype)
     constants = _constants(emissions)
     backward = posteriors.shape[0] > 0
+    kept = scores.shape[0] > 0
     no_pairs = np.empty((0, 0, 0), emissions.dtype)
     for b in range(block, mask.shape[0], blocks):
-        length, row_status, value = _forward_row(emissions, transitions, mask, b, alpha, moved, work, constants)
-        log_z[b] = value
-        status[b] = row_status
+        alpha = scores[b] if kept else local_alpha
+        moved = sums[b] if kept else local_moved
+        if reuse:
+            length, row_status, value = _length(mask, b), status[b], log_z[b]
+        else:
+            length, row_status, value = _forward_row(emissions, transitions, mask, b, alpha, moved, work, constants)
+            log_z[b] = value
+            status[b] = row_status
         if backward and row_status == OK:
             _backward_row(
                 transitions, mask, b, length, value, alpha, moved, flipped, posteriors[b],
@@ -388,31 +400,34 @@ def _block(emissions, transitions, mask, log_z, status, posteriors, pairs, block
 
 
 @numba.njit(cache=True, parallel=True)
-def log_partition(emissions, transitions, mask, log_z, status, blocks):
-    """log Z of every row into ``log_z`` (B,), ``blocks`` threads (see :mod:`.fused`)."""
+def log_partition(emissions, transitions, mask, log_z, status, scores, sums, blocks):
+    """log Z of every row into ``log_z`` (B,), ``blocks`` threads (see :mod:`.fused`);
+    the forward scores and sums kept in ``scores``, ``sums`` unless they are empty."""
     for block in numba.prange(blocks):
-        _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), block,
-               blocks)
+        _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), scores,
+               sums, False, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def log_partition_serial(emissions, transitions, mask, log_z, status):
+def log_partition_serial(emissions, transitions, mask, log_z, status, scores, sums):
     """:func:`log_partition` on the calling thread."""
-    _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), 0, 1)
+    _block(emissions, transitions, mask, log_z, status, _no_posteriors(emissions), _no_pairs(emissions), scores, sums,
+           False, 0, 1)
 
 
 @numba.njit(cache=True, parallel=True)
-def marginals(emissions, transitions, mask, log_z, status, posteriors, pairs, blocks):
+def marginals(emissions, transitions, mask, log_z, status, posteriors, pairs, scores, sums, reuse, blocks):
     """log Z (B,), the marginals (B, T, M) and, unless ``pairs`` is empty, the pair
-    marginals (B, T-1, M, M) of every row, ``blocks`` threads."""
+    marginals (B, T-1, M, M) of every row, ``blocks`` threads; with ``reuse``, from the
+    forward pass kept in ``log_z``, ``status``, ``scores`` and ``sums``."""
     for block in numba.prange(blocks):
-        _block(emissions, transitions, mask, log_z, status, posteriors, pairs, block, blocks)
+        _block(emissions, transitions, mask, log_z, status, posteriors, pairs, scores, sums, reuse, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def marginals_serial(emissions, transitions, mask, log_z, status, posteriors, pairs):
+def marginals_serial(emissions, transitions, mask, log_z, status, posteriors, pairs, scores, sums, reuse):
     """:func:`marginals` on the calling thread."""
-    _block(emissions, transitions, mask, log_z, status, posteriors, pairs, 0, 1)
+    _block(emissions, transitions, mask, log_z, status, posteriors, pairs, scores, sums, reuse, 0, 1)
 
 
 @numba.njit(cache=True, nogil=True)
