@@ -926,11 +926,20 @@ def online_filtering_scores(emissions: Tensor, transitions: Tensor, mask: Tensor
             ``[b, t, from, to]``. mask: (B, T, M) bool.
 
     Returns:
-        (B, T, M) float; -inf at padding. Cost: O(B T M^2).
+        (B, T, M) float; -inf at padding. Cost: O(B T M^2). The fused log-semiring
+        kernel's forward pass computes them where it applies (to a few ulps of the
+        torch path, :mod:`mapmatched_torch.kernels.fused`).
     """
+    from ..kernels import fused
     from ..kernels.checks import prepare
     from ..kernels.semiring import LOG
 
+    differentiable = torch.is_grad_enabled() and any(
+        getattr(tensor, "requires_grad", False) for tensor in (emissions, transitions)
+    )
+    kept = None if differentiable else fused.log_partition_states(*fused.check_shapes(emissions, transitions, mask))
+    if kept is not None:
+        return torch.where(mask, kept.scores, -_INF)
     prepared = prepare(emissions, transitions, mask)
     alphas = chain.forward(LOG, prepared.emissions, prepared.pairwise, mask).alphas
     return torch.where(mask, alphas, -_INF)

@@ -200,6 +200,12 @@ def test_filtering_scores_are_the_log_total_weight_of_the_prefix_paths_ending_at
                                   + sum(float(transitions[0, t, states[t], states[t + 1]]) for t in range(turn)))
             expected = float(torch.logsumexp(torch.tensor(totals, dtype=torch.float64), dim=0))
             assert float(scores[0, turn, end]) == pytest.approx(expected, rel=1e-12)
+    from mapmatched_torch.testing import fused_kernels_off
+
+    with fused_kernels_off():  # the torch path agrees with the fused kernel
+        torch.testing.assert_close(online_filtering_scores(emissions, transitions, mask), scores, rtol=1e-14, atol=0)
+    # with a gradient asked for, the kernel leaves the scores to the torch path (differentiable)
+    assert online_filtering_scores(emissions.clone().requires_grad_(True), transitions, mask).requires_grad
 
 
 def test_the_options_run_in_the_methods_and_a_bad_ranking_is_named(inputs):
