@@ -46,8 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mapmatched_torch.kernels.decode import fixed_lag_viterbi, log_partition, marginals, viterbi  # noqa: E402
-from mapmatched_torch.kernels.fused import fused_kernels_enabled, use_fused_kernels  # noqa: E402
-from mapmatched_torch.testing import random_trellis  # noqa: E402
+from mapmatched_torch.testing import fused_kernels_off, random_trellis  # noqa: E402
 
 TURNS, CANDIDATES, LAG = 12, 32, 2
 
@@ -138,12 +137,8 @@ def torch_path(call: Callable[[], object]) -> Callable[[], object]:
     """``call`` with the fused kernels off (the eager chain DP)."""
 
     def run() -> object:
-        before = fused_kernels_enabled()
-        use_fused_kernels(False)
-        try:
+        with fused_kernels_off():
             return call()
-        finally:
-            use_fused_kernels(before)
 
     return run
 

@@ -934,9 +934,7 @@ def online_filtering_scores(emissions: Tensor, transitions: Tensor, mask: Tensor
     from ..kernels.checks import prepare
     from ..kernels.semiring import LOG
 
-    differentiable = torch.is_grad_enabled() and any(
-        getattr(tensor, "requires_grad", False) for tensor in (emissions, transitions)
-    )
+    differentiable = fused.gradient_wanted(emissions, transitions)
     kept = None if differentiable else fused.log_partition_states(*fused.check_shapes(emissions, transitions, mask))
     if kept is not None:
         return torch.where(mask, kept.scores, -_INF)

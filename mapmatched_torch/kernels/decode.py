@@ -338,7 +338,7 @@ def _log_partition(emissions: Tensor, transitions: Tensor, allowed: Tensor) -> T
     """log Z of a clean trellis (:func:`~mapmatched_torch.kernels.checks.prepare`'s output):
     the fused kernels where they apply, with their backward pass when a gradient is
     asked for (:class:`_FusedLogPartition`), else the torch path."""
-    if torch.is_grad_enabled() and (emissions.requires_grad or transitions.requires_grad):
+    if fused.gradient_wanted(emissions, transitions):
         # one turn: log Z does not depend on the (empty) transitions; the torch path's graph says so
         if emissions.shape[1] > 1 and fused.applies(emissions, transitions, allowed, gradients=True):
             try:
@@ -450,9 +450,7 @@ def marginals(emissions: Tensor, transitions: Tensor, mask: Tensor) -> Tensor:
     Cost: about twice :func:`log_partition`. Where the result needs no gradient, the
     fused forward-backward kernel computes it (:func:`mapmatched_torch.kernels.fused.marginals`).
     """
-    differentiable = torch.is_grad_enabled() and (
-        getattr(emissions, "requires_grad", False) or getattr(transitions, "requires_grad", False)
-    )
+    differentiable = fused.gradient_wanted(emissions, transitions)
     if not differentiable:
         fused_marginals = fused.marginals(*_without_gradient(*fused.check_shapes(emissions, transitions, mask)))
         if fused_marginals is not None:

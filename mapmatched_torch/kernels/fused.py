@@ -29,11 +29,12 @@ index; errors): the recursion is evaluated in the same order with additions,
 comparisons and selects only. ``tests/kernels/test_fused.py`` checks this on
 randomized and adversarial trellises.
 
-The log semiring (:func:`log_partition`, :func:`marginals`; asked by
+The log semiring (:func:`log_partition`, :func:`marginals`, :func:`log_partition_states`,
+:func:`log_partition_gradients`; asked by
 :func:`~mapmatched_torch.kernels.decode.log_partition`,
-:func:`~mapmatched_torch.kernels.decode.marginals` and
-:func:`~mapmatched_torch.kernels.decode.log_likelihood` when no gradient is asked for)
-has its own kernels (:mod:`.fused_log_kernels`): the same one-pass-per-conversation
+:func:`~mapmatched_torch.kernels.decode.marginals`,
+:func:`~mapmatched_torch.kernels.decode.log_likelihood` and the harness's filtering
+scores) has its own kernels (:mod:`.fused_log_kernels`): the same one-pass-per-conversation
 plan, with a vectorized ``exp`` and ``log`` of their own. Those results are *not* the
 torch path's bit for bit (torch's ``exp`` and summation order cannot be reproduced):
 they agree with the torch path and with brute-force enumeration to a few ulps (float64
@@ -79,6 +80,7 @@ __all__ = [
     "ForwardStates",
     "log_partition_states",
     "log_partition_gradients",
+    "gradient_wanted",
     "plain",
     "check_shapes",
 ]
@@ -113,6 +115,12 @@ def applies(*tensors: Tensor, gradients: bool = False) -> bool:
     if _transforms_active() and not all(plain(tensor) for tensor in tensors):
         return False
     return gradients or not any(tensor.requires_grad for tensor in tensors)
+
+
+def gradient_wanted(*tensors: object) -> bool:
+    """Whether a result computed from ``tensors`` must be differentiable: grad mode is
+    on and one of them (tensors; anything else is ignored) requires a gradient."""
+    return torch.is_grad_enabled() and any(getattr(tensor, "requires_grad", False) for tensor in tensors)
 
 
 def plain(tensor: Tensor) -> bool:
