@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from . import fused, numba_runtime
 
-__all__ = ["FusedStep", "max_plus_step", "backtrack_slots"]
+__all__ = ["FusedStep", "max_plus_step", "backtrack_slots", "first_occurrences", "checked_rows"]
 
 
 class FusedStep(NamedTuple):
@@ -72,7 +73,7 @@ def max_plus_step(
     backpointers = torch.empty((count, width), dtype=torch.long)
     links = torch.empty((count, width), dtype=torch.float64)
     nonfinite = torch.empty(count, dtype=torch.bool)
-    constants = torch.tensor([0.0, -float("inf"), 0.0], dtype=dtype)
+    constants = torch.tensor([0.0, -float("inf")], dtype=dtype)
     from_distances = transitions is None
     moves = torch.zeros((1, 1, 1), dtype=dtype) if from_distances else transitions.to(dtype)
     arrays = tuple(
@@ -112,3 +113,74 @@ def backtrack_slots(
     with numba_runtime.KERNEL_LOCK:
         kernels.backtrack_serial(*arrays, paths.numpy(), distances.numpy())
     return paths, distances
+
+
+def first_occurrences(listed: Tensor, limit: Optional[int]) -> Optional[Tensor]:
+    """The codes >= 0 of each row of ``listed`` in order, first occurrences only, in one
+    pass, or None where the kernel does not apply (numba missing or disabled, not on
+    the CPU).
+
+    Args:
+        listed: (S, L) long codes, -1 for nothing.
+        limit: the most codes kept per row (None: every one).
+
+    Returns:
+        (S, C) long, -1 padded, C the most codes any row kept (at most ``limit``):
+        what the torch path of :func:`mapmatched_torch.serving.session_store.context_codes`
+        gives, exactly.
+    """
+    if not (fused.fused_kernels_enabled() and numba_runtime.available()) or listed.device.type != "cpu":
+        return None
+    from . import fused_step_kernels as kernels
+
+    listed = listed.to(torch.long).contiguous()
+    count, length = listed.shape
+    out = torch.full((count, length), -1, dtype=torch.long)
+    kept = torch.zeros(count, dtype=torch.long)
+    codes = int(listed.max()) + 1 if listed.numel() else 0
+    seen = torch.full((max(codes, 0),), -1, dtype=torch.long)
+    with numba_runtime.KERNEL_LOCK:
+        kernels.first_occurrences(listed.numpy(), seen.numpy(), out.numpy(), kept.numpy())
+    width = int(kept.max()) if count else 0
+    if limit is not None:
+        width = min(width, limit)
+    return out[:, :width]
+
+
+def checked_rows(
+    slots: Tensor, live: Tensor, codes: Tensor, raw: Tensor, code_count: int, width: int, flags: Tuple[int, ...]
+) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """A serving step's row checks and kept columns in one pass, or None where the
+    kernel does not apply (numba missing or disabled, not on the CPU).
+
+    Args:
+        slots: (S,) long requested slots. live: (C,) bool open slots.
+        codes: (S, K) long chunk codes, -1 padding. raw: (S, K) float64 scores.
+        code_count: the number of chunk codes. width: M, the columns kept.
+        flags: the seven status codes, in check order: unknown slot, repeated slot,
+            code out of range, gapped, non-finite score, duplicate, empty.
+
+    Returns:
+        ``(status (S,) long, kept (S, M) long, kept_raw (S, M) float64, counts (S,) long)``:
+        the first failed check's code (0: none), the first M codes (-1 past K), their
+        raw scores (0.0 at padding) and the kept candidates per row (0 for a failed row),
+        as the torch checks of :meth:`mapmatched_torch.serving.session_store.SessionStore.step`.
+    """
+    if not (fused.fused_kernels_enabled() and numba_runtime.available()) or slots.device.type != "cpu":
+        return None
+    from . import fused_step_kernels as kernels
+
+    count = slots.shape[0]
+    status = torch.zeros(count, dtype=torch.long)
+    kept = torch.empty((count, width), dtype=torch.long)
+    kept_raw = torch.empty((count, width), dtype=torch.float64)
+    counts = torch.zeros(count, dtype=torch.long)
+    arrays = (
+        slots.to(torch.long).contiguous().numpy(), live.contiguous().numpy(), codes.to(torch.long).contiguous().numpy(),
+        raw.to(torch.float64).contiguous().numpy(), int(code_count), np.asarray(flags, dtype=np.int64),
+        np.zeros(live.shape[0], dtype=np.int64), np.full(max(int(code_count), 0), -1, dtype=np.int64),
+        status.numpy(), kept.numpy(), kept_raw.numpy(), counts.numpy(),
+    )
+    with numba_runtime.KERNEL_LOCK:
+        kernels.check_rows(*arrays)
+    return status, kept, kept_raw, counts

@@ -21,7 +21,7 @@ No Python object is made per session; a failed row leaves its session untouched.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,6 +29,7 @@ from torch import Tensor
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph, implements
 from ..graph.protocols import TensorGraph
+from ..kernels import fused_step
 from ..kernels.normalization import normalize_score_rows
 from ..kernels.slot_decoder import PayloadSpec, SlotDecoder
 from ..retrieval.streaming import step_distances
@@ -56,6 +57,12 @@ class StepCode(IntEnum):
     #: 2**990 and no z-scores): a session refuses the turn (checked by the server)
     TRACE_OVERFLOW = 10
 
+
+#: The row checks' status codes in the order they are checked (the first that fails is reported).
+_CHECK_ORDER = tuple(int(code) for code in (
+    StepCode.UNKNOWN_SLOT, StepCode.REPEATED_SLOT, StepCode.OUT_OF_RANGE, StepCode.GAPPED,
+    StepCode.NONFINITE_SCORE, StepCode.DUPLICATE, StepCode.EMPTY,
+))
 
 _PAYLOAD = {
     "codes": PayloadSpec(torch.long, -1),
@@ -195,6 +202,46 @@ class SessionStore:
         slots, codes = slots.to(device), codes.to(device)
         raw = raw.to(device, torch.float64)
         count = slots.shape[0]
+        checked = fused_step.checked_rows(slots, self._live, codes, raw, len(self.codes), width, _CHECK_ORDER)
+        if checked is None:  # the torch checks (any device; the reference)
+            checked = self._checked_rows(slots, codes, raw)
+        status, kept, kept_raw, counts = checked
+        real = kept >= 0
+        clean = status == 0
+        normalized = normalize_score_rows(
+            torch.where(real & clean.unsqueeze(1), kept_raw, 0.0), torch.where(clean, counts, 0),
+            self.score_normalization,
+        )
+        status.masked_fill_(clean & ~torch.isfinite(normalized).all(1), int(StepCode.NORMALIZATION_OVERFLOW))
+        rows = (status == 0).nonzero().view(-1)
+        if rows.numel() == 0:
+            return _blank_step(count, width, device, status)
+        if rows.shape[0] == count:  # no copies when every row is clean
+            stepped = self._decode(slots, kept, kept_raw, normalized, real)
+        else:
+            stepped = self._decode(slots[rows], kept[rows], kept_raw[rows], normalized[rows], real[rows])
+        ok = stepped["ok"]
+        status[rows[~ok]] = int(StepCode.DECODE_OVERFLOW)
+        del stepped["ok"]
+        if rows.shape[0] == count and bool(ok.all()):  # the usual case: every row stepped, no copies
+            out = TensorStep(status=status, contexts=None, **stepped)
+        else:
+            done = rows[ok]
+            out = _blank_step(count, width, device, status, stepped["path"].shape[1])
+            for name, values in stepped.items():
+                getattr(out, name)[done] = values[ok]
+        if contexts:
+            out = out._replace(
+                contexts=context_codes(self.contexts, self.context_limit, out.chunks, out.candidates, out.status == 0)
+            )
+        return out
+
+    def _checked_rows(self, slots: Tensor, codes: Tensor, raw: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The torch row checks of :meth:`step`: ``(status (S,), kept (S, M), kept_raw (S, M),
+        counts (S,))`` (see :func:`~mapmatched_torch.kernels.fused_step.checked_rows`, their
+        one-pass CPU kernel)."""
+        device, width = self.device, self.width
+        count = slots.shape[0]
         status = torch.zeros(count, dtype=torch.long, device=device)
 
         def flag(code: StepCode, bad: Tensor) -> None:
@@ -225,29 +272,7 @@ class SessionStore:
         flag(StepCode.DUPLICATE, ((sorted_codes[:, 1:] == sorted_codes[:, :-1]) & (sorted_codes[:, 1:] >= 0)).any(1))
         counts = real.sum(1)
         flag(StepCode.EMPTY, counts == 0)
-        clean = status == 0
-        normalized = normalize_score_rows(
-            torch.where(real & clean.unsqueeze(1), kept_raw, 0.0), torch.where(clean, counts, 0),
-            self.score_normalization,
-        )
-        flag(StepCode.NORMALIZATION_OVERFLOW, ~torch.isfinite(normalized).all(1))
-        rows = (status == 0).nonzero().view(-1)
-        if rows.numel() == 0:
-            return _blank_step(count, width, device, status)
-        stepped = self._decode(slots[rows], kept[rows], kept_raw[rows], normalized[rows], real[rows])
-        ok = stepped["ok"]
-        status[rows[~ok]] = int(StepCode.DECODE_OVERFLOW)
-        done = rows[ok]
-        turns = stepped["path"].shape[1]
-        out = _blank_step(count, width, device, status, turns)
-        for name, values in stepped.items():
-            if name != "ok":
-                getattr(out, name)[done] = values[ok]
-        if contexts:
-            out = out._replace(
-                contexts=context_codes(self.contexts, self.context_limit, out.chunks, out.candidates, out.status == 0)
-            )
-        return out
+        return status, kept, kept_raw, torch.where(status == 0, counts, 0)
 
     def _decode(self, slots: Tensor, codes: Tensor, raw: Tensor, normalized: Tensor, real: Tensor) -> Dict[str, Tensor]:
         """The decoding step of clean rows; returns the TensorStep fields for them (and ``ok``)."""
@@ -456,6 +481,9 @@ def _first_occurrences(chunks: Tensor, neighbours: Tensor, candidates: Tensor, l
     in that order, -1 padded, cut at ``limit`` (None: every one)."""
     # shape: (S, L) everything in order, -1 for nothing
     listed = torch.cat([chunks.unsqueeze(1), neighbours, candidates], 1)
+    fused = fused_step.first_occurrences(listed, limit)  # one pass on the CPU
+    if fused is not None:
+        return fused
     count, length = listed.shape
     positions = torch.arange(length, device=listed.device).expand(count, length)
     # a stable sort by code puts each code's first occurrence first among its copies

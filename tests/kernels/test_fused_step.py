@@ -10,6 +10,7 @@ import torch
 from mapmatched_torch.kernels.fused import use_fused_kernels
 from mapmatched_torch.kernels.slot_decoder import SlotDecoder
 from mapmatched_torch.kernels.numba_runtime import available
+from mapmatched_torch.testing import fused_kernels_off
 
 pytestmark = pytest.mark.skipif(not available(), reason="numba is not installed")
 
@@ -57,10 +58,11 @@ def same_bits(a, b):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("lag", [None, 0, 2])
 @pytest.mark.parametrize("beta", [1.0, 0.0, 2.5])
-def test_the_fused_step_equals_the_torch_step_bit_for_bit(dtype, lag, beta):
+@pytest.mark.parametrize("slots", [6, 21])  # 21: backtrack groups of 8, the last partial
+def test_the_fused_step_equals_the_torch_step_bit_for_bit(dtype, lag, beta, slots):
     for seed in range(4):
-        fused_out, fused_state = run(True, dtype, lag, beta, seed)
-        torch_out, torch_state = run(False, dtype, lag, beta, seed)
+        fused_out, fused_state = run(True, dtype, lag, beta, seed, slots=slots)
+        torch_out, torch_state = run(False, dtype, lag, beta, seed, slots=slots)
         for got, want in zip(fused_out, torch_out):
             assert all(same_bits(a, b) for a, b in zip(got, want))
         assert all(same_bits(fused_state[name], torch_state[name]) for name in torch_state)
@@ -82,3 +84,66 @@ def test_the_fused_step_is_what_runs_and_the_torch_path_is_the_fallback(monkeypa
         assert calls[-1] is None
     finally:
         use_fused_kernels(True)
+
+
+def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step():
+    """Predecessors at -0.0 (0.0 + -0.0 is +0.0), at -inf (locked out) and disallowed
+    ones, ties between them, and a first turn (no predecessor)."""
+    from mapmatched_torch.kernels import fused_step
+
+    previous = torch.tensor([[-0.0, 0.0, -float("inf"), 1.0], [2.0, 2.0, -0.0, -float("inf")]])
+    allowed = torch.tensor([[True, True, True, False], [True, True, False, True]])
+    emissions = torch.tensor([[0.0, -0.0, 1.0, 0.5], [-0.0, 0.0, 0.0, 3.0]])
+    mask = torch.tensor([[True, True, True, False], [True, False, True, True]])
+    distances = torch.tensor([[0.0, 1.0, 0.0, 2.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 1.0, 0.0]])
+    distances = torch.stack([distances, distances.t()]).double()
+    for started in ([True, True], [False, True]):
+        started = torch.tensor(started)
+        for dtype in (torch.float32, torch.float64):
+            for beta in (0.0, 1.0):
+                args = (previous.to(dtype), allowed, started, emissions.to(dtype), mask)
+                got = fused_step.max_plus_step(*args, None, distances, beta)
+                transitions = (distances * -beta).to(dtype)
+                given = fused_step.max_plus_step(*args, transitions, distances)
+                with fused_kernels_off():
+                    decoder_free = torch_step(*args, transitions, distances)
+                for out in (got, given):
+                    assert all(same_bits(a, b) for a, b in zip(out, decoder_free))
+
+
+def torch_step(previous, allowed, started, emissions, mask, transitions, distances):
+    """The slot decoder's torch-path step (chain_step) on the same inputs."""
+    from mapmatched_torch.kernels import chain, fused_step
+    from mapmatched_torch.kernels.semiring import MAX_PLUS
+    from mapmatched_torch.kernels.slot_decoder import _links
+
+    pairs = allowed.unsqueeze(2) & mask.unsqueeze(1)
+    alpha = torch.where(started.unsqueeze(1), torch.where(allowed, previous, -float("inf")), 0.0)
+    weighted = torch.where(mask, emissions, 0.0)
+    chained = chain.chain_step(MAX_PLUS, alpha, started, weighted, torch.where(pairs, transitions, 0.0), mask)
+    return fused_step.FusedStep(chained.alpha, chained.backpointers, _links(distances, chained.backpointers),
+                                chained.nonfinite)
+
+
+@pytest.mark.parametrize("limit", [None, 0, 1, 5, 40])
+def test_first_occurrences_equal_the_torch_path(limit):
+    from mapmatched_torch.serving.session_store import _first_occurrences
+
+    generator = torch.Generator().manual_seed(3)
+    for rows, neighbours, candidates, codes in ((1, 0, 1, 3), (9, 4, 6, 8), (40, 12, 32, 30), (0, 3, 4, 5)):
+        chunks = torch.randint(-1, codes, (rows,), generator=generator)
+        around = torch.randint(-1, codes, (rows, neighbours), generator=generator)
+        turn = torch.randint(-1, codes, (rows, candidates), generator=generator)
+        got = _first_occurrences(chunks, around, turn, limit)
+        with fused_kernels_off():
+            want = _first_occurrences(chunks, around, turn, limit)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        for row, kept in zip(torch.cat([chunks.unsqueeze(1), around, turn], 1).tolist(), got.tolist()):
+            expected = list(dict.fromkeys(code for code in row if code >= 0))[:limit]
+            assert [code for code in kept if code >= 0] == expected
+
+
+def test_first_occurrences_of_nothing_listed():
+    from mapmatched_torch.kernels import fused_step
+
+    assert fused_step.first_occurrences(torch.full((3, 4), -1), None).shape == (3, 0)

@@ -497,3 +497,25 @@ def test_payload_grows_undoes_and_saves_with_the_table():
         SlotDecoder(2).load_state_dict(saved)
     decoder.release(0)
     assert decoder.allocate() == 0 and (decoder.payload("codes")[0] == -1).all()  # a reused slot is cleared
+
+
+def test_exchange_writes_and_returns_what_advanced_indexing_does():
+    from mapmatched_torch.kernels.slot_decoder import _exchange
+
+    generator = torch.Generator().manual_seed(0)
+    slots, turns = torch.tensor([3, 0, 2]), torch.tensor([1, 4, 0])
+    cases = [
+        (torch.randn(5, 6, 4, generator=generator), (slots, turns), torch.randn(3, 4, generator=generator)),
+        (torch.randn(5, 6, generator=generator), (slots.unsqueeze(1), torch.arange(3).unsqueeze(0)),
+         torch.randn(3, 3, generator=generator, dtype=torch.float64)),
+        (torch.zeros(5, dtype=torch.long), (slots,), turns + 1),
+        (torch.zeros(5, 6, 4, dtype=torch.bool), (slots, turns), torch.tensor(True)),
+        (torch.randn(6, 5, 4, generator=generator).transpose(0, 1), (slots, turns), torch.randn(3, 4, generator=generator)),
+    ]
+    for table, where, values in cases:
+        expected = table.clone()
+        expected_old = expected[where].clone()
+        expected[where] = values.to(table.dtype)
+        old = _exchange(table, where, values)
+        assert torch.equal(old, expected_old) and old.dtype == table.dtype
+        assert torch.equal(table, expected)

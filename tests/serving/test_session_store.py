@@ -189,3 +189,48 @@ def test_step_slots_checks_its_arguments():
     with pytest.raises(ValueError, match="one row per session"):
         server.step_slots(slots, torch.ones(2, 1, dtype=torch.long), torch.ones(2, 1))
     assert server.turn_count("a") == 0
+
+
+@pytest.mark.parametrize("columns", [3, 5, 8])
+def test_the_one_pass_row_checks_equal_the_torch_checks(columns):
+    """Unknown, closed, negative and repeated slots, codes out of range, gaps, non-finite
+    scores inside and past the kept columns, duplicates inside and past them, empty rows."""
+    from mapmatched_torch.kernels import fused_step
+    from mapmatched_torch.kernels.numba_runtime import available
+    from mapmatched_torch.serving.session_store import _CHECK_ORDER
+
+    if not available():
+        pytest.skip("numba is not installed")
+    server = MapMatchedServer(make_graph(), candidate_limit=5, capacity=4)
+    for name in "abcdefg":
+        server.open(name)
+    server.close("c")
+    store = server.store
+    store.codes.codes(NODES + ["ghost", "other ghost"])  # numbered as a step's candidates would be
+    code_count = len(store.codes)
+    assert code_count == len(NODES) + 2
+    generator = torch.Generator().manual_seed(columns)
+    for trial in range(200):
+        rows = int(torch.randint(1, 9, (1,), generator=generator))
+        slots = torch.randint(-2, store.decoder.capacity + 2, (rows,), generator=generator)
+        codes = torch.randint(-1, code_count, (rows, columns), generator=generator)
+        lengths = torch.randint(0, columns + 1, (rows,), generator=generator)
+        codes[torch.arange(columns).unsqueeze(0) >= lengths.unsqueeze(1)] = -1
+        raw = torch.randn(rows, columns, generator=generator, dtype=torch.float64)
+        faults = torch.rand(rows, 5, generator=generator) < 0.15
+        for row in range(rows):
+            column = int(torch.randint(0, columns, (1,), generator=generator))
+            if faults[row, 0]:
+                codes[row, column] = code_count if trial % 2 else -3
+            if faults[row, 1]:
+                codes[row, column] = -1  # a gap where candidates follow
+            if faults[row, 2]:
+                raw[row, column] = float("nan") if trial % 2 else float("-inf")
+            if faults[row, 3] and columns > 1:
+                codes[row, 1] = codes[row, 0]
+            if faults[row, 4]:
+                codes[row] = -1
+        got = fused_step.checked_rows(slots, store._live, codes, raw, code_count, store.width, _CHECK_ORDER)
+        want = store._checked_rows(slots, codes, raw)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{m}: {slots}, {codes}, {raw}")
