@@ -12,8 +12,9 @@ tensor work whatever the graph. :class:`ChunkCodes` numbers them:
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -39,6 +40,8 @@ class ChunkCodes:
         self.graph_nodes = len(self._graph_names)
         self._extra: Dict[str, int] = {}
         self._extra_names: List[str] = []
+        self._name_array = np.empty(0, dtype=object)  # every code's name, filled on demand
+        self._named = 0  # codes named in it so far
 
     def __len__(self) -> int:
         return self.graph_nodes + len(self._extra_names)
@@ -72,6 +75,45 @@ class ChunkCodes:
             None if code < 0 else graph_names[code] if code < nodes else extra_names[code - nodes] for code in codes
         ]
 
+    def name_rows(self, codes: Tensor) -> List[Tuple[str, ...]]:
+        """Each row's chunk IDs, in order, of its codes ``>= 0`` (``-1``: skipped).
+
+        Args:
+            codes: (S, C) long codes, each in ``[-1, len(self))``.
+
+        Returns:
+            S tuples of chunk IDs: ``tuple(n for n in names(row) if n is not None)`` per
+            row, looked up through one object array of every name (one vectorized
+            gather, not a Python step per code).
+        """
+        values = codes.detach().to("cpu", torch.long).numpy()
+        if values.ndim != 2:
+            raise MapMatchedValueError(f"name_rows takes (S, C) codes, got shape {tuple(values.shape)}")
+        kept = values >= 0
+        if not kept.any():
+            return [() for _ in range(values.shape[0])]
+        named = self._names()[np.where(kept, values, 0)].tolist()
+        counts = kept.sum(1)
+        if bool((kept == (np.arange(values.shape[1]) < counts[:, None])).all()):  # codes first, then -1s
+            return [tuple(row[:count]) for row, count in zip(named, counts.tolist())]
+        return [tuple(name for name, keep in zip(row, flags) if keep) for row, flags in zip(named, kept.tolist())]
+
+    def _names(self) -> np.ndarray:
+        """The object array of every code's name (grown by doubling, new names appended)."""
+        total = len(self)
+        if self._name_array.shape[0] < total:
+            grown = np.empty(max(total, 2 * self._name_array.shape[0]), dtype=object)
+            grown[: self._named] = self._name_array[: self._named]
+            self._name_array = grown
+        if self._named < total:
+            if self._named < self.graph_nodes:
+                self._name_array[self._named : self.graph_nodes] = list(self._graph_names[self._named :])
+                self._named = self.graph_nodes
+            start = self._named - self.graph_nodes
+            self._name_array[self._named : total] = self._extra_names[start:]
+            self._named = total
+        return self._name_array
+
     def graph_codes(self, codes: Tensor) -> Tensor:
         """``codes`` as a tensor graph's ``trellis_distances`` takes them: node indices
         kept, ``-1`` padding kept, every other chunk its own unknown code ``<= -2``."""
@@ -93,3 +135,4 @@ class ChunkCodes:
             raise MapMatchedValueError("refusing the chunk codes: an extra chunk ID is a node of this graph")
         self._extra_names = list(extra)
         self._extra = {name: self.graph_nodes + position for position, name in enumerate(extra)}
+        self._named = min(self._named, self.graph_nodes)  # the extra names are new

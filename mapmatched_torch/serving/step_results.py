@@ -338,9 +338,10 @@ class StepResults(Mapping):
         keys = list(self._rows) if session_ids is None else list(session_ids)
         table = self.context_codes()
         rows = [self._rows[key] for key in keys]
-        picked = table[torch.tensor(rows, dtype=torch.long, device=table.device)].tolist() if rows else []
-        names = self._codes.names
-        return {key: tuple(name for name in names(row) if name is not None) for key, row in zip(keys, picked)}
+        if not rows:
+            return {}
+        picked = table[torch.tensor(rows, dtype=torch.long, device=table.device)]
+        return dict(zip(keys, self._codes.name_rows(picked)))
 
     # ---------------------------------------------------------------- records
 

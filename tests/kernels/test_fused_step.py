@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 import torch
 
-from mapmatched_torch.kernels.fused import use_fused_kernels
 from mapmatched_torch.kernels.slot_decoder import SlotDecoder
 from mapmatched_torch.kernels.numba_runtime import available
 from mapmatched_torch.testing import fused_kernels_off
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="numba is not installed"
 
 def run(fused, dtype, lag, beta, seed, width=5, slots=6, turns=7):
     """Every state tensor and step output of a random run, fused or not."""
-    use_fused_kernels(fused)
-    try:
+    with contextlib.nullcontext() if fused else fused_kernels_off():
         rng = random.Random(seed)
         generator = torch.Generator().manual_seed(seed)
         decoder = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=2, dtype=dtype)
@@ -44,8 +43,6 @@ def run(fused, dtype, lag, beta, seed, width=5, slots=6, turns=7):
                 decoder.release(released)
                 table[table.index(released)] = decoder.allocate()
         return outputs, decoder.state_dict()["tensors"]
-    finally:
-        use_fused_kernels(True)
 
 
 def same_bits(a, b):
@@ -78,12 +75,9 @@ def test_the_fused_step_is_what_runs_and_the_torch_path_is_the_fallback(monkeypa
     slot = torch.tensor([decoder.allocate()])
     decoder.step(slot, torch.tensor([[1.0, 0.0]]), torch.tensor([[True, True]]))
     assert calls and calls[-1] is not None
-    use_fused_kernels(False)
-    try:
+    with fused_kernels_off():
         decoder.step(slot, torch.tensor([[1.0, 0.0]]), torch.tensor([[True, True]]), torch.zeros(1, 2, 2))
         assert calls[-1] is None
-    finally:
-        use_fused_kernels(True)
 
 
 def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step():

@@ -234,3 +234,30 @@ def test_the_one_pass_row_checks_equal_the_torch_checks(columns):
         want = store._checked_rows(slots, codes, raw)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{m}: {slots}, {codes}, {raw}")
+
+
+@pytest.mark.parametrize("tensor_graph", [False, True])
+def test_name_rows_equal_the_names_of_each_row(tensor_graph):
+    """Packed rows (codes, then -1s), -1s in between, empty rows, names added between
+    calls (the object array grows) and restored codes."""
+    graph = TensorCorpusGraph.from_graph(make_graph()) if tensor_graph else make_graph()
+    codes = ChunkCodes(graph)
+    assert codes.name_rows(torch.full((2, 3), -1)) == [(), ()]
+    generator = torch.Generator().manual_seed(1)
+    for round_ in range(4):
+        codes.codes(NODES[round_ * 3:] + [f"ghost {round_} {i}" for i in range(round_ * 5)])
+        table = torch.randint(-1, len(codes), (7, 6), generator=generator)
+        table[0] = -1
+        table[1, 3:] = -1
+        table[2] = torch.sort(table[2], descending=True).values  # packed
+        expected = [tuple(name for name in codes.names(row) if name is not None) for row in table.tolist()]
+        assert codes.name_rows(table) == expected
+        assert codes.name_rows(table[:, :0]) == [()] * 7
+    restored = ChunkCodes(graph)
+    if len(restored):  # names filled before the restore must not hide the restored ones
+        restored.name_rows(torch.zeros(1, 1, dtype=torch.long))
+    restored.load_state_dict(codes.state_dict())
+    table = torch.arange(len(codes)).view(1, -1)
+    assert restored.name_rows(table) == codes.name_rows(table) == [tuple(codes.names(range(len(codes))))]
+    with pytest.raises(ValueError, match=r"\(S, C\)"):
+        codes.name_rows(torch.zeros(3, dtype=torch.long))
