@@ -31,9 +31,32 @@ __all__ = [
     "BREAKAGES",
     "broken_trellis",
     "fused_kernels_off",
+    "turn_tensors",
     "DEVICES",
     "device_available",
 ]
+
+def turn_tensors(server, turns, width: int = 6) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One turn of S sessions, as ``MapMatchedServer.step_slots`` takes it.
+
+    Args:
+        server: a :class:`~mapmatched_torch.serving.MapMatchedServer` (its chunk codes
+            number the IDs; new ones get new codes).
+        turns: S lists of :class:`~mapmatched_torch.core.models.ScoredCandidate`, at most
+            ``width`` each.
+        width: K, the columns.
+
+    Returns:
+        ``(codes (S, K) long, raw (S, K) float64)``: chunk codes in list order then -1,
+        their scores then 0.0.
+    """
+    codes = torch.full((len(turns), width), -1, dtype=torch.long)
+    raw = torch.zeros((len(turns), width), dtype=torch.float64)
+    for row, candidates in enumerate(turns):
+        codes[row, : len(candidates)] = torch.tensor(server.store.codes.codes([c.chunk_id for c in candidates]))
+        raw[row, : len(candidates)] = torch.tensor([c.score for c in candidates], dtype=torch.float64)
+    return codes, raw
+
 
 #: Device names the device-generic tests run on (CUDA ones skip without a GPU).
 DEVICES = ("cpu", "cuda")

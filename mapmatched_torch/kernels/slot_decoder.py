@@ -178,6 +178,9 @@ class SlotDecoder:
         self._allocated = 0
         self._tensors: Dict[str, Tensor] = {}
         self._undo: Optional[tuple] = None
+        #: steps written so far (each can be undone by :meth:`undo_last` until the next);
+        #: an owner compares it before and after its own work to know whether to undo
+        self.steps_written = 0
         self._resize(check_positive_int(capacity, "capacity"), check_positive_int(turn_capacity, "turn_capacity"))
 
     # ------------------------------------------------------------------ storage
@@ -327,7 +330,11 @@ class SlotDecoder:
         if distances is None or not self.mode.uses_distances:
             distances = None
         ok = self.advance(slots, weighted, mask, None, distances, payload=payload, weigh=distances is not None)
-        return self.current(slots)._replace(ok=ok)
+        try:  # all or nothing: the decode after the write failing (even KeyboardInterrupt) takes the write back
+            return self.current(slots)._replace(ok=ok)
+        except BaseException:
+            self.undo_last()
+            raise
 
     def advance(
         self,
@@ -531,8 +538,25 @@ class SlotDecoder:
         return tail.nonfinite
 
     def _write(self, slots, turn, new, updates, ok, window, argmax) -> None:
-        state = self._tensors
+        """Write one step's cells, all or none: an exception (even a BaseException such
+        as KeyboardInterrupt) part-way puts back the cells written so far."""
         undo: List[tuple] = []  # (name, index, the values it held), replayed backwards by undo_last
+        try:
+            self._write_cells(undo, slots, turn, new, updates, ok, window, argmax)
+        except BaseException:
+            self._replay(undo)
+            raise
+        self._undo = (undo, self.turn_capacity)
+        self.steps_written += 1
+
+    def _replay(self, undo: List[tuple]) -> None:
+        """Put back the old values of an undo log, newest first."""
+        state = self._tensors
+        for name, where, values in reversed(undo):
+            state[name][where] = values
+
+    def _write_cells(self, undo, slots, turn, new, updates, ok, window, argmax) -> None:
+        state = self._tensors
 
         def put(name: str, where: tuple, values: Tensor) -> None:
             undo.append((name, where, _exchange(state[name], where, values)))
@@ -567,7 +591,11 @@ class SlotDecoder:
             put("window", (slots, position), window[0])
             put("window_distances", (slots, position), window[1])
         put("lengths", (slots,), turn + 1)
-        self._undo = (undo, self.turn_capacity)
+
+    @property
+    def can_undo(self) -> bool:
+        """Whether :meth:`undo_last` has a step to take back."""
+        return self._undo is not None
 
     def undo_last(self) -> None:
         """Take back the last :meth:`advance` / :meth:`step` entirely (one level): every
@@ -584,9 +612,7 @@ class SlotDecoder:
         undo, turns = self._undo
         if turns != self.turn_capacity:
             raise MapMatchedValueError("cannot undo the last step: the table was resized since")
-        state = self._tensors
-        for name, where, values in reversed(undo):
-            state[name][where] = values
+        self._replay(undo)
         self._undo = None
 
     def undo_slots(self, slots: Tensor) -> None:

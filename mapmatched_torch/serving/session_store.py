@@ -216,6 +216,17 @@ class SessionStore:
         rows = (status == 0).nonzero().view(-1)
         if rows.numel() == 0:
             return _blank_step(count, width, device, status)
+        written = self.decoder.steps_written
+        try:  # all or nothing: anything raised once the table is written (even KeyboardInterrupt) takes it back
+            return self._stepped(rows, count, status, slots, kept, kept_raw, normalized, real, contexts)
+        except BaseException:
+            if self.decoder.steps_written != written and self.decoder.can_undo:  # (not taken back already)
+                self.decoder.undo_last()
+            raise
+
+    def _stepped(self, rows, count, status, slots, kept, kept_raw, normalized, real, contexts) -> TensorStep:
+        """The rest of :meth:`step` for its clean ``rows``: decode them, assemble the output."""
+        device, width = self.device, self.width
         if rows.shape[0] == count:  # no copies when every row is clean
             stepped = self._decode(slots, kept, kept_raw, normalized, real)
         else:

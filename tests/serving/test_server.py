@@ -17,6 +17,7 @@ from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.retrieval.torch_decoder import TorchDecoder
 from mapmatched_torch.serving import MapMatchedServer
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
+from mapmatched_torch.testing import turn_tensors
 
 NODES = [f"n{i}" for i in range(12)]
 
@@ -835,6 +836,60 @@ def test_an_interrupted_step_leaves_every_session_as_it_was(monkeypatch, fixed_l
     for turn, step in zip(turns[3:], expected[3:]):
         results, errors = interrupted.step(turn)
         assert not errors and {key: results[key] for key in turn} == {key: step[key] for key in turn}
+
+
+#: Places inside the tensor step where an interrupt can land: (module, attribute, the
+#: call that raises), from the decoder's writes to the contexts after them.
+_INSIDE_THE_STEP = [
+    ("mapmatched_torch.kernels.slot_decoder", "_exchange", 3),  # half-way through the writes
+    ("mapmatched_torch.kernels.fused_step", "backtrack_slots", 1),  # after every write
+    ("mapmatched_torch.kernels.slot_decoder.SlotDecoder", "put_rows", 2),  # the store's own writes
+    ("mapmatched_torch.serving.session_store.SessionStore", "_fields", 1),
+    ("mapmatched_torch.serving.session_store", "context_codes", 1),
+]
+
+
+@pytest.mark.parametrize("fixed_lag", [None, 1])
+@pytest.mark.parametrize("target", _INSIDE_THE_STEP, ids=lambda target: target[1])
+def test_an_interrupt_inside_the_tensor_step_leaves_every_session_as_it_was(monkeypatch, fixed_lag, target):
+    import importlib
+
+    path, name, failing_call = target
+    module_path, _, owner = path.rpartition(".") if path.endswith(("SlotDecoder", "SessionStore")) else (path, "", "")
+    holder = getattr(importlib.import_module(module_path), owner) if owner else importlib.import_module(path)
+    rng = random.Random(41)
+    turns = [[random_turn(rng) for _ in "abc"] for _ in range(6)]
+    build = lambda: MapMatchedServer(make_graph(3), candidate_limit=5, fixed_lag=fixed_lag)  # noqa: E731
+    reference, interrupted = build(), build()
+    tensors = []
+    for server in (reference, interrupted):
+        for key in "abc":
+            server.open(key)
+        tensors.append([turn_tensors(server, turn) for turn in turns])
+    slots = interrupted.slots(list("abc"))
+    expected = [reference.step_slots(slots, codes, raw) for codes, raw in tensors[0]]
+    for codes, raw in tensors[1][:3]:
+        interrupted.step_slots(slots, codes, raw)
+    before = interrupted.state_dict()
+    original, calls = getattr(holder, name), []
+
+    def failing(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == failing_call:
+            raise _Interrupt()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(holder, name, failing)
+    with pytest.raises(_Interrupt):
+        interrupted.step_slots(slots, *tensors[1][3])
+    monkeypatch.undo()
+    assert calls, "the interrupt was never reached"
+    after = interrupted.state_dict()
+    assert after["store"]["decoder"]["checksum"] == before["store"]["decoder"]["checksum"]
+    for (codes, raw), step in zip(tensors[1][3:], expected[3:]):
+        again = interrupted.step_slots(slots, codes, raw)
+        for got, want in zip(again, step):
+            assert torch.equal(got, want)
 
 
 def test_an_interrupted_streaming_turn_leaves_the_session_as_it_was(monkeypatch):

@@ -14,6 +14,7 @@ from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer, StepCode
 from mapmatched_torch.serving.codes import ChunkCodes
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
+from mapmatched_torch.testing import turn_tensors
 
 NODES = [f"n{i}" for i in range(12)]
 
@@ -28,16 +29,6 @@ def make_graph(seed=0):
 def random_turn(rng, width=5, extra=("ghost",)):
     chunks = rng.sample(NODES + list(extra), rng.randint(1, width))
     return [ScoredCandidate(c, rng.choice([rng.gauss(0, 1), 1.0, 0.0])) for c in chunks]
-
-
-def as_tensors(server, turns, width=6):
-    """Turns of ScoredCandidates as (S, K) codes (-1 padded) and raw scores."""
-    codes = torch.full((len(turns), width), -1, dtype=torch.long)
-    raw = torch.zeros((len(turns), width), dtype=torch.float64)
-    for row, turn in enumerate(turns):
-        codes[row, : len(turn)] = torch.tensor(server.store.codes.codes([c.chunk_id for c in turn]))
-        raw[row, : len(turn)] = torch.tensor([c.score for c in turn], dtype=torch.float64)
-    return codes, raw
 
 
 OPTIONS = [
@@ -64,7 +55,7 @@ def test_the_tensor_step_equals_independent_sessions_field_by_field(options, ten
             sessions[key] = MapMatchedRetriever(graph, candidate_limit=5, **options).session()
         keys = [key for key in sessions if rng.random() < 0.8] or list(sessions)
         turns = [random_turn(rng) for _ in keys]
-        codes, raw = as_tensors(server, turns)
+        codes, raw = turn_tensors(server, turns)
         out = server.step_slots(server.slots(keys), codes, raw)
         assert out.status.tolist() == [0] * len(keys)
         names = server.store.codes.names
