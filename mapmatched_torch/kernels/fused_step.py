@@ -33,6 +33,29 @@ class FusedStep(NamedTuple):
     nonfinite: Tensor  #: (S,) bool a real candidate's score is not finite
 
 
+class _Stamps:
+    """One scratch entry per chunk code, kept across calls (a corpus of N chunks would
+    otherwise cost an (N,) allocation and fill per step). A call's rows stamp codes with
+    numbers no earlier call used, so the array is never cleared. Use with
+    :data:`~.numba_runtime.KERNEL_LOCK` held."""
+
+    def __init__(self) -> None:
+        self.array = np.full(0, -1, dtype=np.int64)
+        self.next = 0
+
+    def take(self, size: int, rows: int) -> Tuple[np.ndarray, int]:
+        """``(array of at least size entries, each below base; base)``: the caller's rows
+        may stamp ``base .. base + rows - 1``."""
+        if self.array.shape[0] < size:
+            self.array = np.full(max(size, 2 * self.array.shape[0]), -1, dtype=np.int64)
+        base = self.next
+        self.next += rows
+        return self.array, base
+
+
+_STAMPS = _Stamps()
+
+
 def max_plus_step(
     previous: Tensor,
     previous_allowed: Tensor,
@@ -138,9 +161,9 @@ def first_occurrences(listed: Tensor, limit: Optional[int]) -> Optional[Tensor]:
     out = torch.full((count, length), -1, dtype=torch.long)
     kept = torch.zeros(count, dtype=torch.long)
     codes = int(listed.max()) + 1 if listed.numel() else 0
-    seen = torch.full((max(codes, 0),), -1, dtype=torch.long)
     with numba_runtime.KERNEL_LOCK:
-        kernels.first_occurrences(listed.numpy(), seen.numpy(), out.numpy(), kept.numpy())
+        seen, base = _STAMPS.take(codes, count)
+        kernels.first_occurrences(listed.numpy(), seen, base, out.numpy(), kept.numpy())
     width = int(kept.max()) if count else 0
     if limit is not None:
         width = min(width, limit)
@@ -178,9 +201,10 @@ def checked_rows(
     arrays = (
         slots.to(torch.long).contiguous().numpy(), live.contiguous().numpy(), codes.to(torch.long).contiguous().numpy(),
         raw.to(torch.float64).contiguous().numpy(), int(code_count), np.asarray(flags, dtype=np.int64),
-        np.zeros(live.shape[0], dtype=np.int64), np.full(max(int(code_count), 0), -1, dtype=np.int64),
-        status.numpy(), kept.numpy(), kept_raw.numpy(), counts.numpy(),
+        np.zeros(live.shape[0], dtype=np.int64),
     )
+    outputs = (status.numpy(), kept.numpy(), kept_raw.numpy(), counts.numpy())
     with numba_runtime.KERNEL_LOCK:
-        kernels.check_rows(*arrays)
+        seen, base = _STAMPS.take(int(code_count), count)
+        kernels.check_rows(*arrays, seen, base, *outputs)
     return status, kept, kept_raw, counts

@@ -126,29 +126,31 @@ def backtrack_serial(backpointers, link_distances, slots, lengths, last, paths, 
 
 
 @numba.njit(cache=True, nogil=True)
-def first_occurrences(listed, seen, out, kept):
+def first_occurrences(listed, seen, base, out, kept):
     """Each row's codes >= 0 in order, each code's first occurrence only, into
-    ``out[s, :kept[s]]`` (``out`` pre-filled with -1); ``seen`` (one entry per code,
-    all -1 on entry) is scratch that remembers the last row that kept a code."""
+    ``out[s, :kept[s]]`` (``out`` pre-filled with -1). ``seen`` (one entry per code,
+    every entry below ``base``) is scratch: row s stamps a code it keeps ``base + s``."""
     for s in range(listed.shape[0]):
         count = 0
+        stamp = base + s
         for k in range(listed.shape[1]):
             code = listed[s, k]
-            if code < 0 or seen[code] == s:
+            if code < 0 or seen[code] == stamp:
                 continue
-            seen[code] = s
+            seen[code] = stamp
             out[s, count] = code
             count += 1
         kept[s] = count
 
 
 @numba.njit(cache=True, nogil=True)
-def check_rows(slots, live, codes, raw, code_count, flags, slot_uses, seen, status, kept, kept_raw, counts):
+def check_rows(slots, live, codes, raw, code_count, flags, slot_uses, seen, base, status, kept, kept_raw, counts):
     """The row checks of a serving step in one pass (see :func:`.fused_step.checked_rows`).
 
     ``flags`` holds the status codes in check order: unknown slot, repeated slot, code
     out of range, gapped, non-finite score, duplicate, empty. ``slot_uses`` (one entry
-    per slot, zeros) and ``seen`` (one per code, all -1) are scratch.
+    per slot, zeros) and ``seen`` (one per code, every entry below ``base``; row s
+    stamps its codes ``base + s``) are scratch.
     """
     rows, columns = codes.shape
     width = kept.shape[1]
@@ -198,9 +200,9 @@ def check_rows(slots, live, codes, raw, code_count, flags, slot_uses, seen, stat
         for i in range(width):
             code = kept[s, i]
             if code >= 0:
-                if seen[code] == s:
+                if seen[code] == base + s:
                     duplicate = True
-                seen[code] = s
+                seen[code] = base + s
                 count += 1
         if duplicate:
             status[s] = flags[5]

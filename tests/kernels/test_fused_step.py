@@ -141,3 +141,19 @@ def test_first_occurrences_of_nothing_listed():
     from mapmatched_torch.kernels import fused_step
 
     assert fused_step.first_occurrences(torch.full((3, 4), -1), None).shape == (3, 0)
+
+
+def test_the_code_stamps_are_kept_across_calls_and_grow_once():
+    """No (N,) scratch per call: stamps from earlier calls never read as this call's."""
+    from mapmatched_torch.kernels import fused_step
+
+    listed = torch.tensor([[3, 1, 3, -1], [1, 1, 2, 3]])
+    first = fused_step.first_occurrences(listed, None)
+    array = fused_step._STAMPS.array
+    for _ in range(3):  # the same codes again: earlier stamps must not hide them
+        assert torch.equal(fused_step.first_occurrences(listed, None), first)
+        assert fused_step._STAMPS.array is array
+    assert first.tolist() == [[3, 1, -1], [1, 2, 3]]
+    wide = torch.tensor([[array.shape[0] + 5, 0, array.shape[0] + 5]])
+    assert fused_step.first_occurrences(wide, None).tolist() == [[array.shape[0] + 5, 0]]
+    assert fused_step._STAMPS.array.shape[0] >= array.shape[0] + 6
