@@ -238,10 +238,13 @@ class SlotDecoder:
         return slot
 
     def release(self, slot: int) -> None:
-        """Give a slot back; its state is cleared on the next :meth:`allocate`."""
+        """Give a slot back: it has no turns from now on (so a shrunk turn capacity and a
+        saved state stay consistent); its other cells are cleared on the next
+        :meth:`allocate`."""
         if not 0 <= slot < self._allocated or slot in self._free:
             raise MapMatchedValueError(f"slot {slot} is not allocated")
         self._free.append(slot)
+        self._tensors["lengths"][slot] = 0
         self._shrink_turns()
 
     def _shrink_turns(self) -> None:

@@ -12,6 +12,7 @@ tensor work whatever the graph. :class:`ChunkCodes` numbers them:
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
@@ -42,6 +43,9 @@ class ChunkCodes:
         self._extra_names: List[str] = []
         self._name_array = np.empty(0, dtype=object)  # every code's name, filled on demand
         self._named = 0  # codes named in it so far
+        # results are read from other threads while a step numbers new IDs: the array's
+        # growth and fill are one step under this lock
+        self._names_lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.graph_nodes + len(self._extra_names)
@@ -99,20 +103,24 @@ class ChunkCodes:
         return [tuple(name for name, keep in zip(row, flags) if keep) for row, flags in zip(named, kept.tolist())]
 
     def _names(self) -> np.ndarray:
-        """The object array of every code's name (grown by doubling, new names appended)."""
-        total = len(self)
-        if self._name_array.shape[0] < total:
-            grown = np.empty(max(total, 2 * self._name_array.shape[0]), dtype=object)
-            grown[: self._named] = self._name_array[: self._named]
-            self._name_array = grown
-        if self._named < total:
-            if self._named < self.graph_nodes:
-                self._name_array[self._named : self.graph_nodes] = list(self._graph_names[self._named :])
-                self._named = self.graph_nodes
-            start = self._named - self.graph_nodes
-            self._name_array[self._named : total] = self._extra_names[start:]
-            self._named = total
-        return self._name_array
+        """The object array of every code's name (grown by doubling, new names appended).
+
+        Safe beside a concurrent :meth:`codes` (names are only appended, so the slice up
+        to the length read here is fixed) and beside other readers (the lock)."""
+        with self._names_lock:
+            total = len(self)
+            if self._name_array.shape[0] < total:
+                grown = np.empty(max(total, 2 * self._name_array.shape[0]), dtype=object)
+                grown[: self._named] = self._name_array[: self._named]
+                self._name_array = grown
+            if self._named < total:
+                if self._named < self.graph_nodes:
+                    self._name_array[self._named : self.graph_nodes] = list(self._graph_names[self._named :])
+                    self._named = self.graph_nodes
+                nodes = self.graph_nodes
+                self._name_array[self._named : total] = self._extra_names[self._named - nodes : total - nodes]
+                self._named = total
+            return self._name_array
 
     def graph_codes(self, codes: Tensor) -> Tensor:
         """``codes`` as a tensor graph's ``trellis_distances`` takes them: node indices
@@ -135,4 +143,5 @@ class ChunkCodes:
             raise MapMatchedValueError("refusing the chunk codes: an extra chunk ID is a node of this graph")
         self._extra_names = list(extra)
         self._extra = {name: self.graph_nodes + position for position, name in enumerate(extra)}
-        self._named = min(self._named, self.graph_nodes)  # the extra names are new
+        with self._names_lock:
+            self._named = min(self._named, self.graph_nodes)  # the extra names are new

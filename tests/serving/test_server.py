@@ -954,3 +954,25 @@ def test_threads_stepping_disjoint_and_shared_sessions_are_serialized():
             expected = session.retrieve_candidates(candidates)
         assert server.path(f"w{worker}") == expected.path
     assert server.turn_count("shared") == 32 and len(server.path("shared").chunk_ids) == 32
+
+
+def test_a_server_whose_long_session_closed_loads_its_own_state():
+    """Closing a long session shrinks the turn capacity; the freed slot kept its old
+    length, so the server's own state was refused ("lengths outside [0, turn
+    capacity]"). Found by fuzzing."""
+    graph = InMemoryCorpusGraph([("a", "b"), ("b", "c")])
+    server = MapMatchedServer(graph, candidate_limit=2)
+    server.open("long"), server.open("short")
+    for _ in range(9):  # the turn capacity grows from 8 to 16
+        server.step({"long": [ScoredCandidate("a", 1.0), ScoredCandidate("b", 0.0)]})
+    server.step({"short": [ScoredCandidate("c", 1.0)]})
+    server.close("long")  # and shrinks back to 8
+    assert server.store.decoder.turn_capacity == 8
+    state = server.state_dict()
+    restored = MapMatchedServer(graph, candidate_limit=2)
+    restored.load_state_dict(state)
+    server.load_state_dict(state)
+    turn = {"short": [ScoredCandidate("b", 0.5), ScoredCandidate("c", 0.2)]}
+    assert restored.step(turn)[0]["short"] == server.step(turn)[0]["short"]
+    server.open("new")
+    assert server.turn_count("new") == 0

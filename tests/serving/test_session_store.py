@@ -252,3 +252,25 @@ def test_name_rows_equal_the_names_of_each_row(tensor_graph):
     assert restored.name_rows(table) == codes.name_rows(table) == [tuple(codes.names(range(len(codes))))]
     with pytest.raises(ValueError, match=r"\(S, C\)"):
         codes.name_rows(torch.zeros(3, dtype=torch.long))
+
+
+def test_name_rows_beside_a_step_that_numbers_new_ids():
+    """A reader's name_rows while a concurrent step appends a chunk ID between the
+    reader's length read and its slice (simulated; found by fuzzing): no error, and
+    the names it returns are right."""
+    codes = ChunkCodes(make_graph())
+    codes.codes(["x0", "x1"])
+
+    class Interleaved(list):
+        fired = False
+
+        def __getitem__(self, index):
+            if isinstance(index, slice) and not Interleaved.fired:
+                Interleaved.fired = True
+                codes.codes(["x-new"])  # what a step on another thread does
+            return super().__getitem__(index)
+
+    codes._extra_names = Interleaved(codes._extra_names)
+    assert codes.name_rows(torch.tensor([[0, 1]])) == [("x0", "x1")]
+    assert Interleaved.fired
+    assert codes.name_rows(torch.tensor([[2, 0]])) == [("x-new", "x0")]
