@@ -23,7 +23,8 @@ def _row(s, previous, previous_allowed, started, emissions, mask, transitions, d
 
     The predecessor loop is the outer one, so the inner loop runs along a row of the
     transitions and vectorizes; ``alpha[s]`` and ``backpointers[s]`` hold the running
-    maximum and its first index until the emissions are added.
+    maximum and its first index until the emissions are added. A NaN sum wins over
+    any number and stays, as in ``torch.max`` (the first NaN and its index).
     """
     width = emissions.shape[1]
     zero, negative = constants[0], constants[1]  # 0 and -inf in the table's dtype: no float64 promotion
@@ -41,21 +42,21 @@ def _row(s, previous, previous_allowed, started, emissions, mask, transitions, d
         if not allowed:
             value = before + zero  # every move from j is 0
             for i in range(width):
-                if j == 0 or value > best[i]:
+                if j == 0 or value > best[i] or (value != value and best[i] == best[i]):
                     best[i] = value
                     best_j[i] = j
         elif from_distances:
             row = distances[s, j]
             for i in range(width):
                 value = before + (cast(row[i] * negative_beta) if real[i] else zero)
-                if j == 0 or value > best[i]:
+                if j == 0 or value > best[i] or (value != value and best[i] == best[i]):
                     best[i] = value
                     best_j[i] = j
         else:
             row = transitions[s, j]
             for i in range(width):
                 value = before + (row[i] if real[i] else zero)
-                if j == 0 or value > best[i]:
+                if j == 0 or value > best[i] or (value != value and best[i] == best[i]):
                     best[i] = value
                     best_j[i] = j
     bad = False

@@ -80,9 +80,11 @@ def test_the_fused_step_is_what_runs_and_the_torch_path_is_the_fallback(monkeypa
         assert calls[-1] is None
 
 
-def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step():
+@pytest.mark.parametrize("poison", [None, "nan_transition", "inf_from_minus_inf", "nan_predecessor"])
+def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step(poison):
     """Predecessors at -0.0 (0.0 + -0.0 is +0.0), at -inf (locked out) and disallowed
-    ones, ties between them, and a first turn (no predecessor)."""
+    ones, ties between them, and a first turn (no predecessor); and NaN sums from a
+    predecessor after the first, which ``torch.max`` carries forward (found by fuzzing)."""
     from mapmatched_torch.kernels import fused_step
 
     previous = torch.tensor([[-0.0, 0.0, -float("inf"), 1.0], [2.0, 2.0, -0.0, -float("inf")]])
@@ -91,18 +93,25 @@ def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_ste
     mask = torch.tensor([[True, True, True, False], [True, False, True, True]])
     distances = torch.tensor([[0.0, 1.0, 0.0, 2.0], [1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 1.0, 0.0]])
     distances = torch.stack([distances, distances.t()]).double()
+    if poison == "nan_predecessor":
+        previous[1, 1] = float("nan")
     for started in ([True, True], [False, True]):
         started = torch.tensor(started)
         for dtype in (torch.float32, torch.float64):
             for beta in (0.0, 1.0):
                 args = (previous.to(dtype), allowed, started, emissions.to(dtype), mask)
-                got = fused_step.max_plus_step(*args, None, distances, beta)
                 transitions = (distances * -beta).to(dtype)
-                given = fused_step.max_plus_step(*args, transitions, distances)
+                if poison == "nan_transition":
+                    transitions[0, 1, 0] = float("nan")
+                elif poison == "inf_from_minus_inf":
+                    transitions[0, 2, 1] = float("inf")  # predecessor 2 is at -inf
+                outs = [fused_step.max_plus_step(*args, transitions, distances)]
+                if poison is None or poison == "nan_predecessor":  # weighed distances are finite
+                    outs.append(fused_step.max_plus_step(*args, None, distances, beta))
                 with fused_kernels_off():
                     decoder_free = torch_step(*args, transitions, distances)
-                for out in (got, given):
-                    assert all(same_bits(a, b) for a, b in zip(out, decoder_free))
+                for out in outs:
+                    assert all(same_bits(a, b) for a, b in zip(out, decoder_free)), (poison, out, decoder_free)
 
 
 def torch_step(previous, allowed, started, emissions, mask, transitions, distances):
