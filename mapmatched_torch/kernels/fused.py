@@ -103,14 +103,19 @@ def fused_kernels_enabled() -> bool:
     return _STATE["enabled"]
 
 
+def kernels_on(device: torch.device) -> bool:
+    """Whether the fused CPU kernels run for tensors on ``device``: enabled, numba
+    installed, the CPU (the part of :func:`applies` that kernels over integer tensors
+    ask too)."""
+    return _STATE["enabled"] and numba_runtime.available() and device.type == "cpu"
+
+
 def applies(*tensors: Tensor, gradients: bool = False) -> bool:
     """Whether a fused kernel can decode these (already shape-checked) tensors; with
     ``gradients``, inputs that require a gradient count too (the log-semiring kernels
     have a backward pass)."""
-    if not _STATE["enabled"] or not numba_runtime.available():
-        return False
     first = tensors[0]
-    if first.device.type != "cpu" or first.dtype not in _DTYPES:
+    if not kernels_on(first.device) or first.dtype not in _DTYPES:
         return False
     if _transforms_active() and not all(plain(tensor) for tensor in tensors):
         return False

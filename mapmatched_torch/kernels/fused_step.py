@@ -152,7 +152,7 @@ def first_occurrences(listed: Tensor, limit: Optional[int]) -> Optional[Tensor]:
         what the torch path of :func:`mapmatched_torch.serving.session_store.context_codes`
         gives, exactly.
     """
-    if not (fused.fused_kernels_enabled() and numba_runtime.available()) or listed.device.type != "cpu":
+    if not fused.kernels_on(listed.device):
         return None
     from . import fused_step_kernels as kernels
 
@@ -189,7 +189,7 @@ def checked_rows(
         raw scores (0.0 at padding) and the kept candidates per row (0 for a failed row),
         as the torch checks of :meth:`mapmatched_torch.serving.session_store.SessionStore.step`.
     """
-    if not (fused.fused_kernels_enabled() and numba_runtime.available()) or slots.device.type != "cpu":
+    if not fused.kernels_on(slots.device):
         return None
     from . import fused_step_kernels as kernels
 
