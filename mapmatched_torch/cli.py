@@ -197,7 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the gated method also learns a distance saturation cap (for graphs whose far jumps "
                            "cost a full bound, e.g. --graph section)")
     grid.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
-                      help="ridge on the mixed methods' query-mixing gate (default: 0.01)")
+                      help="ridge on the mixed methods' query-mixing gates (default: 0)")
+    grid.add_argument("--mixing-context", choices=("chunk", "chunk+query"), default=None,
+                      help="the mixed methods' context sources: the previous decoded passage and the previous "
+                           "query (default), or the passage alone")
     grid.add_argument("--mixing-temperature", type=_positive_float, default=None, metavar="T",
                       help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
 
@@ -457,7 +460,7 @@ def _backend() -> str:
 def _method_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The registered methods' options (``EvalConfig.method_options``) the flags set."""
     options: Dict[str, Any] = {"gated_calibrate": True} if args.gated_calibrate else {}
-    for key in ("mixing_l2", "mixing_temperature"):
+    for key in ("mixing_l2", "mixing_temperature", "mixing_context"):
         if getattr(args, key, None) is not None:
             options[key] = getattr(args, key)
     return options

@@ -18,6 +18,8 @@ __all__ = [
     "CandidateProvider",
     "CandidatesMethod",
     "PROVIDER_METHODS",
+    "contextual_call",
+    "contextual_batch_call",
     "as_scored_candidates",
     "Trellis",
     "implements",
@@ -109,6 +111,33 @@ class CandidateProvider(Protocol):
 
 #: The provider methods :func:`provider_answer` looks for, in order of preference.
 PROVIDER_METHODS = ("retrieve", "candidates")
+
+
+def _asked_in_context(provider: Any, method: str, keyword: str) -> Optional[Callable[..., Any]]:
+    """``ask(query or queries, limit, context chunk ID(s), previous query or queries)``
+    through ``provider.<method>``, or None when it has no such method; the previous
+    query goes in as ``keyword=`` only when ``provider.uses_previous_query`` is true."""
+    bound = getattr(provider, method, None)
+    if not callable(bound):
+        return None
+    if getattr(provider, "uses_previous_query", False):
+        return lambda asked, limit, chunk_ids, previous: bound(asked, limit, chunk_ids, **{keyword: previous})
+    return lambda asked, limit, chunk_ids, previous: bound(asked, limit, chunk_ids)
+
+
+def contextual_call(provider: Any) -> Optional[Callable[..., Any]]:
+    """``ask(query, limit, context_chunk_id, previous_query)`` for a provider with
+    ``retrieve_in_context`` (None for any other): the previous query is passed on only
+    to a provider whose ``uses_previous_query`` is true, so a three-argument
+    :class:`~mapmatched_torch.providers.query_mixing.ContextualProvider` keeps working.
+    Sessions and the server both ask this way."""
+    return _asked_in_context(provider, "retrieve_in_context", "previous_query")
+
+
+def contextual_batch_call(provider: Any) -> Optional[Callable[..., Any]]:
+    """``ask(queries, limit, context_chunk_ids, previous_queries)`` for a provider with
+    ``retrieve_batch_in_context`` (None for any other), as :func:`contextual_call`."""
+    return _asked_in_context(provider, "retrieve_batch_in_context", "previous_queries")
 
 
 def provider_answer(provider: object) -> Tuple[str, Callable[[str, int], Sequence[Any]]]:

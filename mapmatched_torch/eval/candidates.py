@@ -237,7 +237,8 @@ def retrieve_online(
 ) -> Candidates:
     """Retrieve turn by turn with queries mixed with the previous turn's decoded passage.
 
-    Turn t's query is ``mixing.apply(q_t, passage_embeddings[decoded at t-1])`` (turn 0
+    Turn t's query is ``mixing.apply(q_t, passage_embeddings[decoded at t-1], ...,
+    q_{t-1})`` (the previous raw query is its second source when the mix has one; turn 0
     and conversations whose previous turn decoded nothing keep the raw query), searched
     with ``provider.search_tensors``; then ``decoded(t, candidates of turns 0..t)``
     says which passage the method decoded at turn t, as a session would, before turn
@@ -275,7 +276,9 @@ def retrieve_online(
         # shape: (B_t, D)
         vectors = queries[rows, turn]
         context = previous[rows]
-        vectors = mixing.apply(vectors, passages[context.clamp_min(0)].to(vectors.dtype), context >= 0)
+        # the previous turn's raw query: read only by a mix with a previous-query source
+        earlier = queries[rows, max(turn - 1, 0)]
+        vectors = mixing.apply(vectors, passages[context.clamp_min(0)].to(vectors.dtype), context >= 0, earlier)
         scores, found = provider.search_tensors(vectors, width)
         index[rows, turn] = found.to(device=device, dtype=torch.long)
         values[rows, turn] = scores.to(device=device, dtype=torch.float64)

@@ -1066,12 +1066,18 @@ def _pointwise_decoded(turn: int, prefix: Candidates) -> Tensor:
 
 
 def _mixing_rows(queries: Tensor, passages: Tensor, decoded: Tensor, relevant: Tensor, valid: Tensor,
-                 train: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+                 train: Tensor, with_previous_query: bool) -> Tuple[Tuple[Tensor, ...], Dict[str, Tensor]]:
     """The query-mixing fit's rows: turns t >= 1 of training conversations, with the
-    passage decoded at t - 1 as context; ``(queries (N, D), contexts (N, D), relevant (N, P))``."""
+    passage decoded at t - 1 as context; ``((queries (N, D), contexts (N, D), relevant
+    (N, P)), keywords)``, the keywords holding ``previous_queries`` (N, D), the raw
+    queries of turns t - 1, when ``with_previous_query``."""
     # shape: (B, T-1)
     rows = valid[:, 1:] & valid[:, :-1] & train[:, None] & (decoded[:, :-1] >= 0)
-    return queries[:, 1:][rows], passages[decoded[:, :-1][rows]], relevant[:, 1:][rows]
+    extra = {"previous_queries": queries[:, :-1][rows]} if with_previous_query else {}
+    return (queries[:, 1:][rows], passages[decoded[:, :-1][rows]], relevant[:, 1:][rows]), extra
+
+
+_MIXING_CONTEXTS = ("chunk", "chunk+query")
 
 
 def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) -> MixedState:
@@ -1087,12 +1093,15 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
        queries' candidates, each later round (``options.extra["mixing_rounds"]``,
        default 2 rounds in all) from the online mixed retrieval with the last round's
        gate (``options.extra["mixing_iterations"]``, default 100 LBFGS iterations;
-       ``["mixing_l2"]``, default 0.01; ``["mixing_temperature"]``, default None: the
-       softmax temperature fitted with the gate, a float: held at that value);
+       ``["mixing_l2"]``, default 0; ``["mixing_temperature"]``, default None: the
+       softmax temperature fitted with the gate, a float: held at that value;
+       ``["mixing_context"]``, default ``"chunk+query"``: the previous raw query is a
+       second gated context source beside the decoded passage, ``"chunk"``: the
+       passage alone);
     2. every conversation is retrieved again turn by turn
        (:func:`~mapmatched_torch.eval.candidates.retrieve_online` over the corpus
        embeddings, M candidates per turn as the raw query's), each query mixed with the
-       passage the method decoded at the previous turn;
+       passage the method decoded at the previous turn (and the previous query);
     3. ``mixed`` ranks each turn pointwise; ``mixed+gated`` fits a gated model
        (:func:`_fit_gated_model`, as the gated method does) on the training
        conversations' mixed candidates and decodes online with it, the decoded chunk
@@ -1125,7 +1134,10 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
     device = cands.mask.device
     rounds = max(1, int(options.extra.get("mixing_rounds", 2)))
     iterations = int(options.extra.get("mixing_iterations", 100))
-    l2 = float(options.extra.get("mixing_l2", 0.01))
+    l2 = float(options.extra.get("mixing_l2", 0.0))
+    context = options.extra.get("mixing_context", "chunk+query")
+    if context not in _MIXING_CONTEXTS:
+        raise MapMatchedValueError(f"the method option mixing_context must be one of {_MIXING_CONTEXTS}, got {context!r}")
     held_temperature = options.extra.get("mixing_temperature")
     temperature = {} if held_temperature is None else {
         "temperature": check_positive_finite(held_temperature, "the method option mixing_temperature (None: fitted)"),
@@ -1144,9 +1156,9 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
         decoded, fit = cands.index[:, :, 0], None
         for _ in range(rounds):
             try:
-                fit = fit_query_mixing(*_mixing_rows(queries, passages, decoded, relevant, valid, train), passages,
-                                       iterations=iterations, l2=l2, initial=None if fit is None else fit.mixing,
-                                       **temperature)
+                rows, extra = _mixing_rows(queries, passages, decoded, relevant, valid, train, context != "chunk")
+                fit = fit_query_mixing(*rows, passages, iterations=iterations, l2=l2,
+                                       initial=None if fit is None else fit.mixing, **extra, **temperature)
             except MapMatchedValueError as error:
                 raise MethodUnavailable(f"the query-mixing fit of fold {held_out} failed: {error}") from None
             mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded)

@@ -1,4 +1,4 @@
-"""Fitting the gate of the query mix (:class:`~mapmatched_torch.providers.query_mixing.QueryMixing`).
+"""Fitting the gates of the query mix (:class:`~mapmatched_torch.providers.query_mixing.QueryMixing`).
 
 The objective is the listwise likelihood of the dense retriever scored by the mixed
 query: for every training turn with a context chunk and at least one relevant passage,
@@ -7,16 +7,22 @@ query: for every training turn with a context chunk and at least one relevant pa
     loss      = logsumexp_p logits[p] - logsumexp_{p relevant} logits[p]
 
 averaged over the turns (the softmax cross-entropy of the gold set among all passages),
-plus a ridge ``l2 * (gate_bias^2 + gate_weight^2)``. ``theta = (a, g0, g1)`` with
-``a = sigmoid(mix_logit)`` kept in (0, 1) and the temperature ``exp(log_temperature)``
-fitted with them by default. The ranking of one query does not depend on the
-temperature, but the fit does: a lower temperature weighs the top of each ranking more
-(``fit_temperature=False`` holds it at the given value: on INSCIT dev with wordllama a
-held 0.03 without the ridge lifted follow-up turns more than the fitted one, about 0.05;
-CHANGELOG, issue 15). The scores
-are the provider's inner products, so the ranking the loss rewards is the one the
-search returns. The cosine standardization comes from the training turns only.
+plus an optional ridge ``l2 * sum(gate biases^2 + gate weights^2)`` (default 0). For
+each context source (the previous decoded chunk; with ``previous_queries``, also the
+previous query) ``theta`` holds a mix logit, a gate bias and a gate weight; the mix
+weights are ``softmax([0, logits...])[1:]`` (each in (0, 1), together below 1), and the
+temperature ``exp(log_temperature)`` is fitted with them by default. The ranking of one
+query does not depend on the temperature, but the fit does: a lower temperature weighs
+the top of each ranking more (``fit_temperature=False`` holds it at the given value).
+The scores are the provider's inner products, so the ranking the loss rewards is the
+one the search returns. The cosine standardizations come from the training turns only.
 Minimized by LBFGS (strong Wolfe line search), in float64.
+
+Why the defaults (INSCIT dev, three embedders, 5 fold splits; CHANGELOG, issue 15): the
+ridge of 0.01 cost follow-up lift with every embedder (dropping it: wordllama +0.028 ->
++0.036, hash +0.007 -> +0.011, MiniLM +0.005 -> +0.016), and the previous query as a
+second source lifted follow-ups again (+0.038, +0.022, +0.018) and lost less on topic
+switches.
 
 Why not the CRF likelihood: the mix changes which passages are candidates at all (the
 mixed query is searched again), which a likelihood over fixed candidate sets cannot
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor
@@ -37,7 +43,7 @@ from ..core.checks import check_nonnegative_int, check_positive_finite, check_we
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..providers.query_mixing import QueryMixing, mixed_queries
 
-__all__ = ["QueryMixingFit", "query_mixing_loss", "cosine_statistics", "fit_query_mixing"]
+__all__ = ["QueryMixingFit", "query_mixing_loss", "cosine_statistics", "source_weights", "fit_query_mixing"]
 
 
 @dataclass(frozen=True)
@@ -68,27 +74,39 @@ def cosine_statistics(queries: Tensor, contexts: Tensor) -> tuple:
     return float(cosines.mean()), max(float(cosines.std(unbiased=False)), 1e-12)
 
 
+def source_weights(logits: Tensor) -> Tensor:
+    """``(S,)`` mix weights of ``(S,)`` logits: ``softmax([0, logits...])[1:]`` (each in
+    (0, 1), summing to less than 1; the query keeps the rest). For one source this is
+    ``sigmoid(logit)``."""
+    return torch.softmax(torch.cat([logits.new_zeros(1), logits]), dim=0)[1:]
+
+
 def query_mixing_loss(
     queries: Tensor,
     contexts: Tensor,
     relevant: Tensor,
     passages: Tensor,
     parameters: Tensor,
-    cosine_mean: float,
-    cosine_std: float,
+    cosine_mean: Any,
+    cosine_std: Any,
+    present: Optional[Tensor] = None,
 ) -> Tensor:
     """The mean gold-set cross-entropy of the mixed queries over the whole corpus.
 
     Args:
         queries: ``(N, D)`` query embeddings. contexts: ``(N, D)`` embeddings of each
-            turn's context chunk (the previous decoded chunk).
+            turn's context chunk (the previous decoded chunk), or ``(N, S, D)`` for S
+            context sources (the chunk, then the previous query).
         relevant: ``(N, P)`` bool, the relevant passages of each turn (every row needs
             at least one).
         passages: ``(P, D)`` passage embeddings as the provider scores them (inner
             product).
-        parameters: ``(4,)`` float ``[mix_logit, gate_bias, gate_weight,
-            log_temperature]`` (differentiable).
-        cosine_mean, cosine_std: the standardization of ``cos(q, e)``.
+        parameters: ``(3 S + 1,)`` float (differentiable): for each source
+            ``[mix_logit, gate_bias, gate_weight]``, then ``log_temperature``; the mix
+            weights are :func:`source_weights` of the S mix logits.
+        cosine_mean, cosine_std: the standardization of each source's ``cos(q, c)``
+            (floats for one source, length-S sequences for S).
+        present: ``(N, S)`` bool, the sources each turn has (default all).
 
     Returns:
         0-dim: ``mean_n (logsumexp_p logits[n, p] - logsumexp_{p relevant} logits[n, p])``,
@@ -98,11 +116,22 @@ def query_mixing_loss(
         raise MapMatchedValueError(
             f"relevant must be (N, P) = {(queries.shape[0], passages.shape[0])}, got {tuple(relevant.shape)}"
         )
-    mix_logit, gate_bias, gate_weight, log_temperature = parameters.unbind()
-    mixed, _, _ = mixed_queries(queries, contexts, torch.sigmoid(mix_logit), gate_bias, gate_weight, cosine_mean,
-                                cosine_std)
+    count = 1 if contexts.dim() == 2 else contexts.shape[1]
+    if parameters.shape != (3 * count + 1,):
+        raise MapMatchedValueError(f"parameters must be (3 S + 1,) = ({3 * count + 1},) for {count} context "
+                                   f"source(s), got {tuple(parameters.shape)}")
+    # shape: (S, 3) per source [mix_logit, gate_bias, gate_weight]
+    gates = parameters[:-1].reshape(count, 3)
+    weights = source_weights(gates[:, 0])
+    statistics = [torch.as_tensor(value, dtype=queries.dtype, device=queries.device).reshape(-1)
+                  for value in (cosine_mean, cosine_std)]
+    if count == 1:
+        mixed, _, _ = mixed_queries(queries, contexts, weights[0], gates[0, 1], gates[0, 2], statistics[0][0],
+                                    statistics[1][0], present)
+    else:
+        mixed, _, _ = mixed_queries(queries, contexts, weights, gates[:, 1], gates[:, 2], *statistics, present)
     # shape: (N, P)
-    logits = (mixed @ passages.T) / log_temperature.exp()
+    logits = (mixed @ passages.T) / parameters[-1].exp()
     gold = torch.where(relevant, logits, -math.inf).logsumexp(dim=-1)
     return (logits.logsumexp(dim=-1) - gold).mean()
 
@@ -113,30 +142,39 @@ def fit_query_mixing(
     relevant: Tensor,
     passages: Tensor,
     *,
+    previous_queries: Optional[Tensor] = None,
+    has_previous_query: Optional[Tensor] = None,
     iterations: int = 100,
-    l2: float = 0.01,
+    l2: float = 0.0,
     initial_mix_weight: float = 0.25,
     temperature: float = 0.05,
     fit_temperature: bool = True,
     initial: Optional[QueryMixing] = None,
 ) -> QueryMixingFit:
-    """Fit ``(a, g0, g1)`` (and a temperature) of the query mix on training turns.
+    """Fit the gates of the query mix (and a temperature) on training turns.
 
     Args:
         queries: ``(N, D)`` query embeddings of the training turns that have a context.
         contexts: ``(N, D)`` embeddings of their context chunks.
         relevant: ``(N, P)`` bool relevant passages; rows without any are dropped.
         passages: ``(P, D)`` passage embeddings (the provider's inner-product scores).
+        previous_queries: ``(N, D)`` embeddings of each turn's previous query: fits the
+            second source too (``query_mix_weight`` and its gate); None (default): the
+            chunk alone (``query_mix_weight = 0``).
+        has_previous_query: ``(N,)`` bool, the turns whose previous query is known
+            (default all).
         iterations: LBFGS iterations (>= 1).
-        l2: ridge on the gate's bias and weight (>= 0).
-        initial_mix_weight: starting ``a`` in (0, 1). temperature: starting temperature (> 0).
+        l2: ridge on the gates' biases and weights (>= 0; default 0: on INSCIT dev the
+            ridge of 0.01 cost follow-up lift with every embedder, CHANGELOG).
+        initial_mix_weight: starting weight of each source in (0, 1 / S).
+        temperature: starting temperature (> 0).
         fit_temperature: fit the temperature with the gate (default); False holds it at
             ``temperature`` (a lower one weighs the top of each ranking more).
         initial: start from these gate values instead (e.g. a previous round's fit; its
             standardization is recomputed from these turns).
 
     Returns:
-        :class:`QueryMixingFit` (standardization from ``queries`` / ``contexts``).
+        :class:`QueryMixingFit` (standardization from these turns).
 
     Raises:
         MapMatchedValueError: no usable turn, mismatched shapes, or a fit that diverged.
@@ -158,34 +196,51 @@ def fit_query_mixing(
         raise MapMatchedTypeError(f"fit_temperature must be True or False, got {fit_temperature!r}")
     if queries.dim() != 2 or contexts.shape != queries.shape or passages.dim() != 2 or (
         passages.shape[1] != queries.shape[1]
-    ):
+    ) or (previous_queries is not None and previous_queries.shape != queries.shape):
         raise MapMatchedValueError(
-            f"queries and contexts must be (N, D) and passages (P, D), got {tuple(queries.shape)}, "
-            f"{tuple(contexts.shape)} and {tuple(passages.shape)}"
+            f"queries, contexts (and previous_queries) must be (N, D) and passages (P, D), got "
+            f"{tuple(queries.shape)}, {tuple(contexts.shape)}"
+            f"{'' if previous_queries is None else f', {tuple(previous_queries.shape)}'} and {tuple(passages.shape)}"
         )
-    relevant = relevant.to(device=queries.device, dtype=torch.bool)
+    device, double = queries.device, torch.float64
+    relevant = relevant.to(device=device, dtype=torch.bool)
     usable = relevant.any(dim=-1)
     if not bool(usable.any()):
         raise MapMatchedValueError("fit_query_mixing needs at least one turn with a relevant passage")
-    queries, contexts = queries[usable].to(torch.float64), contexts[usable].to(device=queries.device,
-                                                                              dtype=torch.float64)
-    relevant, passages = relevant[usable], passages.to(device=queries.device, dtype=torch.float64)
-    mean, std = cosine_statistics(queries, contexts)
+    queries, contexts = queries[usable].to(double), contexts[usable].to(device=device, dtype=double)
+    relevant, passages = relevant[usable], passages.to(device=device, dtype=double)
+    statistics = [cosine_statistics(queries, contexts)]
+    present = None
+    if previous_queries is not None:
+        previous = previous_queries[usable].to(device=device, dtype=double)
+        known = (torch.ones(len(queries), dtype=torch.bool, device=device) if has_previous_query is None else
+                 has_previous_query.to(device=device, dtype=torch.bool)[usable])
+        if not bool(known.any()):
+            raise MapMatchedValueError("fitting the previous-query source needs a turn whose previous query is known")
+        statistics.append(cosine_statistics(queries[known], previous[known]))
+        present = torch.stack([torch.ones_like(known), known], dim=1)
+        contexts = torch.stack([contexts, previous], dim=1)
+    count = len(statistics)
+    means, stds = [mean for mean, _ in statistics], [std for _, std in statistics]
     if initial is None:
-        if not 0.0 < float(initial_mix_weight) < 1.0:
-            raise MapMatchedValueError(f"initial_mix_weight must be in (0, 1), got {initial_mix_weight!r}")
-        start = [math.log(initial_mix_weight / (1.0 - initial_mix_weight)), 0.0, 0.0]
+        if not 0.0 < float(initial_mix_weight) < 1.0 / count:
+            raise MapMatchedValueError(
+                f"initial_mix_weight must be in (0, {1.0 / count:g}) for {count} source(s), got {initial_mix_weight!r}")
+        # softmax([0, l, ..., l])[s] = w  <=>  l = log(w / (1 - S w))
+        logit = math.log(initial_mix_weight / (1.0 - count * initial_mix_weight))
+        start = [logit, 0.0, 0.0] * count
     else:
-        weight = min(max(initial.mix_weight, 1e-6), 1.0 - 1e-6)
-        start = [math.log(weight / (1.0 - weight)), initial.gate_bias, initial.gate_weight]
-    parameters = torch.tensor([*start, math.log(temperature)], dtype=torch.float64, device=queries.device,
-                              requires_grad=True)
+        start = _initial_gates(initial, count)
+    parameters = torch.tensor([*start, math.log(temperature)], dtype=double, device=device, requires_grad=True)
+    ridge = torch.tensor([0.0, 1.0, 1.0] * count + [0.0], dtype=double, device=device)
+    single = count == 1
+    mean_arg, std_arg = (means[0], stds[0]) if single else (means, stds)
 
     def objective() -> Tensor:
         # a held temperature gets no gradient, so LBFGS never moves it
-        values = parameters if fit_temperature else torch.cat([parameters[:3], parameters[3:].detach()])
-        loss = query_mixing_loss(queries, contexts, relevant, passages, values, mean, std)
-        return loss + l2 * parameters[1:3].square().sum()
+        values = parameters if fit_temperature else torch.cat([parameters[:-1], parameters[-1:].detach()])
+        loss = query_mixing_loss(queries, contexts, relevant, passages, values, mean_arg, std_arg, present)
+        return loss + l2 * (ridge * parameters.square()).sum()
 
     with torch.no_grad():
         initial_loss = float(objective())
@@ -200,9 +255,26 @@ def fit_query_mixing(
     optimizer.step(closure)
     with torch.no_grad():
         loss = float(objective())
+        weights = source_weights(parameters.detach()[:-1].reshape(count, 3)[:, 0]).tolist()
     values = parameters.detach().tolist()
     if not all(math.isfinite(v) for v in values) or not math.isfinite(loss):
         raise MapMatchedValueError(f"the query-mixing fit diverged (parameters {values}, loss {loss})")
-    mixing = QueryMixing(float(torch.sigmoid(parameters.detach()[0])), values[1], values[2], mean, std)
-    fitted_temperature = math.exp(values[3]) if fit_temperature else temperature
-    return QueryMixingFit(mixing, fitted_temperature, loss, initial_loss, int(usable.sum()))
+    fields: Dict[str, float] = {"mix_weight": weights[0], "gate_bias": values[1], "gate_weight": values[2],
+                                "cosine_mean": means[0], "cosine_std": stds[0]}
+    if not single:
+        # the two weights come from one softmax: their sum can round a hair above 1
+        fields.update(query_mix_weight=min(weights[1], 1.0 - weights[0]), query_gate_bias=values[4],
+                      query_gate_weight=values[5], query_cosine_mean=means[1], query_cosine_std=stds[1])
+    fitted_temperature = math.exp(values[-1]) if fit_temperature else temperature
+    return QueryMixingFit(QueryMixing(**fields), fitted_temperature, loss, initial_loss, int(usable.sum()))
+
+
+def _initial_gates(initial: QueryMixing, count: int) -> list:
+    """Start values ``[mix_logit, gate_bias, gate_weight] * S`` from a previous fit's gates."""
+    if not isinstance(initial, QueryMixing):
+        raise MapMatchedTypeError(f"initial must be a QueryMixing, got {type(initial).__name__}")
+    weights = [initial.mix_weight, initial.query_mix_weight][:count]
+    weights = [min(max(w, 1e-6), 1.0 - 1e-6) for w in weights]
+    rest = max(1.0 - sum(weights), 1e-6)
+    gates = [(initial.gate_bias, initial.gate_weight), (initial.query_gate_bias, initial.query_gate_weight)]
+    return [value for w, (bias, weight) in zip(weights, gates) for value in (math.log(w / rest), bias, weight)]

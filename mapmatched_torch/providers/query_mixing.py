@@ -1,25 +1,32 @@
-"""Gated context in the query: the previous decoded chunk mixed into the new query.
+"""Gated context in the query: the previous decoded chunk (and query) mixed into the new query.
 
 An underspecified follow-up ("and on a GPU?") says little by itself; the chunk the
-conversation decoded at the previous turn says where it was. :class:`QueryMixing` mixes
-that chunk's embedding ``e`` into the query embedding ``q`` with a gate fitted on data::
+conversation decoded at the previous turn says where it was, and so does the previous
+query. :class:`QueryMixing` mixes up to two context sources into the query embedding
+``q``, each with its own gate fitted on data: the previous decoded chunk's embedding
+``e`` and the previous query's embedding ``p``::
 
-    z     = (cos(q, e) - cosine_mean) / cosine_std        (statistics of training data)
-    a_t   = mix_weight * sigmoid(gate_bias + gate_weight * z)
-    q'    = normalize((1 - a_t) * q / |q| + a_t * e / |e|)
+    z_e   = (cos(q, e) - cosine_mean) / cosine_std              (statistics of training data)
+    a_t   = mix_weight * sigmoid(gate_bias + gate_weight * z_e)
+    z_p   = (cos(q, p) - query_cosine_mean) / query_cosine_std
+    c_t   = query_mix_weight * sigmoid(query_gate_bias + query_gate_weight * z_p)
+    q'    = normalize((1 - a_t - c_t) * q/|q| + a_t * e/|e| + c_t * p/|p|)
 
-``q`` and ``e`` are unit-normalized before the mix, so the gate alone decides the share
-of context. The mixed query is searched like any query; with ``mix_weight = 0`` (or no
-previous chunk: the first turn) the query vector is passed on unchanged, so the results
-equal the unmixed provider's bit for bit. The parameters are fitted by
-:func:`mapmatched_torch.fit.query_mixing.fit_query_mixing`.
+(``mix_weight + query_mix_weight <= 1``; with ``query_mix_weight = 0``, the default, the
+mix is the chunk alone, ``c_t = 0``). ``q``, ``e`` and ``p`` are unit-normalized before
+the mix, so the gates alone decide the shares of context. The mixed query is searched
+like any query; with both weights 0 (or no context: the first turn) the query vector is
+passed on unchanged, so the results equal the unmixed provider's bit for bit. The
+parameters are fitted by :func:`mapmatched_torch.fit.query_mixing.fit_query_mixing`.
 
 Any provider that can embed a query, look up a chunk's embedding and search by vector
 (:class:`VectorSearchProvider`: :class:`~mapmatched_torch.providers.dense.DenseProvider`
 and :class:`~mapmatched_torch.providers.faiss.FAISSProvider`) can be wrapped in
 :class:`QueryMixingProvider`, whose ``retrieve_in_context(query, limit,
-context_chunk_id)`` a :class:`~mapmatched_torch.MapMatchedSession` calls with the chunk
-it decoded at the previous turn (:class:`ContextualProvider`).
+context_chunk_id, previous_query=None)`` a :class:`~mapmatched_torch.MapMatchedSession`
+(and a :class:`~mapmatched_torch.MapMatchedServer`) calls with the chunk it decoded at
+the previous turn, and with the previous turn's query text when the wrapper's
+:attr:`~QueryMixingProvider.uses_previous_query` is true (:class:`ContextualProvider`).
 """
 
 from __future__ import annotations
@@ -51,16 +58,18 @@ Number = Union[float, Tensor]
 def mixing_weights(
     cosines: Tensor, mix_weight: Number, gate_bias: Number, gate_weight: Number, cosine_mean: Number, cosine_std: Number
 ) -> Tensor:
-    """The gate ``a_t = mix_weight * sigmoid(gate_bias + gate_weight * z)`` of every query.
+    """The gate ``mix_weight * sigmoid(gate_bias + gate_weight * z)`` of every query and source.
 
     Args:
-        cosines: ``(N,)`` ``cos(q, e)`` of each query with its context chunk.
-        mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std: floats or 0-dim
-            tensors (differentiable: :mod:`mapmatched_torch.fit.query_mixing` passes
-            parameters); ``z = (cosines - cosine_mean) / cosine_std``.
+        cosines: ``(N,)`` ``cos(q, e)`` of each query with its context, or ``(N, S)``
+            with each of S context sources.
+        mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std: floats, 0-dim or
+            ``(S,)`` tensors (one value per source; differentiable:
+            :mod:`mapmatched_torch.fit.query_mixing` passes parameters);
+            ``z = (cosines - cosine_mean) / cosine_std``.
 
     Returns:
-        ``(N,)`` weights in ``[0, mix_weight]``, in the cosines' dtype.
+        weights shaped like ``cosines``, each in ``[0, mix_weight]``, in the cosines' dtype.
     """
     standardized = (cosines - cosine_mean) / cosine_std
     return mix_weight * torch.sigmoid(gate_bias + gate_weight * standardized)
@@ -74,48 +83,74 @@ def mixed_queries(
     gate_weight: Number,
     cosine_mean: Number,
     cosine_std: Number,
+    present: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """``q' = normalize((1 - a_t) q/|q| + a_t e/|e|)`` for every query (differentiable).
+    """``q' = normalize((1 - sum_s w_s) q/|q| + sum_s w_s c_s/|c_s|)`` for every query (differentiable).
 
     The one implementation of the mix: :meth:`QueryMixing.apply` (providers, sessions,
     the evaluation harness) and the fitting objective both call it.
 
     Args:
         queries: ``(N, D)`` float query embeddings (any norm; zero rows stay zero).
-        contexts: ``(N, D)`` embeddings of each query's context chunk.
+        contexts: ``(N, D)`` embeddings of each query's context chunk (one source), or
+            ``(N, S, D)``: S context sources per query (the chunk, the previous query).
         mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std: as
-            :func:`mixing_weights`.
+            :func:`mixing_weights` (scalars for one source, ``(S,)`` for S; the mix
+            weights must sum to at most 1).
+        present: ``(N, S)`` bool (or ``(N,)`` for one source), the sources each query
+            has (default all); an absent source gets weight 0 and its row is not read.
 
     Returns:
-        ``(mixed, weights, cosines)``: ``(N, D)`` unit mixed queries, ``(N,)`` the gate
-        ``a_t`` and ``(N,)`` ``cos(q, e)``, all in the inputs' dtype.
+        ``(mixed, weights, cosines)``: ``(N, D)`` unit mixed queries, the gates ``w``
+        and ``cos(q, c)`` (``(N,)`` for ``(N, D)`` contexts, ``(N, S)`` for
+        ``(N, S, D)``), all in the inputs' dtype.
     """
-    # shape: (N, D) unit rows (zero rows stay zero)
+    single = contexts.dim() == 2
+    sources = contexts.unsqueeze(1) if single else contexts
+    # shape: (N, D) and (N, S, D) unit rows (zero rows stay zero)
     unit_queries = torch.nn.functional.normalize(queries, dim=-1)
-    unit_contexts = torch.nn.functional.normalize(contexts, dim=-1)
-    # shape: (N,)
-    cosines = (unit_queries * unit_contexts).sum(dim=-1)
+    unit_sources = torch.nn.functional.normalize(sources, dim=-1)
+    # shape: (N, S)
+    cosines = (unit_queries.unsqueeze(1) * unit_sources).sum(dim=-1)
     weights = mixing_weights(cosines, mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std)
+    if present is not None:
+        present = present.to(device=weights.device, dtype=torch.bool).reshape(weights.shape)
+        weights = torch.where(present, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
     # shape: (N, D)
-    mixed = (1.0 - weights).unsqueeze(-1) * unit_queries + weights.unsqueeze(-1) * unit_contexts
-    return torch.nn.functional.normalize(mixed, dim=-1), weights, cosines
+    mixed = (1.0 - weights.sum(dim=-1, keepdim=True)) * unit_queries + (weights.unsqueeze(-1) * unit_sources).sum(dim=1)
+    mixed = torch.nn.functional.normalize(mixed, dim=-1)
+    if single:
+        return mixed, weights.squeeze(1), cosines.squeeze(1)
+    return mixed, weights, cosines
+
+
+_CHUNK_FIELDS = ("mix_weight", "gate_bias", "gate_weight", "cosine_mean", "cosine_std")
+_QUERY_FIELDS = ("query_mix_weight", "query_gate_bias", "query_gate_weight", "query_cosine_mean", "query_cosine_std")
 
 
 @dataclass(frozen=True)
 class QueryMixing:
-    """Fitted gate of the query mix (see the module docstring).
+    """Fitted gates of the query mix (see the module docstring).
 
     Attributes:
-        mix_weight: ``a`` in ``[0, 1]``, the most context a query can take (0: off).
+        mix_weight: ``a`` in ``[0, 1]``, the most of the previous decoded chunk a query
+            can take (0: off).
         gate_bias: ``g0``. gate_weight: ``g1`` (its sign says whether queries far from
             the previous chunk take more context (< 0) or less (> 0)).
         cosine_mean, cosine_std: standardization of ``cos(q, e)`` (training data
             only; ``cosine_std > 0``).
+        query_mix_weight, query_gate_bias, query_gate_weight, query_cosine_mean,
+            query_cosine_std: the same five for the previous query's embedding ``p``
+            (default 0: the chunk alone); ``mix_weight + query_mix_weight <= 1``.
 
     Example:
         >>> mixing = QueryMixing(0.5, 0.0, 0.0)  # a_t = 0.5 * sigmoid(0) = 0.25 for every query
         >>> mixing.apply(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]))  # (0.75, 0.25) normalized
         tensor([[0.9487, 0.3162]])
+        >>> both = QueryMixing(0.5, 0.0, 0.0, query_mix_weight=0.5)  # a_t = c_t = 0.25
+        >>> both.apply(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]]),
+        ...            previous_queries=torch.tensor([[0.0, 0.0, 1.0]]))  # (0.5, 0.25, 0.25) normalized
+        tensor([[0.8165, 0.4082, 0.4082]])
     """
 
     mix_weight: float = 0.0
@@ -123,31 +158,62 @@ class QueryMixing:
     gate_weight: float = 0.0
     cosine_mean: float = 0.0
     cosine_std: float = 1.0
+    query_mix_weight: float = 0.0
+    query_gate_bias: float = 0.0
+    query_gate_weight: float = 0.0
+    query_cosine_mean: float = 0.0
+    query_cosine_std: float = 1.0
 
     def __post_init__(self) -> None:
-        weight = check_finite(self.mix_weight, "mix_weight")
-        if not 0.0 <= weight <= 1.0:
-            raise MapMatchedValueError(f"mix_weight must be in [0, 1] (the most context a query takes), got {weight}")
-        object.__setattr__(self, "mix_weight", weight)
-        for name in ("gate_bias", "gate_weight", "cosine_mean"):
-            object.__setattr__(self, name, check_finite(getattr(self, name), name))
-        object.__setattr__(self, "cosine_std", check_positive_finite(self.cosine_std, "cosine_std"))
+        for fields in (_CHUNK_FIELDS, _QUERY_FIELDS):
+            weight_name, *gate_names, std_name = fields
+            weight = check_finite(getattr(self, weight_name), weight_name)
+            if not 0.0 <= weight <= 1.0:
+                raise MapMatchedValueError(
+                    f"{weight_name} must be in [0, 1] (the most context a query takes), got {weight}")
+            object.__setattr__(self, weight_name, weight)
+            for name in gate_names:
+                object.__setattr__(self, name, check_finite(getattr(self, name), name))
+            object.__setattr__(self, std_name, check_positive_finite(getattr(self, std_name), std_name))
+        if self.mix_weight + self.query_mix_weight > 1.0:
+            raise MapMatchedValueError(
+                f"mix_weight + query_mix_weight must be at most 1 (the query keeps the rest), got "
+                f"{self.mix_weight} + {self.query_mix_weight}"
+            )
 
     @property
     def is_zero(self) -> bool:
-        """``mix_weight == 0``: every query is passed on unchanged."""
-        return self.mix_weight == 0.0
+        """Both mix weights are 0: every query is passed on unchanged."""
+        return self.mix_weight == 0.0 and self.query_mix_weight == 0.0
+
+    @property
+    def uses_previous_query(self) -> bool:
+        """``query_mix_weight > 0``: the previous query's embedding is mixed in too."""
+        return self.query_mix_weight > 0.0
 
     def to_dict(self) -> Dict[str, float]:
-        """The five values by name (JSON-friendly); ``QueryMixing(**d)`` rebuilds it."""
+        """The ten values by name (JSON-friendly); ``QueryMixing(**d)`` rebuilds it."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
-    def weights(self, cosines: Tensor) -> Tensor:
-        """``(N,)`` gate values ``a_t`` of ``(N,)`` cosines (see :func:`mixing_weights`)."""
-        return mixing_weights(cosines, self.mix_weight, self.gate_bias, self.gate_weight, self.cosine_mean,
-                              self.cosine_std)
+    def gate_values(self) -> Tuple[Tensor, ...]:
+        """``(mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std)`` as ``(2,)``
+        float64 tensors (source 0 the chunk, source 1 the previous query): the gate
+        arguments of :func:`mixed_queries` for ``(N, 2, D)`` contexts."""
+        return tuple(torch.tensor([getattr(self, chunk), getattr(self, query)], dtype=torch.float64)
+                     for chunk, query in zip(_CHUNK_FIELDS, _QUERY_FIELDS))
 
-    def apply(self, queries: Tensor, contexts: Tensor, has_context: Optional[Tensor] = None) -> Tensor:
+    def weights(self, cosines: Tensor) -> Tensor:
+        """``(N,)`` chunk gate values ``a_t`` of ``(N,)`` cosines ``cos(q, e)`` (see :func:`mixing_weights`)."""
+        return mixing_weights(cosines, *(getattr(self, name) for name in _CHUNK_FIELDS))
+
+    def apply(
+        self,
+        queries: Tensor,
+        contexts: Tensor,
+        has_context: Optional[Tensor] = None,
+        previous_queries: Optional[Tensor] = None,
+        has_previous_query: Optional[Tensor] = None,
+    ) -> Tensor:
         """The queries to search with: mixed where there is context, else unchanged.
 
         Args:
@@ -155,12 +221,17 @@ class QueryMixing:
             contexts: ``(N, D)`` context chunk embeddings (rows without context are
                 not read).
             has_context: ``(N,)`` bool, the rows that have a context chunk (default
-                all).
+                all); a row without one is not mixed at all.
+            previous_queries: ``(N, D)`` embeddings of each row's previous query, or
+                None (then the previous-query source is off for every row). Read only
+                when :attr:`uses_previous_query`.
+            has_previous_query: ``(N,)`` bool, the rows whose previous query is known
+                (default all, when ``previous_queries`` is given).
 
         Returns:
-            ``(N, D)`` in the queries' dtype and device: a row with context and
-            ``a_t > 0`` is the unit mixed query (computed in float64); every other row
-            is the query itself, bit for bit (so ``mix_weight = 0`` changes nothing).
+            ``(N, D)`` in the queries' dtype and device: a row with context and some
+            weight ``> 0`` is the unit mixed query (computed in float64); every other
+            row is the query itself, bit for bit (so zero weights change nothing).
         """
         if queries.dim() != 2 or contexts.shape != queries.shape:
             raise MapMatchedValueError(
@@ -168,13 +239,26 @@ class QueryMixing:
             )
         if self.is_zero:
             return queries
-        mixed, weights, _ = mixed_queries(
-            queries.to(torch.float64), contexts.to(device=queries.device, dtype=torch.float64), self.mix_weight,
-            self.gate_bias, self.gate_weight, self.cosine_mean, self.cosine_std,
-        )
-        keep = weights > 0
-        if has_context is not None:
-            keep = keep & has_context.to(device=queries.device, dtype=torch.bool)
+        device, double = queries.device, torch.float64
+        rows = torch.ones(queries.shape[0], dtype=torch.bool, device=device) if has_context is None else (
+            has_context.to(device=device, dtype=torch.bool))
+        sources = [contexts.to(device=device, dtype=double)]
+        present = [rows]
+        if self.uses_previous_query and previous_queries is not None:
+            if previous_queries.shape != queries.shape:
+                raise MapMatchedValueError(
+                    f"previous_queries must be (N, D) = {tuple(queries.shape)}, got {tuple(previous_queries.shape)}")
+            known = rows if has_previous_query is None else rows & has_previous_query.to(device=device,
+                                                                                           dtype=torch.bool)
+            sources.append(previous_queries.to(device=device, dtype=double))
+            present.append(known)
+        else:
+            sources.append(torch.zeros_like(sources[0]))
+            present.append(torch.zeros_like(rows))
+        gates = [value.to(device) for value in self.gate_values()]
+        mixed, weights, _ = mixed_queries(queries.to(double), torch.stack(sources, dim=1), *gates,
+                                          present=torch.stack(present, dim=1))
+        keep = rows & (weights > 0).any(dim=1)
         return torch.where(keep.unsqueeze(-1), mixed.to(queries.dtype), queries)
 
 
@@ -204,7 +288,10 @@ class VectorSearchProvider(Protocol):
 class ContextualProvider(Protocol):
     """A provider whose answer depends on the conversation's previous decoded chunk:
     a session calls ``retrieve_in_context(query, limit, context_chunk_id)`` instead of
-    ``retrieve`` (``context_chunk_id``: None at the first turn)."""
+    ``retrieve`` (``context_chunk_id``: None at the first turn). A provider whose
+    ``uses_previous_query`` attribute is true is also passed ``previous_query=`` (the
+    previous turn's query text; None at the first turn or when that turn was given as
+    candidates)."""
 
     def retrieve_in_context(
         self, query: str, limit: int, context_chunk_id: Optional[str]
@@ -213,19 +300,23 @@ class ContextualProvider(Protocol):
 
 
 class QueryMixingProvider(CandidatesMethod):
-    """A :class:`VectorSearchProvider` whose queries take the previous decoded chunk in.
+    """A :class:`VectorSearchProvider` whose queries take the previous decoded chunk
+    (and, when the mix has that source, the previous query) in.
 
     Args:
         provider: a :class:`VectorSearchProvider` (e.g. a DenseProvider with
             ``embed_query``, or a FAISSProvider).
-        mixing: the fitted :class:`QueryMixing` (``mix_weight = 0``: the provider's
-            own answers, bit for bit).
+        mixing: the fitted :class:`QueryMixing` (both weights 0: the provider's own
+            answers, bit for bit).
 
     :meth:`retrieve` (and ``candidates``) answer without context, as the wrapped
     provider does; :meth:`retrieve_in_context` mixes the context chunk's stored
-    embedding into the query. A :class:`~mapmatched_torch.MapMatchedSession` over this
-    provider calls :meth:`retrieve_in_context` with the chunk it decoded at the previous
-    turn. Cost: one query embedding, one chunk lookup and one vector search per call.
+    embedding (and the previous query's embedding) into the query. A
+    :class:`~mapmatched_torch.MapMatchedSession` over this provider calls
+    :meth:`retrieve_in_context` with the chunk it decoded at the previous turn and,
+    when :attr:`uses_previous_query`, the previous turn's query. Cost: one embedding
+    call (the query, and the previous query when used), one chunk lookup and one vector
+    search per call.
 
     Example:
         >>> from mapmatched_torch.providers import DenseProvider
@@ -252,6 +343,11 @@ class QueryMixingProvider(CandidatesMethod):
     def __repr__(self) -> str:
         return f"QueryMixingProvider({self.provider!r}, {self.mixing!r})"
 
+    @property
+    def uses_previous_query(self) -> bool:
+        """Whether the mix reads the previous query (sessions and the server then pass it)."""
+        return self.mixing.uses_previous_query
+
     def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """The wrapped provider's answer for ``query`` alone (no context)."""
         return self.retrieve_in_context(query, limit, None)
@@ -262,40 +358,61 @@ class QueryMixingProvider(CandidatesMethod):
         return self.retrieve_batch_in_context(queries, limit, [None] * len(queries))
 
     def retrieve_in_context(
-        self, query: str, limit: int, context_chunk_id: Optional[str]
+        self, query: str, limit: int, context_chunk_id: Optional[str], previous_query: Optional[str] = None
     ) -> Tuple[ScoredCandidate, ...]:
         """The best ``limit`` candidates for ``query`` mixed with ``context_chunk_id``.
 
         Args:
             query: a non-empty query string. limit: a positive int.
             context_chunk_id: the chunk decoded at the previous turn, or None (no mix).
+            previous_query: the previous turn's query text, or None (that source is off
+                for this call); read only when :attr:`uses_previous_query`.
 
         Raises:
             ValueError: a bad query or limit, or a context chunk the provider does not
                 hold (the wrapped provider's message).
         """
         query, limit = check_request(query, limit)
-        return self.retrieve_batch_in_context([query], limit, [context_chunk_id])[0]
+        return self.retrieve_batch_in_context([query], limit, [context_chunk_id], [previous_query])[0]
 
     def retrieve_batch_in_context(
-        self, queries: Sequence[str], limit: int, context_chunk_ids: Sequence[Optional[str]]
+        self,
+        queries: Sequence[str],
+        limit: int,
+        context_chunk_ids: Sequence[Optional[str]],
+        previous_queries: Optional[Sequence[Optional[str]]] = None,
     ) -> List[Tuple[ScoredCandidate, ...]]:
-        """:meth:`retrieve_in_context` for Q queries, each with its own context chunk (or None)."""
+        """:meth:`retrieve_in_context` for Q queries, each with its own context chunk (or
+        None) and previous query (or None; ``previous_queries`` None: none known)."""
         queries, limit = check_batch(queries, limit)
         contexts = list(context_chunk_ids)
         if len(contexts) != len(queries):
             raise MapMatchedValueError(f"{len(contexts)} context chunk IDs for {len(queries)} queries")
+        earlier = [None] * len(queries) if previous_queries is None else list(previous_queries)
+        if len(earlier) != len(queries):
+            raise MapMatchedValueError(f"{len(earlier)} previous queries for {len(queries)} queries")
         if not queries:
             return []
-        # shape: (Q, D)
-        vectors = self.provider.embed_queries(queries)
         present = [i for i, chunk_id in enumerate(contexts) if chunk_id is not None]
+        known = [i for i in present if earlier[i] is not None] if self.uses_previous_query else []
+        if known:
+            checked, _ = check_batch([earlier[i] for i in known], limit)
+            # shape: (Q + K, D) one embedding call for the queries and the known previous queries
+            embedded = self.provider.embed_queries([*queries, *checked])
+            vectors = embedded[: len(queries)]
+        else:
+            vectors = self.provider.embed_queries(queries)
         if present and not self.mixing.is_zero:
             ids = [check_chunk_id(contexts[i], f"context chunk ID {i}") for i in present]
             context_rows = torch.zeros_like(vectors)
             context_rows[present] = self.provider.chunk_embeddings(ids).to(vectors)
             has_context = torch.zeros(len(queries), dtype=torch.bool, device=vectors.device)
             has_context[present] = True
-            vectors = self.mixing.apply(vectors, context_rows, has_context)
+            previous_rows, has_previous = None, None
+            if known:
+                previous_rows = torch.zeros_like(vectors)
+                previous_rows[known] = embedded[len(queries):].to(vectors)
+                has_previous = torch.zeros_like(has_context)
+                has_previous[known] = True
+            vectors = self.mixing.apply(vectors, context_rows, has_context, previous_rows, has_previous)
         return self.provider.search_vectors(vectors, limit)
-

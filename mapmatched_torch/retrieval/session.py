@@ -29,6 +29,7 @@ from ..core.protocols import (
     CorpusGraph,
     Decoder,
     as_scored_candidates,
+    contextual_call,
     missing_members,
     provider_answer,
 )
@@ -175,6 +176,7 @@ class MapMatchedSession:
         self._trellis: List[Tuple[DecoderCandidate, ...]] = []
         self._path: Optional[DecodedPath] = None
         self._trace: Optional[RetrievalTrace] = None
+        self._previous_query: Optional[str] = None
         # A decoder that can stream (TorchDecoder) decodes each turn incrementally.
         factory = getattr(retriever.decoder, "stream", None)
         self._stream = (
@@ -204,6 +206,13 @@ class MapMatchedSession:
         return None if self._path is None else self._path.steps[-1].chunk_id
 
     @property
+    def previous_query(self) -> Optional[str]:
+        """The query text of the latest turn (None before the first turn, or when the
+        latest turn was given as candidates): what a provider with
+        ``uses_previous_query`` is passed at the next turn."""
+        return self._previous_query
+
+    @property
     def path(self) -> Optional[DecodedPath]:
         """The latest decoded path of the whole conversation."""
         return self._path
@@ -227,7 +236,9 @@ class MapMatchedSession:
         with ``retrieve_in_context(query, limit, context_chunk_id)`` (a
         :class:`~mapmatched_torch.providers.query_mixing.ContextualProvider`, e.g.
         ``QueryMixingProvider``) is asked that instead, with :attr:`current_chunk_id`
-        (the chunk decoded at the previous turn; None at the first).
+        (the chunk decoded at the previous turn; None at the first), and with
+        ``previous_query=`` :attr:`previous_query` when its ``uses_previous_query`` is
+        true.
 
         Raises:
             MapMatchedValueError: an empty query (``"query must not be empty"``; a
@@ -246,13 +257,15 @@ class MapMatchedSession:
                 "retrieve(query) requires a CandidateProvider; use retrieve_candidates instead "
                 "(or pass provider= to MapMatchedRetriever)"
             )
-        contextual = getattr(provider, "retrieve_in_context", None)
-        if callable(contextual):  # e.g. QueryMixingProvider: the previous decoded chunk goes into the query
-            with self._lock:  # the chunk read and the turn it conditions are one step
-                answer = contextual(query, self._retriever.candidate_limit, self.current_chunk_id)
-                return self._retrieve_turn(answer, f"candidates from {type(provider).__name__}.retrieve_in_context")
+        contextual = contextual_call(provider)
+        if contextual is not None:  # e.g. QueryMixingProvider: the previous decoded chunk goes into the query
+            with self._lock:  # the context read and the turn it conditions are one step
+                answer = contextual(query, self._retriever.candidate_limit, self.current_chunk_id,
+                                    self._previous_query)
+                return self._retrieve_turn(answer, f"candidates from {type(provider).__name__}.retrieve_in_context",
+                                           query)
         answer = provider_answer(provider)[1](query, self._retriever.candidate_limit)
-        return self._retrieve_turn(answer, provider_answer_name(provider))
+        return self._retrieve_turn(answer, provider_answer_name(provider), query)
 
     def retrieve_candidates(self, candidates: Iterable[Any]) -> RetrievalResult:
         """Decode a new turn from candidates given directly (provider order).
@@ -273,10 +286,13 @@ class MapMatchedSession:
         """
         return self._retrieve_turn(candidates, "candidates")
 
-    def _retrieve_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
-        """:meth:`retrieve_candidates`; ``what`` names the candidates in error messages."""
+    def _retrieve_turn(self, candidates: Iterable[Any], what: str, query: Optional[str] = None) -> RetrievalResult:
+        """:meth:`retrieve_candidates`; ``what`` names the candidates in error messages;
+        ``query`` is the turn's query text (None: given as candidates)."""
         with self._lock:
-            return self._locked_turn(candidates, what)
+            result = self._locked_turn(candidates, what)
+            self._previous_query = query
+            return result
 
     def _locked_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
         retriever = self._retriever

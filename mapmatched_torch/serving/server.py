@@ -34,7 +34,7 @@ from ..core.checks import check_finite, check_positive_int, check_sequence, desc
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
-from ..core.protocols import CorpusGraph, implements, provider_answer
+from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
 from ..graph.protocols import TensorGraph
 from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, normalize_turn, provider_answer_name
 from ..retrieval.trellis import packed_rows
@@ -160,6 +160,9 @@ class MapMatchedServer:
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
+        # slot -> the query text of its latest turn, for a provider with uses_previous_query
+        # (only sessions whose latest turn came as a query; empty unless queries are stepped)
+        self._previous_queries: Dict[int, str] = {}
         self._built = BuiltPaths()
         # the results handed out, to copy a closing session's turns into (weak: dropped results go)
         self._live_results: List["weakref.ref[StepResults]"] = []
@@ -192,6 +195,7 @@ class MapMatchedServer:
             if results is not None:
                 results.detach(slot)
         self._built.drop(slot)
+        self._previous_queries.pop(slot, None)
         self._store.close(slot)
 
     def __contains__(self, session_id: object) -> bool:
@@ -292,6 +296,9 @@ class MapMatchedServer:
             if bool((step.status == 0).any()):
                 self._store.decoder.undo_last()
             raise
+        if self._previous_queries:  # these sessions' latest turns came as candidates
+            for slot in slots[step.status.to(slots.device) == 0].tolist():
+                self._previous_queries.pop(slot, None)
         return step
 
     @_serialized
@@ -349,7 +356,7 @@ class MapMatchedServer:
         raw = packed_rows([list(map(_SCORE, kept)) for kept in kept_rows], width, 0.0, torch.float64)
         candidates = dict(zip(ids, kept_rows))
         return self._run(ids, codes, raw, errors, lambda key, code, turn: _candidate_error(
-            code, candidates[key], retriever.score_normalization, turn)), errors
+            code, candidates[key], retriever.score_normalization, turn), queries), errors
 
     @_serialized
     def step_indexed(
@@ -417,9 +424,12 @@ class MapMatchedServer:
         raw: torch.Tensor,
         errors: Dict[SessionId, Exception],
         row_error: Callable[[SessionId, StepCode, int], Exception],
+        queries: Optional[Mapping[SessionId, str]] = None,
     ) -> StepResults:
         """The tensor step of ``ids`` (one row each), their failures into ``errors`` (made
-        by ``row_error(session ID, code, turn index)``), the successes as StepResults."""
+        by ``row_error(session ID, code, turn index)``), the successes as StepResults;
+        ``queries``: the query text of the rows that came as queries (kept as each
+        session's previous query)."""
         get = self._sessions.get
         slots = torch.tensor([get(key, -1) for key in ids], dtype=torch.long, device=self.device)
         decoder = self._store.decoder
@@ -442,6 +452,13 @@ class MapMatchedServer:
             if bool((step.status == 0).any()):
                 decoder.undo_last()
             raise
+        if queries or self._previous_queries:
+            for key in rows:
+                text = None if queries is None else queries.get(key)
+                if text is None:
+                    self._previous_queries.pop(self._sessions[key], None)
+                else:
+                    self._previous_queries[self._sessions[key]] = text
         return results
 
     def _error(self, session_id: SessionId, code: StepCode, turn: int, row_error) -> Exception:
@@ -520,14 +537,16 @@ class MapMatchedServer:
         pending = [key for key in queries if key not in errors]
         batch = getattr(provider, "retrieve_batch", None)
         asks = lambda key: provider_answer(provider)[1](queries[key], limit)  # noqa: E731
-        contextual = getattr(provider, "retrieve_in_context", None)
-        if pending and callable(contextual):
-            # e.g. QueryMixingProvider: each session's previous decoded chunk goes into its query
+        contextual = contextual_call(provider)
+        if pending and contextual is not None:
+            # e.g. QueryMixingProvider: each session's previous decoded chunk (and query) goes into its query
             context = dict(zip(pending, self._current_chunk_ids(pending)))
-            asks = lambda key: contextual(queries[key], limit, context[key])  # noqa: E731
-            batch_in_context = getattr(provider, "retrieve_batch_in_context", None)
-            batch = (lambda texts, size: batch_in_context(texts, size, [context[key] for key in pending])) if callable(
-                batch_in_context) else None
+            previous = {key: self._previous_queries.get(self._sessions.get(key, -1)) for key in pending}
+            asks = lambda key: contextual(queries[key], limit, context[key], previous[key])  # noqa: E731
+            batch_in_context = contextual_batch_call(provider)
+            batch = (lambda texts, size: batch_in_context(
+                texts, size, [context[key] for key in pending], [previous[key] for key in pending])
+            ) if batch_in_context is not None else None
         if pending and callable(batch):
             try:
                 found = list(batch([queries[key] for key in pending], limit))
@@ -567,6 +586,7 @@ class MapMatchedServer:
             "options": self._options(),
             "store": self._store.state_dict(),
             "sessions": [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()],
+            "previous_queries": [[slot, text] for slot, text in sorted(self._previous_queries.items())],
         }
 
     def _options(self) -> Dict[str, Any]:
@@ -603,6 +623,7 @@ class MapMatchedServer:
             raise MapMatchedValueError(f"server state does not match this server: saved options {saved}, these {options}")
         try:
             sessions = _parsed_sessions(state["sessions"])
+            previous_queries = _parsed_previous_queries(state.get("previous_queries", []), sessions)
             store = state["store"]
         except MapMatchedValueError:
             raise
@@ -610,6 +631,7 @@ class MapMatchedServer:
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
         self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
+        self._previous_queries = previous_queries
         # results handed out before keep their own tensors, codes and built paths
         self._built, self._live_results = BuiltPaths(), []
 
@@ -686,6 +708,23 @@ def _parsed_sessions(entries: Any) -> Dict[SessionId, int]:
             raise MapMatchedValueError(f"refusing the server state: session {session_id!r} appears twice")
         sessions[session_id] = slot
     return sessions
+
+
+def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Dict[int, str]:
+    """The saved ``[[slot, query text], ...]`` (absent in states saved before it existed):
+    each slot a live session's, once, each text a non-empty string."""
+    live = set(sessions.values())
+    if not isinstance(entries, (list, tuple)):
+        raise MapMatchedValueError(f"refusing the server state: previous_queries must be a list, got "
+                                   f"{type(entries).__name__}; nothing was changed")
+    parsed: Dict[int, str] = {}
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and type(entry[0]) is int
+                and entry[0] in live and entry[0] not in parsed and isinstance(entry[1], str) and entry[1]):
+            raise MapMatchedValueError(f"refusing the server state: bad previous_queries entry {entry!r} (a live "
+                                       f"session's slot, once, and its query text); nothing was changed")
+        parsed[entry[0]] = entry[1]
+    return parsed
 
 
 def _check_session_id(session_id: Any) -> None:

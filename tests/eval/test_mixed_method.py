@@ -240,5 +240,37 @@ def test_the_mixing_flags_reach_the_methods_options():
 
     parser = build_parser()
     assert _method_options(parser.parse_args(["eval"])) == {}
-    args = parser.parse_args(["eval", "--mixing-temperature", "0.03", "--mixing-l2", "0", "--gated-calibrate"])
-    assert _method_options(args) == {"gated_calibrate": True, "mixing_l2": 0.0, "mixing_temperature": 0.03}
+    args = parser.parse_args(["eval", "--mixing-temperature", "0.03", "--mixing-l2", "0", "--gated-calibrate",
+                              "--mixing-context", "chunk"])
+    assert _method_options(args) == {"gated_calibrate": True, "mixing_l2": 0.0, "mixing_temperature": 0.03,
+                                     "mixing_context": "chunk"}
+
+
+def test_the_previous_query_is_a_second_context_source_by_default_and_the_chunk_alone_is_an_option(inputs):
+    base = {"mixing_iterations": 10}
+    both = METHODS["mixed"].prepare(inputs, MethodOptions(settings_grid((1.0,), (0.5,)), extra=base))
+    chunk = METHODS["mixed"].prepare(inputs, MethodOptions(settings_grid((1.0,), (0.5,)),
+                                                           extra={**base, "mixing_context": "chunk"}))
+    assert all(fold["mixing"]["query_mix_weight"] > 0 for fold in both.params)
+    assert all(fold["mixing"]["query_mix_weight"] == 0 for fold in chunk.params)
+    assert both.params[0]["mixing"]["gate_weight"] != chunk.params[0]["mixing"]["gate_weight"]
+    bad = MethodOptions(settings_grid((1.0,), (0.5,)), extra={**base, "mixing_context": "query"})
+    with pytest.raises(ValueError, match="mixing_context"):
+        METHODS["mixed"].prepare(inputs, bad)
+
+
+def test_online_retrieval_mixes_in_the_previous_raw_query_when_the_mix_has_that_source(inputs):
+    provider = DenseProvider(inputs.passage_embeddings, inputs.passage_ids, metric="inner_product")
+    mixing = QueryMixing(0.0, query_mix_weight=0.5)  # the previous query alone, a_t = 0, c_t = 0.25
+    first = lambda turn, prefix: prefix.index[:, turn, 0]  # noqa: E731
+    online = retrieve_online(inputs.query_embeddings, inputs.candidates.valid, provider, 5, mixing,
+                             inputs.passage_embeddings, first)
+    queries, valid = inputs.query_embeddings, inputs.candidates.valid
+    rows = valid[:, 2]
+    mixed = mixing.apply(queries[rows, 2], inputs.passage_embeddings[online.index[rows, 1, 0]],
+                         previous_queries=queries[rows, 1])
+    _, found = provider.search_tensors(mixed, 5)
+    assert torch.equal(online.index[rows, 2], found)
+    unit = torch.nn.functional.normalize
+    by_hand = unit(0.75 * unit(queries[rows, 2], dim=-1) + 0.25 * unit(queries[rows, 1], dim=-1), dim=-1)
+    assert torch.allclose(mixed.double(), by_hand.double(), atol=1e-6)

@@ -108,3 +108,86 @@ def test_a_held_temperature_stays_put_and_the_gate_is_still_recovered():
     assert free.loss < wrong.loss < wrong.initial_loss
     with pytest.raises(TypeError, match="fit_temperature must be True or False"):
         fit_query_mixing(queries, contexts, relevant, corpus, fit_temperature=1)
+
+
+# ----------------------------------------------------------------- the previous query as a second source
+
+
+def _two_source_problem(turns: int, passages: int, dimension: int, seed: int):
+    generator, corpus, queries, contexts = _problem(turns, passages, dimension, seed)
+    previous = _unit(0.5 * queries + torch.randn(turns, dimension, generator=generator, dtype=torch.float64))
+    return generator, corpus, queries, contexts, previous
+
+
+def test_the_two_source_loss_is_the_cross_entropy_of_the_hand_written_mix():
+    _, corpus, queries, contexts, previous = _two_source_problem(4, 6, 5, seed=4)
+    relevant = torch.zeros(4, 6, dtype=torch.bool)
+    relevant[torch.arange(4), torch.tensor([0, 2, 5, 1])] = True
+    parameters = torch.tensor([0.2, -0.3, 0.7, -0.5, 0.4, -1.1, math.log(0.25)], dtype=torch.float64)
+    present = torch.tensor([[True, True], [True, False], [True, True], [True, True]])
+    loss = query_mixing_loss(queries, torch.stack([contexts, previous], dim=1), relevant, corpus, parameters,
+                             [0.1, 0.2], [0.4, 0.5], present)
+    denominator = 1 + math.exp(0.2) + math.exp(-0.5)
+    share_chunk, share_query = math.exp(0.2) / denominator, math.exp(-0.5) / denominator
+    expected = 0.0
+    for n in range(4):
+        a = share_chunk * torch.sigmoid(-0.3 + 0.7 * (torch.dot(queries[n], contexts[n]) - 0.1) / 0.4)
+        c = share_query * torch.sigmoid(0.4 - 1.1 * (torch.dot(queries[n], previous[n]) - 0.2) / 0.5)
+        c = c if present[n, 1] else 0.0
+        mixed = _unit((1 - a - c) * queries[n] + a * contexts[n] + c * previous[n])
+        probabilities = torch.softmax(corpus @ mixed / 0.25, dim=0)
+        expected += -math.log(float(probabilities[relevant[n]].sum()))
+    assert float(loss) == pytest.approx(expected / 4, rel=1e-12)
+    with pytest.raises(ValueError, match="3 S \\+ 1"):
+        query_mixing_loss(queries, torch.stack([contexts, previous], dim=1), relevant, corpus, parameters[:4],
+                          [0.1, 0.2], [0.4, 0.5])
+
+
+def test_the_two_source_gradient_matches_finite_differences():
+    _, corpus, queries, contexts, previous = _two_source_problem(6, 7, 3, seed=5)
+    relevant = torch.zeros(6, 7, dtype=torch.bool)
+    relevant[torch.arange(6), torch.tensor([0, 3, 3, 6, 2, 1])] = True
+    parameters = torch.tensor([-0.4, 0.3, -0.9, -0.8, 0.2, 0.6, math.log(0.3)], dtype=torch.float64,
+                              requires_grad=True)
+    sources = torch.stack([contexts, previous], dim=1)
+    present = torch.tensor([True, True, False, True, True, True]).unsqueeze(1).expand(6, 2).clone()
+    present[:, 0] = True
+    assert torch.autograd.gradcheck(
+        lambda p: query_mixing_loss(queries, sources, relevant, corpus, p, [0.1, -0.1], [0.5, 0.6], present),
+        (parameters,), eps=1e-6, atol=1e-7)
+
+
+def test_fitting_recovers_both_gates_from_turns_sampled_from_the_model():
+    generator, corpus, queries, contexts, previous = _two_source_problem(3000, 40, 8, seed=6)
+    chunk_stats, query_stats = cosine_statistics(queries, contexts), cosine_statistics(queries, previous)
+    truth = QueryMixing(0.45, 0.5, -1.5, *chunk_stats, query_mix_weight=0.3, query_gate_bias=-0.5,
+                        query_gate_weight=1.0, query_cosine_mean=query_stats[0], query_cosine_std=query_stats[1])
+    mixed = truth.apply(queries, contexts, previous_queries=previous)
+    gold = torch.multinomial(torch.softmax(mixed @ corpus.T / 0.1, dim=-1), 1, generator=generator).squeeze(1)
+    relevant = torch.zeros(3000, 40, dtype=torch.bool)
+    relevant[torch.arange(3000), gold] = True
+    fit = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous)
+    got = fit.mixing
+    assert got.mix_weight == pytest.approx(0.45, abs=0.06) and got.query_mix_weight == pytest.approx(0.3, abs=0.06)
+    assert got.gate_bias == pytest.approx(0.5, abs=0.35) and got.gate_weight == pytest.approx(-1.5, abs=0.35)
+    assert got.query_gate_bias == pytest.approx(-0.5, abs=0.35)
+    assert got.query_gate_weight == pytest.approx(1.0, abs=0.35)
+    assert fit.temperature == pytest.approx(0.1, rel=0.1)
+    assert (got.query_cosine_mean, got.query_cosine_std) == query_stats
+    # without the previous queries the fit is the one-source fit (no query weight)
+    assert fit_query_mixing(queries[:50], contexts[:50], relevant[:50], corpus, iterations=3).mixing.query_mix_weight == 0.0
+
+
+def test_unknown_previous_queries_are_left_out_of_the_second_source():
+    _, corpus, queries, contexts, previous = _two_source_problem(40, 10, 4, seed=7)
+    relevant = torch.eye(10, dtype=torch.bool)[torch.arange(40) % 10]
+    known = torch.arange(40) % 3 != 0
+    fit = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous,
+                           has_previous_query=known, iterations=5)
+    assert (fit.mixing.query_cosine_mean, fit.mixing.query_cosine_std) == cosine_statistics(queries[known],
+                                                                                            previous[known])
+    with pytest.raises(ValueError, match="previous query is known"):
+        fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous,
+                         has_previous_query=torch.zeros(40, dtype=torch.bool))
+    with pytest.raises(ValueError, match="initial_mix_weight"):
+        fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous, initial_mix_weight=0.6)

@@ -191,3 +191,124 @@ def test_a_server_over_a_mixing_provider_equals_independent_sessions(provider):
         assert not errors
         for key, query in asked.items():
             assert results[key] == sessions[key].retrieve(query)
+
+
+# ----------------------------------------------------------------- the previous query as a second source
+
+BOTH = QueryMixing(0.4, 0.4, -1.2, 0.1, 0.3, query_mix_weight=0.35, query_gate_bias=-0.2, query_gate_weight=0.8,
+                   query_cosine_mean=0.05, query_cosine_std=0.4)
+
+
+def test_the_two_source_mix_is_the_hand_written_one_and_a_zero_query_weight_is_the_chunk_mix_bit_for_bit():
+    generator = torch.Generator().manual_seed(3)
+    queries, contexts, previous = (torch.randn(5, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    known = torch.tensor([True, False, True, True, False])
+    out = BOTH.apply(queries, contexts, previous_queries=previous, has_previous_query=known)
+    unit = torch.nn.functional.normalize
+    q, e, p = unit(queries, dim=-1), unit(contexts, dim=-1), unit(previous, dim=-1)
+    a = 0.4 * torch.sigmoid(0.4 - 1.2 * ((q * e).sum(-1) - 0.1) / 0.3)
+    c = torch.where(known, 0.35 * torch.sigmoid(-0.2 + 0.8 * ((q * p).sum(-1) - 0.05) / 0.4), 0.0)
+    expected = unit((1 - a - c)[:, None] * q + a[:, None] * e + c[:, None] * p, dim=-1)
+    assert torch.allclose(out, expected, atol=1e-15)
+    # rows without a known previous query take the chunk alone, as a one-source mix
+    chunk_only = QueryMixing(*(getattr(BOTH, f) for f in ("mix_weight", "gate_bias", "gate_weight", "cosine_mean",
+                                                         "cosine_std")))
+    assert torch.equal(out[~known], chunk_only.apply(queries, contexts)[~known])
+    assert torch.equal(chunk_only.apply(queries, contexts, previous_queries=previous),
+                       chunk_only.apply(queries, contexts))
+    single, weights, _ = mixed_queries(queries, contexts, 0.4, 0.4, -1.2, 0.1, 0.3)
+    assert torch.equal(chunk_only.apply(queries, contexts), single) and weights.shape == (5,)
+    assert not chunk_only.uses_previous_query and BOTH.uses_previous_query
+    assert QueryMixing(**BOTH.to_dict()) == BOTH
+    with pytest.raises(ValueError, match="at most 1"):
+        QueryMixing(0.6, query_mix_weight=0.5)
+    with pytest.raises(ValueError, match="query_cosine_std"):
+        QueryMixing(0.2, query_mix_weight=0.2, query_cosine_std=0.0)
+
+
+def test_providers_mix_the_previous_query_in_as_the_hand_written_search(provider):
+    wrapped = QueryMixingProvider(provider, BOTH)
+    assert wrapped.uses_previous_query
+    queries = list(QUERIES)
+    vectors = provider.embed_queries(queries)
+    for i, (context, earlier) in enumerate([("chunk-3", queries[4]), ("chunk-7", None), (None, queries[0])]):
+        got = wrapped.retrieve_in_context(queries[i], 5, context, previous_query=earlier)
+        if context is None:
+            expected = provider.search_vectors(vectors[i:i + 1], 5)[0]
+        else:
+            mixed = BOTH.apply(vectors[i:i + 1], provider.chunk_embeddings([context]),
+                               previous_queries=None if earlier is None else provider.embed_queries([earlier]))
+            expected = provider.search_vectors(mixed, 5)[0]
+        assert [c.chunk_id for c in got] == [c.chunk_id for c in expected]
+    batch = wrapped.retrieve_batch_in_context(queries[:3], 5, ["chunk-3", "chunk-7", None],
+                                              [queries[4], None, queries[0]])
+    assert batch == [wrapped.retrieve_in_context(q, 5, c, previous_query=p)
+                     for q, c, p in zip(queries[:3], ["chunk-3", "chunk-7", None], [queries[4], None, queries[0]])]
+    with pytest.raises(ValueError, match="2 previous queries for 3 queries"):
+        wrapped.retrieve_batch_in_context(queries[:3], 5, [None] * 3, [None] * 2)
+    with pytest.raises(ValueError, match="query 0"):
+        wrapped.retrieve_batch_in_context(queries[:1], 5, ["chunk-1"], [""])
+
+
+class _RecordingBoth(_Recording):
+    uses_previous_query = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.previous: List[Optional[str]] = []
+
+    def retrieve_in_context(self, query: str, limit: int, context_chunk_id: Optional[str],
+                            previous_query: Optional[str] = None):
+        self.previous.append(previous_query)
+        return super().retrieve_in_context(query, limit, context_chunk_id)
+
+
+def test_a_session_passes_the_previous_query_only_to_a_provider_that_uses_it():
+    graph = InMemoryCorpusGraph.from_edges([("a", "b"), ("b", "c")])
+    recording = _RecordingBoth()
+    session = MapMatchedRetriever(graph, provider=recording, transition_weight=0.0).session()
+    session.retrieve("first")
+    session.retrieve("second")
+    session.retrieve_candidates([("a", 1.0)])  # a turn given as candidates has no query
+    assert session.previous_query is None
+    session.retrieve("third")
+    session.retrieve("fourth")
+    assert recording.previous == [None, "first", None, "third"]
+    assert session.previous_query == "fourth"
+    # a three-argument contextual provider is still asked with three arguments
+    plain = _Recording()
+    MapMatchedRetriever(graph, provider=plain).session().retrieve("first")
+
+
+def test_a_server_over_a_two_source_mix_equals_independent_sessions_and_keeps_them_over_a_restore(provider):
+    from mapmatched_torch.serving import MapMatchedServer
+
+    graph = InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(SIZE - 1)])
+    mixing = QueryMixingProvider(provider, BOTH)
+    server = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
+    sessions = {key: MapMatchedRetriever(graph, provider=mixing, candidate_limit=4).session() for key in ("a", "b")}
+    for key in sessions:
+        server.open(key)
+    queries = list(QUERIES)
+    for turn in range(5):
+        if turn == 2:  # session b's turn comes as candidates: it has no previous query at turn 3
+            asked = {"a": queries[turn], "b": [(IDS[1], 0.9), (IDS[2], 0.5)]}
+        else:
+            asked = {"a": queries[turn], "b": queries[(turn + 2) % len(queries)]}
+        if turn == 3:  # a restored server continues with the saved previous queries
+            restored = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
+            restored.load_state_dict(server.state_dict())
+            server = restored
+        results, errors = server.step(asked)
+        assert not errors
+        for key, request in asked.items():
+            expected = (sessions[key].retrieve(request) if isinstance(request, str)
+                        else sessions[key].retrieve_candidates(request))
+            assert results[key] == expected
+    state = server.state_dict()
+    assert [slot for slot, _ in state["previous_queries"]] == sorted(server.slots(["a", "b"]).tolist())
+    broken = dict(state, previous_queries=[[99, "x"]])
+    with pytest.raises(ValueError, match="previous_queries"):
+        server.load_state_dict(broken)
+    server.close("a")
+    assert [slot for slot, _ in server.state_dict()["previous_queries"]] == server.slots(["b"]).tolist()
