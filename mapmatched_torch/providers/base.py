@@ -32,6 +32,8 @@ __all__ = [
     "dimension_mismatch_error",
     "distance_to_score",
     "ranked_candidates",
+    "stored_vector",
+    "missing_chunk_error",
 ]
 
 #: ``embed_query``: a query string -> a 1-D vector. Upstream mapmatched's alias, as it
@@ -135,8 +137,81 @@ class SearchProvider(CandidatesMethod):
 
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
         """Checked queries (at least one) and limit -> one tuple of candidates per
-        query (``names``: one per query, for error messages)."""
+        query (``names``: one per query, for error messages): each query embedded
+        (:meth:`_embed`), then one :meth:`_search_rows`."""
+        return self._search_rows(np.stack([self._embed(query, name) for query, name in zip(queries, names)]), limit,
+                                 names)
+
+    # ------------------------------------------------------------ searching by vector
+    # The VectorSearchProvider methods (mapmatched_torch.providers.query_mixing): what
+    # QueryMixingProvider needs. A subclass implements the four hooks below them.
+
+    def embed_queries(self, queries: Sequence[str]) -> Any:
+        """``(Q, D)`` float32 torch tensor of Q query strings embedded by ``embed_query``
+        and checked as :meth:`retrieve` checks them (messages name ``query i``)."""
+        import torch
+
+        rows = [self._embed(query, f"query {i}") for i, query in enumerate(queries)]
+        return torch.from_numpy(np.stack(rows)) if rows else torch.zeros((0, self._vector_dimension() or 0))
+
+    def chunk_embeddings(self, chunk_ids: Sequence[str]) -> Any:
+        """``(Q, D)`` float32 torch tensor of the stored vectors of the given chunks, in
+        the given order (a chunk may be named more than once).
+
+        Raises:
+            MapMatchedValueError: a bad chunk ID, a chunk the store does not hold (or
+                holds twice), or a stored vector that is not a finite vector of the
+                store's dimension.
+        """
+        import torch
+
+        ids = [check_chunk_id(chunk_id, f"chunk ID {i}") for i, chunk_id in enumerate(chunk_ids)]
+        rows = self._stored_vectors(ids) if ids else []
+        return torch.from_numpy(np.stack(rows)) if rows else torch.zeros((0, self._vector_dimension() or 0))
+
+    def search_vectors(self, vectors: Any, limit: int) -> List[Tuple[ScoredCandidate, ...]]:
+        """The best ``limit`` candidates of every row of ``(Q, D)`` query vectors (numpy
+        or torch), each row checked as :meth:`retrieve` checks an embedded query, in one
+        search of the store; equal to :meth:`retrieve_batch` for the queries the rows
+        embed."""
+        limit = check_positive_int(limit, "limit")
+        dimension = self._vector_dimension()
+        if dimension is None:  # an empty store: nothing to search
+            return [() for _ in range(len(vectors))]
+        names = tuple(f"query vector {i}" for i in range(len(vectors)))
+        rows = [as_query_vector(vector, dimension, name, self._store_name()) for vector, name in zip(vectors, names)]
+        return self._search_rows(np.stack(rows), limit, names) if rows else []
+
+    def _embed(self, query: str, name: str) -> np.ndarray:
+        """One checked query embedded: a (D,) float32 vector (or a ValueError naming ``name``)."""
         raise NotImplementedError
+
+    def _search_rows(self, matrix: np.ndarray, limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """One search of the store for a checked ``(Q, D)`` float32 matrix (Q >= 1)."""
+        raise NotImplementedError
+
+    def _stored_vectors(self, chunk_ids: List[str]) -> List[np.ndarray]:
+        """The checked (D,) float32 stored vector of each of the (checked) chunk IDs."""
+        raise NotImplementedError
+
+    def _vector_dimension(self) -> Optional[int]:
+        """The store's vector dimension (None while an empty store cannot tell)."""
+        raise NotImplementedError
+
+    def _store_name(self) -> str:
+        """The store as error messages name it."""
+        return "the index"
+
+
+def stored_vector(vector: Any, dimension: int, chunk_id: str, store: str) -> np.ndarray:
+    """A chunk's stored vector as a checked (D,) float32 array (the name in messages:
+    ``stored vector of chunk '...'``)."""
+    return as_query_vector(vector, dimension, f"stored vector of chunk {chunk_id!r}", store)
+
+
+def missing_chunk_error(chunk_id: str, store: str) -> MapMatchedValueError:
+    """The error for a context chunk the store does not hold."""
+    return MapMatchedValueError(f"chunk {chunk_id!r} is not in {store}")
 
 
 def check_name(value: Any, name: str, *, optional: bool = False) -> Optional[str]:

@@ -59,7 +59,9 @@ from .base import (
     check_result_count,
     chunk_id_from_field,
     distance_to_score,
+    missing_chunk_error,
     ranked_candidates,
+    stored_vector,
 )
 
 __all__ = ["ChromaProvider", "CHROMA_SPACES"]
@@ -175,20 +177,69 @@ class ChromaProvider(SearchProvider):
 
     def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
         """All the queries in one ``collection.query`` call (no call while the collection is empty)."""
-        dimension = self._stored_dimension()
-        if dimension is None:  # an empty collection: nothing to search
+        if self._stored_dimension() is None:  # an empty collection: nothing to search
             return [() for _ in queries]
-        store = f"Chroma collection {self._name!r}"
-        # shape: (Q, D) float32
-        matrix = np.stack([as_query_vector(self._embed_query(q), dimension, name, store) for q, name in zip(queries, names)])
+        return super()._search(queries, limit, names)
+
+    def _embed(self, query: str, name: str) -> np.ndarray:
+        return as_query_vector(self._embed_query(query), self._stored_dimension(), name, self._store_name())
+
+    def _search_rows(self, matrix: np.ndarray, limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """One ``collection.query`` of (Q, D) float32 query vectors."""
+        count = len(names)
         include = ["distances", "metadatas"] if self._chunk_id_field is not None else ["distances"]
         result = self._collection.query(query_embeddings=matrix, n_results=limit, where=self._where, include=include)
-        ids, distances = _rows(result, "ids", len(queries)), _rows(result, "distances", len(queries))
-        metadatas = _rows(result, "metadatas", len(queries)) if self._chunk_id_field is not None else None
+        ids, distances = _rows(result, "ids", count), _rows(result, "distances", count)
+        metadatas = _rows(result, "metadatas", count) if self._chunk_id_field is not None else None
         return [
             self._candidates(ids[row], distances[row], None if metadatas is None else metadatas[row], limit, name)
             for row, name in enumerate(names)
         ]
+
+    def _vector_dimension(self) -> Optional[int]:
+        return self._stored_dimension()
+
+    def _store_name(self) -> str:
+        return f"Chroma collection {self._name!r}"
+
+    def _stored_vectors(self, chunk_ids: List[str]) -> List[np.ndarray]:
+        """Each chunk's stored embedding: one ``collection.get`` by ID, or with
+        ``chunk_id_field`` by the metadata field (``{field: {"$in": [...]}}``).
+
+        Raises:
+            MapMatchedValueError: a chunk the collection does not hold, or two records
+                with one chunk ID.
+        """
+        wanted = list(dict.fromkeys(chunk_ids))
+        store = self._store_name()
+        if self._chunk_id_field is None:
+            result = self._collection.get(ids=wanted, include=["embeddings"])
+            keys = list(result.get("ids") or [])
+        else:
+            result = self._collection.get(where={self._chunk_id_field: {"$in": wanted}},
+                                          include=["embeddings", "metadatas"])
+            records, metadatas = list(result.get("ids") or []), list(result.get("metadatas") or [])
+            if len(metadatas) != len(records):
+                raise MapMatchedValueError(f"invalid Chroma result: {len(records)} IDs, {len(metadatas)} metadatas")
+            keys = [self._chunk_id(record, metadata, rank, "the stored vectors")
+                    for rank, (record, metadata) in enumerate(zip(records, metadatas))]
+        embeddings = result.get("embeddings")
+        if embeddings is None or len(embeddings) != len(keys):
+            raise MapMatchedValueError(f"invalid Chroma result: {len(keys)} records but "
+                                       f"{'no' if embeddings is None else len(embeddings)} embeddings")
+        found: dict = {}
+        for key, embedding in zip(keys, embeddings):
+            if key in found:
+                raise MapMatchedValueError(f"chunk ID {key!r} is held by two records of {store}; chunk IDs must be "
+                                           "unique in the store")
+            found[key] = embedding
+        dimension = self._stored_dimension()
+        rows = []
+        for chunk_id in chunk_ids:
+            if chunk_id not in found:
+                raise missing_chunk_error(chunk_id, store)
+            rows.append(stored_vector(found[chunk_id], dimension, chunk_id, store))
+        return rows
 
     def _stored_dimension(self) -> Optional[int]:
         """The dimension of a stored embedding (cached once known; None while empty)."""

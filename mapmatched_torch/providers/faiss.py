@@ -38,12 +38,20 @@ import importlib
 import math
 import numbers
 from types import ModuleType
-from typing import Any, Iterable, List, Literal, Optional, Protocol, Sequence, Tuple
+from typing import Any, Iterable, List, Literal, Optional, Protocol, Tuple
 
-from ..core.checks import check_choice, check_positive_int
+from ..core.checks import check_choice
 from ..core.errors import FAISSDependencyUnavailableError, MapMatchedBackendError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import ScoredCandidate
-from .base import QueryEmbedder, SearchProvider, as_query_vector, check_chunk_ids, distance_to_score
+from .base import (
+    QueryEmbedder,
+    SearchProvider,
+    as_query_vector,
+    check_chunk_ids,
+    distance_to_score,
+    missing_chunk_error,
+    stored_vector,
+)
 
 __all__ = [
     "FAISSProvider",
@@ -200,27 +208,21 @@ class FAISSProvider(SearchProvider):
         # shape: (Q, D) float32, C-contiguous
         return self._search_matrix(numpy.stack(vectors), limit, names, count)
 
-    def embed_queries(self, queries: Sequence[str]) -> Any:
-        """``(Q, D)`` float32 torch tensor of Q query strings embedded by ``embed_query``
-        and checked as :meth:`retrieve` checks them; the
-        :class:`~mapmatched_torch.providers.query_mixing.VectorSearchProvider` method."""
-        import torch
+    def _search_rows(self, matrix: Any, limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """One ``index.search`` of checked query vectors (:meth:`search_vectors`)."""
+        return self._search_matrix(matrix, limit, names, self._check_unchanged_size())
 
-        numpy = _load_numpy()
-        vectors = [self._embed(query, f"query {i}") for i, query in enumerate(queries)]
-        return torch.from_numpy(numpy.stack(vectors)) if vectors else torch.zeros((0, self._dimension))
+    def _vector_dimension(self) -> int:
+        return self._dimension
 
-    def chunk_embeddings(self, chunk_ids: Sequence[str]) -> Any:
-        """``(Q, D)`` float32 torch tensor of the stored vectors of the given chunks:
-        ``index.reconstruct(label)`` (flat indexes; an IVF index needs
+    def _stored_vectors(self, chunk_ids: List[str]) -> List[Any]:
+        """``index.reconstruct(label)`` of each chunk (flat indexes; an IVF index needs
         ``index.make_direct_map()`` first).
 
         Raises:
             MapMatchedValueError: a chunk ID the provider does not map, or an index
                 that cannot reconstruct its vectors (the message says what to do).
         """
-        import torch
-
         if self._labels is None:
             self._labels = {chunk_id: label for label, chunk_id in enumerate(self._chunk_ids)}
         reconstruct = getattr(self._index, "reconstruct", None)
@@ -233,7 +235,7 @@ class FAISSProvider(SearchProvider):
         for chunk_id in chunk_ids:
             label = self._labels.get(chunk_id)
             if label is None:
-                raise MapMatchedValueError(f"chunk {chunk_id!r} is not in this FAISSProvider's chunk IDs")
+                raise missing_chunk_error(chunk_id, "this FAISSProvider's chunk IDs")
             try:
                 vector = reconstruct(label)
             except RuntimeError as error:
@@ -241,19 +243,8 @@ class FAISSProvider(SearchProvider):
                     f"FAISS could not reconstruct the vector of chunk {chunk_id!r} (label {label}): {error} "
                     "(call make_direct_map() on an IVF index)"
                 ) from error
-            rows.append(as_query_vector(vector, self._dimension, f"stored vector of chunk {chunk_id!r}"))
-        return torch.from_numpy(_load_numpy().stack(rows)) if rows else torch.zeros((0, self._dimension))
-
-    def search_vectors(self, vectors: Any, limit: int) -> List[Tuple[ScoredCandidate, ...]]:
-        """One ``index.search`` of ``(Q, D)`` query vectors (numpy or torch), checked as
-        :meth:`retrieve` checks embedded queries; one tuple of candidates per row."""
-        limit = check_positive_int(limit, "limit")
-        count = self._check_unchanged_size()
-        names = tuple(f"query vector {i}" for i in range(len(vectors)))
-        rows = [as_query_vector(vector, self._dimension, name) for vector, name in zip(vectors, names)]
-        if not rows:
-            return []
-        return self._search_matrix(_load_numpy().stack(rows), limit, names, count)
+            rows.append(stored_vector(vector, self._dimension, chunk_id, "the index"))
+        return rows
 
     def _search_matrix(self, matrix: Any, limit: int, names: Tuple[str, ...], count: int) -> List[Tuple[ScoredCandidate, ...]]:
         """One ``index.search`` of a checked (Q, D) float32 matrix."""

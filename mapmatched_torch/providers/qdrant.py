@@ -53,7 +53,9 @@ from .base import (
     check_result_count,
     chunk_id_from_field,
     distance_to_score,
+    missing_chunk_error,
     ranked_candidates,
+    stored_vector,
 )
 
 __all__ = ["QdrantProvider", "QDRANT_DISTANCES"]
@@ -214,11 +216,11 @@ class QdrantProvider(SearchProvider):
         )
         return self._candidates(response.points, limit, name)
 
-    def _search(self, queries: List[str], limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
-        """All the queries in one ``query_batch_points`` request."""
+    def _search_rows(self, matrix: np.ndarray, limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
+        """All the (Q, D) query vectors in one ``query_batch_points`` request."""
         requests = [
             self._models.QueryRequest(
-                query=self._embed(query, name).tolist(),
+                query=row.tolist(),
                 using=self._using,
                 filter=self._query_filter,
                 params=self._search_params,
@@ -226,14 +228,63 @@ class QdrantProvider(SearchProvider):
                 with_payload=self._with_payload(),
                 with_vector=False,
             )
-            for query, name in zip(queries, names)
+            for row in matrix
         ]
         responses = self._client.query_batch_points(self._collection_name, requests=requests)
-        if len(responses) != len(queries):
+        if len(responses) != len(names):
             raise MapMatchedValueError(
-                f"invalid Qdrant result: {len(responses)} responses for {len(queries)} queries"
+                f"invalid Qdrant result: {len(responses)} responses for {len(names)} queries"
             )
         return [self._candidates(response.points, limit, name) for response, name in zip(responses, names)]
+
+    def _vector_dimension(self) -> int:
+        return self._dimension
+
+    def _store_name(self) -> str:
+        return _vector_label(self._using, self._collection_name)
+
+    def _stored_vectors(self, chunk_ids: List[str]) -> List[np.ndarray]:
+        """The searched vector of each chunk's point: by point ID (``retrieve``), or with
+        ``chunk_id_field`` by the payload field (one ``scroll`` with a ``MatchAny`` filter).
+
+        Raises:
+            MapMatchedValueError: a chunk without a point, a chunk ID that is no Qdrant
+                point ID (an unsigned integer or a UUID), or two points with one chunk ID.
+        """
+        wanted = list(dict.fromkeys(chunk_ids))
+        vectors = [self._using] if self._using is not None else True
+        store = self._store_name()
+        if self._chunk_id_field is None:
+            try:
+                points = self._client.retrieve(self._collection_name, ids=[_point_id(c) for c in wanted],
+                                               with_payload=False, with_vectors=vectors)
+            except MapMatchedValueError:
+                raise
+            except Exception as error:  # e.g. a malformed ID the client or server refuses
+                raise MapMatchedValueError(f"Qdrant could not look up the points of chunks {wanted!r}: {error}") from error
+            found = {str(point.id): point for point in points}
+        else:
+            models = self._models
+            condition = models.FieldCondition(key=self._chunk_id_field, match=models.MatchAny(any=wanted))
+            points, _ = self._client.scroll(self._collection_name, scroll_filter=models.Filter(must=[condition]),
+                                            limit=len(wanted) + 1, with_payload=[self._chunk_id_field],
+                                            with_vectors=vectors)
+            found = {}
+            for rank, point in enumerate(points):
+                chunk_id = self._chunk_id(point, rank, "the stored vectors")
+                if chunk_id in found:
+                    raise MapMatchedValueError(
+                        f"chunk ID {chunk_id!r} is held by two points of {store} ({found[chunk_id].id!r} and "
+                        f"{point.id!r}); chunk IDs must be unique in the store")
+                found[chunk_id] = point
+        rows = []
+        for chunk_id in chunk_ids:
+            point = found.get(chunk_id)
+            if point is None:
+                raise missing_chunk_error(chunk_id, store)
+            vector = point.vector[self._using] if isinstance(point.vector, dict) else point.vector
+            rows.append(stored_vector(vector, self._dimension, chunk_id, store))
+        return rows
 
     def _embed(self, query: str, name: str) -> np.ndarray:
         return as_query_vector(
@@ -260,6 +311,12 @@ class QdrantProvider(SearchProvider):
 
     def _to_score(self, value: Any) -> Any:
         return distance_to_score(value) if self._negate else value
+
+
+def _point_id(chunk_id: str) -> Any:
+    """The Qdrant point ID whose ``str`` is ``chunk_id``: an unsigned integer, else the
+    string itself (a UUID; Qdrant refuses anything else)."""
+    return int(chunk_id) if chunk_id.isdigit() and chunk_id.isascii() else chunk_id
 
 
 def _vector_label(using: Optional[str], collection_name: str) -> str:

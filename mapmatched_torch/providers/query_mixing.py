@@ -20,8 +20,10 @@ passed on unchanged, so the results equal the unmixed provider's bit for bit. Th
 parameters are fitted by :func:`mapmatched_torch.fit.query_mixing.fit_query_mixing`.
 
 Any provider that can embed a query, look up a chunk's embedding and search by vector
-(:class:`VectorSearchProvider`: :class:`~mapmatched_torch.providers.dense.DenseProvider`
-and :class:`~mapmatched_torch.providers.faiss.FAISSProvider`) can be wrapped in
+(:class:`VectorSearchProvider`: :class:`~mapmatched_torch.providers.dense.DenseProvider`,
+:class:`~mapmatched_torch.providers.faiss.FAISSProvider`,
+:class:`~mapmatched_torch.providers.qdrant.QdrantProvider` and
+:class:`~mapmatched_torch.providers.chroma.ChromaProvider`) can be wrapped in
 :class:`QueryMixingProvider`, whose ``retrieve_in_context(query, limit,
 context_chunk_id, previous_query=None)`` a :class:`~mapmatched_torch.MapMatchedSession`
 (and a :class:`~mapmatched_torch.MapMatchedServer`) calls with the chunk it decoded at

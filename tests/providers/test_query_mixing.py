@@ -44,10 +44,46 @@ def _faiss() -> FAISSProvider:
     return FAISSProvider(index, IDS, QUERIES.__getitem__)
 
 
-@pytest.fixture(params=["dense", "faiss"])
+def _qdrant(by_point_id: bool = False) -> Any:
+    pytest.importorskip("qdrant_client", reason="qdrant-client is not installed (the [qdrant] extra)")
+    from qdrant_client import QdrantClient, models
+
+    from mapmatched_torch.providers import QdrantProvider
+
+    client = QdrantClient(":memory:")
+    client.create_collection("chunks", vectors_config=models.VectorParams(size=DIMENSION, distance=models.Distance.DOT))
+    client.upsert("chunks", [models.PointStruct(id=i, vector=CHUNKS[i].tolist(), payload={"chunk": IDS[i]})
+                             for i in range(SIZE)])
+    if by_point_id:  # chunk IDs are the point IDs: "0", "1", ...
+        return QdrantProvider(client, "chunks", QUERIES.__getitem__)
+    return QdrantProvider(client, "chunks", QUERIES.__getitem__, chunk_id_field="chunk")
+
+
+def _chroma(by_field: bool = False) -> Any:
+    pytest.importorskip("chromadb", reason="chromadb is not installed (the [chroma] extra)")
+    import uuid
+
+    import chromadb
+    from chromadb.config import Settings
+
+    from mapmatched_torch.providers import ChromaProvider
+
+    client = chromadb.EphemeralClient(Settings(anonymized_telemetry=False))
+    collection = client.create_collection(f"mix-{uuid.uuid4().hex}", configuration={"hnsw": {"space": "ip"}},
+                                          embedding_function=None)
+    if by_field:  # records named otherwise, the chunk ID in the metadata
+        collection.add(ids=[f"record-{i}" for i in range(SIZE)], embeddings=CHUNKS.tolist(),
+                       metadatas=[{"chunk": chunk_id} for chunk_id in IDS])
+        return ChromaProvider(collection, QUERIES.__getitem__, chunk_id_field="chunk")
+    collection.add(ids=list(IDS), embeddings=CHUNKS.tolist())
+    return ChromaProvider(collection, QUERIES.__getitem__)
+
+
+@pytest.fixture(params=["dense", "faiss", "qdrant", "chroma", "chroma-field"])
 def provider(request) -> Any:
     """Every provider of this library that embeds queries and searches by vector."""
-    return _dense() if request.param == "dense" else _faiss()
+    return {"dense": _dense, "faiss": _faiss, "qdrant": _qdrant, "chroma": _chroma,
+            "chroma-field": lambda: _chroma(by_field=True)}[request.param]()
 
 
 def test_every_vector_provider_implements_the_protocol(provider):
@@ -312,3 +348,26 @@ def test_a_server_over_a_two_source_mix_equals_independent_sessions_and_keeps_th
         server.load_state_dict(broken)
     server.close("a")
     assert [slot for slot, _ in server.state_dict()["previous_queries"]] == server.slots(["b"]).tolist()
+
+
+@pytest.mark.parametrize("store", ["qdrant by payload field", "qdrant by point ID", "chroma by ID",
+                                   "chroma by metadata field"])
+def test_vector_stores_look_up_stored_vectors_by_id_and_by_field_and_name_what_is_missing(store):
+    make = {"qdrant by payload field": _qdrant, "qdrant by point ID": lambda: _qdrant(by_point_id=True),
+            "chroma by ID": _chroma, "chroma by metadata field": lambda: _chroma(by_field=True)}[store]
+    provider = make()
+    ids = [str(i) for i in range(SIZE)] if store == "qdrant by point ID" else list(IDS)
+    wanted = [ids[5], ids[2], ids[5]]  # any order, repeats allowed
+    assert torch.allclose(provider.chunk_embeddings(wanted), torch.from_numpy(CHUNKS[[5, 2, 5]]), atol=1e-6)
+    with pytest.raises(ValueError, match="'99999' is not in"):
+        provider.chunk_embeddings([ids[1], "99999"])
+    found = provider.search_vectors(torch.from_numpy(CHUNKS[[4]]), 3)[0]
+    assert found[0].chunk_id == ids[4] and len(found) == 3
+    with pytest.raises(ValueError, match="query vector 0"):
+        provider.search_vectors(torch.full((1, DIMENSION), float("nan")), 3)
+    assert torch.equal(provider.embed_queries(["query 1"])[0], torch.from_numpy(QUERIES["query 1"]))
+
+
+def test_query_vectors_search_as_their_queries_retrieve(provider):
+    vectors = provider.embed_queries(list(QUERIES))
+    assert provider.search_vectors(vectors, 4) == provider.retrieve_batch(list(QUERIES), 4)
