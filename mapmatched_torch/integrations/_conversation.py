@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from ..core.checks import check_choice
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..core.models import DecoderCandidate, RetrievalResult, RetrievalTrace
-from ..core.protocols import CandidatesMethod, provider_answer
+from ..core.protocols import CandidatesMethod, contextual_call, provider_answer
 from ..core.scoring import normalize_candidates
 from ..providers.base import check_name
 from ..retrieval.session import MapMatchedRetriever, MapMatchedSession
@@ -277,7 +277,10 @@ class Conversation:
     The engine must have a provider: a framework retriever is asked with query
     strings. A turn is exactly what the engine does with that query:
     ``session.retrieve(query)``, or ``server.step({session_id: candidates})`` with the
-    provider's ``retrieve(query, candidate_limit)``.
+    provider's ``retrieve(query, candidate_limit)``. A contextual provider (one with
+    ``retrieve_in_context``, e.g. ``QueryMixingProvider``) is asked by the engine, with
+    the conversation's previous decoded chunk and query: ``session.retrieve(query)`` or
+    ``server.step({session_id: query})``, in :meth:`aturn` too.
 
     Concurrency: a conversation takes one turn at a time (its trellis grows turn by
     turn, so two concurrent turns have no meaning). A second turn of the same
@@ -398,7 +401,8 @@ class Conversation:
         return query
 
     def _decode(self, candidates: Any) -> RetrievalResult:
-        """Append the turn and decode (the guard is held)."""
+        """Append the turn and decode (the guard is held); ``candidates`` may be the query
+        string itself in server mode (the server then asks its provider, in context)."""
         if self._server is None:
             result = self._session.retrieve_candidates(candidates)
         else:
@@ -420,20 +424,39 @@ class Conversation:
         """Decode one turn for ``query``; the engine's state is unchanged if it raises."""
         query = self._check_query(query)
         with self._turn():
-            if self._server is None:
-                result = self._session.retrieve(query)
-                self._last = result
-                return result
-            return self._decode(provider_answer(self.provider)[1](query, self._retriever.candidate_limit))
+            return self._locked_turn(query)
+
+    def _locked_turn(self, query: str) -> RetrievalResult:
+        """One whole turn, search included (the guard is held). A contextual provider
+        (e.g. ``QueryMixingProvider``) is asked by the engine itself, which holds the
+        conversation's previous decoded chunk and query; any other is asked here, outside
+        the server's step lock."""
+        if self._server is None:
+            result = self._session.retrieve(query)
+            self._last = result
+            return result
+        if contextual_call(self.provider) is not None:
+            return self._decode(query)
+        return self._decode(provider_answer(self.provider)[1](query, self._retriever.candidate_limit))
+
+    def _turn_then_release(self, query: str) -> RetrievalResult:
+        try:
+            return self._locked_turn(query)
+        finally:
+            self._release()
 
     async def aturn(self, query: Any) -> RetrievalResult:
         """:meth:`turn` for asyncio: the provider's ``aretrieve`` is awaited when it has
         one (else its ``retrieve``, or upstream's ``candidates``, runs in the default
         executor), then the decoding runs
-        in the default executor, so the event loop never waits for the graph search.
+        in the default executor, so the event loop never waits for the graph search. A
+        contextual provider (e.g. ``QueryMixingProvider``) is asked by the engine in the
+        executor, search and decoding together, with the conversation's previous decoded
+        chunk and query.
 
-        Cancelled while the candidates are searched, the turn is not taken. Cancelled
-        while decoding, the decoding still finishes in its thread and the turn stands
+        Cancelled while the candidates are searched, the turn is not taken (with a
+        contextual provider the search is part of the decoding). Cancelled while
+        decoding, the decoding still finishes in its thread and the turn stands
         (``last_result`` and the trace show it); the conversation refuses other turns
         until then.
         """
@@ -443,11 +466,14 @@ class Conversation:
             provider, limit = self.provider, self._retriever.candidate_limit
             loop = asyncio.get_running_loop()
             fetch = getattr(provider, "aretrieve", None)
-            if callable(fetch):
-                candidates = await fetch(query, limit)
+            if contextual_call(provider) is not None:
+                decoding = loop.run_in_executor(None, self._turn_then_release, query)
             else:
-                candidates = await loop.run_in_executor(None, provider_answer(provider)[1], query, limit)
-            decoding = loop.run_in_executor(None, self._decode_then_release, candidates)
+                if callable(fetch):
+                    candidates = await fetch(query, limit)
+                else:
+                    candidates = await loop.run_in_executor(None, provider_answer(provider)[1], query, limit)
+                decoding = loop.run_in_executor(None, self._decode_then_release, candidates)
         except BaseException:
             self._release()
             raise

@@ -371,3 +371,27 @@ def test_vector_stores_look_up_stored_vectors_by_id_and_by_field_and_name_what_i
 def test_query_vectors_search_as_their_queries_retrieve(provider):
     vectors = provider.embed_queries(list(QUERIES))
     assert provider.search_vectors(vectors, 4) == provider.retrieve_batch(list(QUERIES), 4)
+
+
+@pytest.mark.parametrize("mode", ["session", "server"])
+def test_framework_conversations_over_a_mixing_provider_mix_in_context_sync_and_async(mode):
+    import asyncio
+
+    from mapmatched_torch.integrations._conversation import Conversation
+    from mapmatched_torch.serving import MapMatchedServer
+
+    graph = InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(SIZE - 1)])
+    mixing = QueryMixingProvider(_dense(), BOTH)
+    reference = MapMatchedRetriever(graph, provider=mixing, candidate_limit=4).session()
+    engine = (MapMatchedRetriever(graph, provider=mixing, candidate_limit=4).session() if mode == "session"
+              else MapMatchedServer(graph, provider=mixing, candidate_limit=4))
+    conversation = Conversation(engine, "c" if mode == "server" else None, feature="test")
+    queries = list(QUERIES)
+    expected = []
+    for turn, query in enumerate(queries):
+        got = conversation.turn(query) if turn % 2 == 0 else asyncio.run(conversation.aturn(query))
+        expected.append(reference.retrieve(query))
+        assert got == expected[-1]
+    # the mix changes the answers here, so a conversation that skipped it would fail above
+    plain = MapMatchedRetriever(graph, provider=_dense(), candidate_limit=4).session()
+    assert [plain.retrieve(q).candidates for q in queries] != [result.candidates for result in expected]
