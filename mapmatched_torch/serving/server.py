@@ -19,6 +19,8 @@ reported in ``errors`` and leaves that session exactly as it was.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
 import tempfile
@@ -581,12 +583,15 @@ class MapMatchedServer:
         """The session store (every session's turns and decoder state, with a checksum),
         the session IDs by slot, and the options: plain tensors and Python values,
         loadable with ``torch.load(..., weights_only=True)``."""
+        sessions = [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()]
+        previous_queries = [[slot, text] for slot, text in sorted(self._previous_queries.items())]
         return {
             "version": 2,
             "options": self._options(),
             "store": self._store.state_dict(),
-            "sessions": [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()],
-            "previous_queries": [[slot, text] for slot, text in sorted(self._previous_queries.items())],
+            "sessions": sessions,
+            "previous_queries": previous_queries,
+            "entries_checksum": _entries_checksum(sessions, previous_queries),
         }
 
     def _options(self) -> Dict[str, Any]:
@@ -622,6 +627,11 @@ class MapMatchedServer:
             saved = state.get("options") if isinstance(state, Mapping) else type(state).__name__
             raise MapMatchedValueError(f"server state does not match this server: saved options {saved}, these {options}")
         try:
+            saved = state.get("entries_checksum")  # absent in states saved before it existed
+            if saved is not None and saved != _entries_checksum(state["sessions"], state.get("previous_queries", [])):
+                raise MapMatchedValueError(
+                    "refusing the server state: the session IDs or previous queries do not match their checksum "
+                    "(a damaged file?); nothing was changed")
             sessions = _parsed_sessions(state["sessions"])
             previous_queries = _parsed_previous_queries(state.get("previous_queries", []), sessions)
             store = state["store"]
@@ -708,6 +718,13 @@ def _parsed_sessions(entries: Any) -> Dict[SessionId, int]:
             raise MapMatchedValueError(f"refusing the server state: session {session_id!r} appears twice")
         sessions[session_id] = slot
     return sessions
+
+
+def _entries_checksum(sessions: Any, previous_queries: Any) -> str:
+    """SHA-256 of the saved session IDs by slot and previous queries (the store carries
+    its own checksum)."""
+    text = json.dumps([sessions, previous_queries], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Dict[int, str]:

@@ -344,6 +344,7 @@ def test_a_server_over_a_two_source_mix_equals_independent_sessions_and_keeps_th
     state = server.state_dict()
     assert [slot for slot, _ in state["previous_queries"]] == sorted(server.slots(["a", "b"]).tolist())
     broken = dict(state, previous_queries=[[99, "x"]])
+    del broken["entries_checksum"]  # the entry checks, not the checksum
     with pytest.raises(ValueError, match="previous_queries"):
         server.load_state_dict(broken)
     server.close("a")
@@ -395,3 +396,27 @@ def test_framework_conversations_over_a_mixing_provider_mix_in_context_sync_and_
     # the mix changes the answers here, so a conversation that skipped it would fail above
     plain = MapMatchedRetriever(graph, provider=_dense(), candidate_limit=4).session()
     assert [plain.retrieve(q).candidates for q in queries] != [result.candidates for result in expected]
+
+
+def test_a_server_state_with_a_changed_session_id_or_previous_query_is_refused_and_an_older_one_loads():
+    from mapmatched_torch.serving import MapMatchedServer
+
+    graph = InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(SIZE - 1)])
+    mixing = QueryMixingProvider(_dense(), BOTH)
+    server = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
+    for key in ("alice", "bob"):
+        server.open(key)
+    server.step({"alice": "query 0", "bob": "query 1"})
+    state = server.state_dict()
+    fresh = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
+    renamed = dict(state, sessions=[["alicf" if key == "alice" else key, slot] for key, slot in state["sessions"]])
+    requeried = dict(state, previous_queries=[[slot, text + "!"] for slot, text in state["previous_queries"]])
+    for damaged in (renamed, requeried):
+        with pytest.raises(ValueError, match="checksum"):
+            fresh.load_state_dict(damaged)
+        assert len(fresh) == 0  # nothing changed
+    older = {key: value for key, value in state.items() if key not in ("entries_checksum", "previous_queries")}
+    fresh.load_state_dict(older)  # a state saved before these entries existed: no previous queries known
+    assert sorted(fresh.session_ids) == ["alice", "bob"] and fresh.state_dict()["previous_queries"] == []
+    fresh.load_state_dict(state)
+    assert fresh.step({"alice": "query 2"})[0]["alice"] == server.step({"alice": "query 2"})[0]["alice"]
