@@ -211,6 +211,11 @@ def fit_query_mixing(
     relevant, passages = relevant[usable], passages.to(device=device, dtype=double)
     statistics = [cosine_statistics(queries, contexts)]
     present = None
+    if previous_queries is None and has_previous_query is not None:
+        raise MapMatchedValueError("has_previous_query needs previous_queries")
+    if has_previous_query is not None and tuple(has_previous_query.shape) != (len(usable),):
+        raise MapMatchedValueError(
+            f"has_previous_query must be (N,) = ({len(usable)},), got {tuple(has_previous_query.shape)}")
     if previous_queries is not None:
         previous = previous_queries[usable].to(device=device, dtype=double)
         known = (torch.ones(len(queries), dtype=torch.bool, device=device) if has_previous_query is None else
@@ -230,7 +235,7 @@ def fit_query_mixing(
         logit = math.log(initial_mix_weight / (1.0 - count * initial_mix_weight))
         start = [logit, 0.0, 0.0] * count
     else:
-        start = _initial_gates(initial, count)
+        start = _initial_gates(initial, count, initial_mix_weight)
     parameters = torch.tensor([*start, math.log(temperature)], dtype=double, device=device, requires_grad=True)
     ridge = torch.tensor([0.0, 1.0, 1.0] * count + [0.0], dtype=double, device=device)
     single = count == 1
@@ -269,12 +274,17 @@ def fit_query_mixing(
     return QueryMixingFit(QueryMixing(**fields), fitted_temperature, loss, initial_loss, int(usable.sum()))
 
 
-def _initial_gates(initial: QueryMixing, count: int) -> list:
-    """Start values ``[mix_logit, gate_bias, gate_weight] * S`` from a previous fit's gates."""
+def _initial_gates(initial: QueryMixing, count: int, default_weight: float) -> list:
+    """Start values ``[mix_logit, gate_bias, gate_weight] * S`` from a previous fit's
+    gates; a source that fit did not have (weight 0) starts at ``default_weight`` (at
+    a weight of about 0 its softmax gradient vanishes and it would never be learned)."""
     if not isinstance(initial, QueryMixing):
         raise MapMatchedTypeError(f"initial must be a QueryMixing, got {type(initial).__name__}")
     weights = [initial.mix_weight, initial.query_mix_weight][:count]
+    weights = [w if w > 0 else min(default_weight, 0.5 / count) for w in weights]
     weights = [min(max(w, 1e-6), 1.0 - 1e-6) for w in weights]
-    rest = max(1.0 - sum(weights), 1e-6)
+    if sum(weights) > 0.95:  # room for the query's own share
+        weights = [w * 0.95 / sum(weights) for w in weights]
+    rest = 1.0 - sum(weights)
     gates = [(initial.gate_bias, initial.gate_weight), (initial.query_gate_bias, initial.query_gate_weight)]
     return [value for w, (bias, weight) in zip(weights, gates) for value in (math.log(w / rest), bias, weight)]

@@ -291,7 +291,9 @@ class Conversation:
     does not stop the decoding, and the turn stands; the conversation stays busy until
     it is done. Different sessions of one server may be asked concurrently: their
     candidate searches run in parallel, and their server steps are serialized by a
-    lock per server (the server is not thread-safe).
+    lock per server (the server is not thread-safe). A contextual provider's search is
+    part of the server step, so those searches are serialized too (and its
+    ``aretrieve``, if any, is not used).
     """
 
     def __init__(self, engine: Any, session_id: Any = _NO_SESSION_ID, *, feature: str) -> None:

@@ -54,6 +54,7 @@ from ..core.optional import import_optional
 from .base import (
     QueryEmbedder,
     SearchProvider,
+    as_array,
     as_query_vector,
     check_name,
     check_result_count,
@@ -182,7 +183,11 @@ class ChromaProvider(SearchProvider):
         return super()._search(queries, limit, names)
 
     def _embed(self, query: str, name: str) -> np.ndarray:
-        return as_query_vector(self._embed_query(query), self._stored_dimension(), name, self._store_name())
+        vector = self._embed_query(query)
+        dimension = self._stored_dimension()
+        if dimension is None:  # an empty collection: any dimension (nothing is searched)
+            dimension = int(np.shape(as_array(vector))[-1]) if np.ndim(as_array(vector)) in (1, 2) else 0
+        return as_query_vector(vector, dimension, name, self._store_name())
 
     def _search_rows(self, matrix: np.ndarray, limit: int, names: Tuple[str, ...]) -> List[Tuple[ScoredCandidate, ...]]:
         """One ``collection.query`` of (Q, D) float32 query vectors."""
@@ -204,7 +209,8 @@ class ChromaProvider(SearchProvider):
 
     def _stored_vectors(self, chunk_ids: List[str]) -> List[np.ndarray]:
         """Each chunk's stored embedding: one ``collection.get`` by ID, or with
-        ``chunk_id_field`` by the metadata field (``{field: {"$in": [...]}}``).
+        ``chunk_id_field`` by the metadata field (``{field: {"$in": [...]}}``), within
+        ``where``.
 
         Raises:
             MapMatchedValueError: a chunk the collection does not hold, or two records
@@ -213,11 +219,13 @@ class ChromaProvider(SearchProvider):
         wanted = list(dict.fromkeys(chunk_ids))
         store = self._store_name()
         if self._chunk_id_field is None:
-            result = self._collection.get(ids=wanted, include=["embeddings"])
+            result = self._collection.get(ids=wanted, where=self._where, include=["embeddings"])
             keys = list(result.get("ids") or [])
         else:
-            result = self._collection.get(where={self._chunk_id_field: {"$in": wanted}},
-                                          include=["embeddings", "metadatas"])
+            # the provider's where filter applies here too: only records a search could return are context
+            by_field = {self._chunk_id_field: {"$in": wanted}}
+            where = by_field if self._where is None else {"$and": [by_field, self._where]}
+            result = self._collection.get(where=where, include=["embeddings", "metadatas"])
             records, metadatas = list(result.get("ids") or []), list(result.get("metadatas") or [])
             if len(metadatas) != len(records):
                 raise MapMatchedValueError(f"invalid Chroma result: {len(records)} IDs, {len(metadatas)} metadatas")

@@ -244,8 +244,8 @@ class QdrantProvider(SearchProvider):
         return _vector_label(self._using, self._collection_name)
 
     def _stored_vectors(self, chunk_ids: List[str]) -> List[np.ndarray]:
-        """The searched vector of each chunk's point: by point ID (``retrieve``), or with
-        ``chunk_id_field`` by the payload field (one ``scroll`` with a ``MatchAny`` filter).
+        """The searched vector of each chunk's point: one ``scroll`` by point ID, or with
+        ``chunk_id_field`` by the payload field (``MatchAny``), within ``query_filter``.
 
         Raises:
             MapMatchedValueError: a chunk without a point, a chunk ID that is no Qdrant
@@ -254,21 +254,24 @@ class QdrantProvider(SearchProvider):
         wanted = list(dict.fromkeys(chunk_ids))
         vectors = [self._using] if self._using is not None else True
         store = self._store_name()
+        models = self._models
         if self._chunk_id_field is None:
-            try:
-                points = self._client.retrieve(self._collection_name, ids=[_point_id(c) for c in wanted],
-                                               with_payload=False, with_vectors=vectors)
-            except MapMatchedValueError:
-                raise
-            except Exception as error:  # e.g. a malformed ID the client or server refuses
-                raise MapMatchedValueError(f"Qdrant could not look up the points of chunks {wanted!r}: {error}") from error
+            condition = models.HasIdCondition(has_id=[_point_id(c) for c in wanted])
+        else:
+            condition = models.FieldCondition(key=self._chunk_id_field, match=models.MatchAny(any=wanted))
+        # the provider's query_filter applies here too: only points a search could return are context
+        conditions = [condition] if self._query_filter is None else [condition, self._query_filter]
+        try:
+            points, _ = self._client.scroll(self._collection_name, scroll_filter=models.Filter(must=conditions),
+                                            limit=len(wanted) + 1, with_payload=self._with_payload(),
+                                            with_vectors=vectors)
+        except MapMatchedValueError:
+            raise
+        except Exception as error:  # e.g. a malformed point ID the client or server refuses
+            raise MapMatchedValueError(f"Qdrant could not look up the points of chunks {wanted!r}: {error}") from error
+        if self._chunk_id_field is None:
             found = {str(point.id): point for point in points}
         else:
-            models = self._models
-            condition = models.FieldCondition(key=self._chunk_id_field, match=models.MatchAny(any=wanted))
-            points, _ = self._client.scroll(self._collection_name, scroll_filter=models.Filter(must=[condition]),
-                                            limit=len(wanted) + 1, with_payload=[self._chunk_id_field],
-                                            with_vectors=vectors)
             found = {}
             for rank, point in enumerate(points):
                 chunk_id = self._chunk_id(point, rank, "the stored vectors")

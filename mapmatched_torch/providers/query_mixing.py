@@ -34,7 +34,7 @@ the previous turn, and with the previous turn's query text when the wrapper's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -109,6 +109,11 @@ def mixed_queries(
     """
     single = contexts.dim() == 2
     sources = contexts.unsqueeze(1) if single else contexts
+    if present is not None:
+        present = present.to(device=sources.device, dtype=torch.bool).reshape(sources.shape[:2])
+        # an absent row is never read: a NaN there must not reach the mix (or its gradient) through 0 * NaN
+        sources = torch.where(present.unsqueeze(-1), sources, torch.zeros((), dtype=sources.dtype,
+                                                                           device=sources.device))
     # shape: (N, D) and (N, S, D) unit rows (zero rows stay zero)
     unit_queries = torch.nn.functional.normalize(queries, dim=-1)
     unit_sources = torch.nn.functional.normalize(sources, dim=-1)
@@ -116,7 +121,6 @@ def mixed_queries(
     cosines = (unit_queries.unsqueeze(1) * unit_sources).sum(dim=-1)
     weights = mixing_weights(cosines, mix_weight, gate_bias, gate_weight, cosine_mean, cosine_std)
     if present is not None:
-        present = present.to(device=weights.device, dtype=torch.bool).reshape(weights.shape)
         weights = torch.where(present, weights, torch.zeros((), dtype=weights.dtype, device=weights.device))
     # shape: (N, D)
     mixed = (1.0 - weights.sum(dim=-1, keepdim=True)) * unit_queries + (weights.unsqueeze(-1) * unit_sources).sum(dim=1)
@@ -350,6 +354,22 @@ class QueryMixingProvider(CandidatesMethod):
         """Whether the mix reads the previous query (sessions and the server then pass it)."""
         return self.mixing.uses_previous_query
 
+    def _embed_previous(self, previous: List[Any], rows: List[int]) -> Tensor:
+        """``(K, D)`` embeddings of the known previous queries of ``rows``; a bad one is
+        named as the previous query of its row."""
+        for text, row in zip(previous, rows):
+            if not isinstance(text, str) or not text:
+                raise MapMatchedValueError(f"the previous query of query {row} must be a non-empty string, got {text!r}")
+        try:
+            return self.provider.embed_queries(previous)
+        except MapMatchedValueError:  # find the one that failed, to name it by its row
+            for text, row in zip(previous, rows):
+                try:
+                    self.provider.embed_queries([text])
+                except MapMatchedValueError as error:
+                    raise MapMatchedValueError(f"the previous query of query {row}: {error}") from error
+            raise
+
     def retrieve(self, query: str, limit: int) -> Tuple[ScoredCandidate, ...]:
         """The wrapped provider's answer for ``query`` alone (no context)."""
         return self.retrieve_in_context(query, limit, None)
@@ -397,13 +417,9 @@ class QueryMixingProvider(CandidatesMethod):
             return []
         present = [i for i, chunk_id in enumerate(contexts) if chunk_id is not None]
         known = [i for i in present if earlier[i] is not None] if self.uses_previous_query else []
+        vectors = self.provider.embed_queries(queries)
         if known:
-            checked, _ = check_batch([earlier[i] for i in known], limit)
-            # shape: (Q + K, D) one embedding call for the queries and the known previous queries
-            embedded = self.provider.embed_queries([*queries, *checked])
-            vectors = embedded[: len(queries)]
-        else:
-            vectors = self.provider.embed_queries(queries)
+            previous_vectors = self._embed_previous([earlier[i] for i in known], known)
         if present and not self.mixing.is_zero:
             ids = [check_chunk_id(contexts[i], f"context chunk ID {i}") for i in present]
             context_rows = torch.zeros_like(vectors)
@@ -413,7 +429,7 @@ class QueryMixingProvider(CandidatesMethod):
             previous_rows, has_previous = None, None
             if known:
                 previous_rows = torch.zeros_like(vectors)
-                previous_rows[known] = embedded[len(queries):].to(vectors)
+                previous_rows[known] = previous_vectors.to(vectors)
                 has_previous = torch.zeros_like(has_context)
                 has_previous[known] = True
             vectors = self.mixing.apply(vectors, context_rows, has_context, previous_rows, has_previous)

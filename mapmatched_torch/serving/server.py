@@ -627,8 +627,9 @@ class MapMatchedServer:
             saved = state.get("options") if isinstance(state, Mapping) else type(state).__name__
             raise MapMatchedValueError(f"server state does not match this server: saved options {saved}, these {options}")
         try:
-            saved = state.get("entries_checksum")  # absent in states saved before it existed
-            if saved is not None and saved != _entries_checksum(state["sessions"], state.get("previous_queries", [])):
+            # absent in states saved before it existed; present, it must match
+            if "entries_checksum" in state and state["entries_checksum"] != _entries_checksum(
+                    state["sessions"], state.get("previous_queries", [])):
                 raise MapMatchedValueError(
                     "refusing the server state: the session IDs or previous queries do not match their checksum "
                     "(a damaged file?); nothing was changed")

@@ -191,3 +191,43 @@ def test_unknown_previous_queries_are_left_out_of_the_second_source():
                          has_previous_query=torch.zeros(40, dtype=torch.bool))
     with pytest.raises(ValueError, match="initial_mix_weight"):
         fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous, initial_mix_weight=0.6)
+
+
+def test_a_two_source_fit_warm_started_from_a_one_source_fit_still_learns_the_query_source():
+    generator = torch.Generator().manual_seed(1)
+    turns, dimension, size = 200, 16, 60
+    corpus = _unit(torch.randn(size, dimension, generator=generator, dtype=torch.float64))
+    gold = torch.randint(0, size, (turns,), generator=generator)
+    previous = corpus[gold] + 0.3 * torch.randn(turns, dimension, generator=generator, dtype=torch.float64)
+    queries = torch.randn(turns, dimension, generator=generator, dtype=torch.float64) + 0.3 * corpus[gold]
+    contexts = torch.randn(turns, dimension, generator=generator, dtype=torch.float64)  # says nothing
+    relevant = torch.zeros(turns, size, dtype=torch.bool)
+    relevant[torch.arange(turns), gold] = True
+    one = fit_query_mixing(queries, contexts, relevant, corpus, iterations=50)
+    fresh = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous, iterations=50)
+    warm = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous, initial=one.mixing,
+                            iterations=50)
+    assert fresh.mixing.query_mix_weight > 0.5 and warm.mixing.query_mix_weight > 0.5
+    assert warm.loss == pytest.approx(fresh.loss, rel=0.05) and warm.loss < one.loss
+
+
+def test_previous_query_flags_are_checked_and_unknown_rows_are_never_read():
+    _, corpus, queries, contexts, previous = _two_source_problem(12, 8, 4, seed=8)
+    relevant = torch.eye(8, dtype=torch.bool)[torch.arange(12) % 8]
+    known = torch.arange(12) % 2 == 0
+    with pytest.raises(ValueError, match="has_previous_query must be"):
+        fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=previous, has_previous_query=known[:5])
+    with pytest.raises(ValueError, match="needs previous_queries"):
+        fit_query_mixing(queries, contexts, relevant, corpus, has_previous_query=known)
+    poisoned = previous.clone()
+    poisoned[~known] = float("nan")
+    clean = previous.clone()
+    clean[~known] = 0.0
+    left = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=poisoned, has_previous_query=known,
+                            iterations=5)
+    right = fit_query_mixing(queries, contexts, relevant, corpus, previous_queries=clean, has_previous_query=known,
+                             iterations=5)
+    assert left.mixing == right.mixing
+    both = QueryMixing(0.3, query_mix_weight=0.3)
+    assert torch.equal(both.apply(queries, contexts, previous_queries=poisoned, has_previous_query=known),
+                       both.apply(queries, contexts, previous_queries=clean, has_previous_query=known))

@@ -415,8 +415,54 @@ def test_a_server_state_with_a_changed_session_id_or_previous_query_is_refused_a
         with pytest.raises(ValueError, match="checksum"):
             fresh.load_state_dict(damaged)
         assert len(fresh) == 0  # nothing changed
+    with pytest.raises(ValueError, match="checksum"):  # a cleared checksum is a damaged one
+        fresh.load_state_dict(dict(renamed, entries_checksum=None))
     older = {key: value for key, value in state.items() if key not in ("entries_checksum", "previous_queries")}
     fresh.load_state_dict(older)  # a state saved before these entries existed: no previous queries known
     assert sorted(fresh.session_ids) == ["alice", "bob"] and fresh.state_dict()["previous_queries"] == []
     fresh.load_state_dict(state)
     assert fresh.step({"alice": "query 2"})[0]["alice"] == server.step({"alice": "query 2"})[0]["alice"]
+
+
+def test_vector_store_lookups_stay_within_the_providers_filter_and_an_empty_chroma_collection_mixes_nothing():
+    pytest.importorskip("qdrant_client")
+    pytest.importorskip("chromadb")
+    import uuid
+
+    import chromadb
+    from chromadb.config import Settings
+    from qdrant_client import QdrantClient, models
+
+    from mapmatched_torch.providers import ChromaProvider, QdrantProvider
+
+    vectors = np.eye(4, dtype=np.float32)
+    embed = lambda query: np.array([1.0, 0.5, 0.0, 0.0], dtype=np.float32)  # noqa: E731
+    chunk, tenant = ["a", "b", "a", "b"], ["x", "x", "y", "y"]  # one chunk ID in two tenants
+    client = QdrantClient(":memory:")
+    client.create_collection("t", vectors_config=models.VectorParams(size=4, distance=models.Distance.DOT))
+    client.upsert("t", [models.PointStruct(id=i, vector=vectors[i].tolist(), payload={"chunk": chunk[i], "t": tenant[i]})
+                        for i in range(4)])
+    only_y = models.Filter(must=[models.FieldCondition(key="t", match=models.MatchValue(value="y"))])
+    qdrant = QdrantProvider(client, "t", embed, chunk_id_field="chunk", query_filter=only_y)
+    chroma_client = chromadb.EphemeralClient(Settings(anonymized_telemetry=False))
+    collection = chroma_client.create_collection(f"t-{uuid.uuid4().hex}", configuration={"hnsw": {"space": "ip"}},
+                                                 embedding_function=None)
+    collection.add(ids=[f"r{i}" for i in range(4)], embeddings=vectors.tolist(),
+                   metadatas=[{"chunk": chunk[i], "t": tenant[i]} for i in range(4)])
+    chroma = ChromaProvider(collection, embed, chunk_id_field="chunk", where={"t": "y"})
+    for provider in (qdrant, chroma):  # tenant y's "a" is row 2
+        assert torch.equal(provider.chunk_embeddings(["a"]), torch.from_numpy(vectors[[2]]))
+        assert QueryMixingProvider(provider, QueryMixing(0.5)).retrieve_in_context("q", 2, "a")[0].chunk_id == "a"
+    by_id = ChromaProvider(collection, embed, where={"t": "x"})
+    with pytest.raises(ValueError, match="'r2' is not in"):  # outside the filter
+        by_id.chunk_embeddings(["r2"])
+    empty = ChromaProvider(chroma_client.create_collection(f"e-{uuid.uuid4().hex}", embedding_function=None), embed)
+    assert QueryMixingProvider(empty, QueryMixing(0.0)).retrieve("q", 2) == empty.retrieve("q", 2) == ()
+    assert QueryMixingProvider(empty, BOTH).retrieve_in_context("q", 2, None) == ()
+
+
+def test_a_bad_previous_query_is_named_by_its_row():
+    bad = {**QUERIES, "bad": np.ones(3, dtype=np.float32)}
+    wrapped = QueryMixingProvider(DenseProvider(torch.from_numpy(CHUNKS), IDS, bad.__getitem__), BOTH)
+    with pytest.raises(ValueError, match="the previous query of query 1: "):
+        wrapped.retrieve_batch_in_context(["query 0", "query 1"], 5, [IDS[1], IDS[2]], [None, "bad"])
