@@ -116,7 +116,8 @@ def query_mixing_loss(
         raise MapMatchedValueError(
             f"relevant must be (N, P) = {(queries.shape[0], passages.shape[0])}, got {tuple(relevant.shape)}"
         )
-    count = 1 if contexts.dim() == 2 else contexts.shape[1]
+    sources = contexts.unsqueeze(1) if contexts.dim() == 2 else contexts
+    count = sources.shape[1]
     if parameters.shape != (3 * count + 1,):
         raise MapMatchedValueError(f"parameters must be (3 S + 1,) = ({3 * count + 1},) for {count} context "
                                    f"source(s), got {tuple(parameters.shape)}")
@@ -125,11 +126,7 @@ def query_mixing_loss(
     weights = source_weights(gates[:, 0])
     statistics = [torch.as_tensor(value, dtype=queries.dtype, device=queries.device).reshape(-1)
                   for value in (cosine_mean, cosine_std)]
-    if count == 1:
-        mixed, _, _ = mixed_queries(queries, contexts, weights[0], gates[0, 1], gates[0, 2], statistics[0][0],
-                                    statistics[1][0], present)
-    else:
-        mixed, _, _ = mixed_queries(queries, contexts, weights, gates[:, 1], gates[:, 2], *statistics, present)
+    mixed, _, _ = mixed_queries(queries, sources, weights, gates[:, 1], gates[:, 2], *statistics, present)
     # shape: (N, P)
     logits = (mixed @ passages.T) / parameters[-1].exp()
     gold = torch.where(relevant, logits, -math.inf).logsumexp(dim=-1)

@@ -43,7 +43,7 @@ from ..core.checks import check_chunk_id, check_finite, check_positive_finite
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..core.models import ScoredCandidate
 from ..core.protocols import CandidatesMethod
-from .base import check_batch, check_request
+from .base import check_batch, check_query, check_request
 
 __all__ = [
     "QueryMixing",
@@ -258,10 +258,8 @@ class QueryMixing:
                                                                                            dtype=torch.bool)
             sources.append(previous_queries.to(device=device, dtype=double))
             present.append(known)
-        else:
-            sources.append(torch.zeros_like(sources[0]))
-            present.append(torch.zeros_like(rows))
-        gates = [value.to(device) for value in self.gate_values()]
+        # the first len(sources) sources' gates (the chunk; the previous query when it is mixed in)
+        gates = [value[: len(sources)].to(device) for value in self.gate_values()]
         mixed, weights, _ = mixed_queries(queries.to(double), torch.stack(sources, dim=1), *gates,
                                           present=torch.stack(present, dim=1))
         keep = rows & (weights > 0).any(dim=1)
@@ -358,8 +356,7 @@ class QueryMixingProvider(CandidatesMethod):
         """``(K, D)`` embeddings of the known previous queries of ``rows``; a bad one is
         named as the previous query of its row."""
         for text, row in zip(previous, rows):
-            if not isinstance(text, str) or not text:
-                raise MapMatchedValueError(f"the previous query of query {row} must be a non-empty string, got {text!r}")
+            check_query(text, f"the previous query of query {row}")
         try:
             return self.provider.embed_queries(previous)
         except MapMatchedValueError:  # find the one that failed, to name it by its row

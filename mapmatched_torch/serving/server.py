@@ -162,9 +162,10 @@ class MapMatchedServer:
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
-        # slot -> the query text of its latest turn, for a provider with uses_previous_query
-        # (only sessions whose latest turn came as a query; empty unless queries are stepped)
-        self._previous_queries: Dict[int, str] = {}
+        # slot -> (the text of a query it stepped, its turn count right after): that query
+        # is the slot's previous query while the count still matches, i.e. while no turn
+        # given as candidates came after it (derived on read, so candidate steps touch nothing)
+        self._previous_queries: Dict[int, Tuple[str, int]] = {}
         self._built = BuiltPaths()
         # the results handed out, to copy a closing session's turns into (weak: dropped results go)
         self._live_results: List["weakref.ref[StepResults]"] = []
@@ -298,9 +299,6 @@ class MapMatchedServer:
             if bool((step.status == 0).any()):
                 self._store.decoder.undo_last()
             raise
-        if self._previous_queries:  # these sessions' latest turns came as candidates
-            for slot in slots[step.status.to(slots.device) == 0].tolist():
-                self._previous_queries.pop(slot, None)
         return step
 
     @_serialized
@@ -454,14 +452,18 @@ class MapMatchedServer:
             if bool((step.status == 0).any()):
                 decoder.undo_last()
             raise
-        if queries or self._previous_queries:
-            for key in rows:
-                text = None if queries is None else queries.get(key)
-                if text is None:
-                    self._previous_queries.pop(self._sessions[key], None)
-                else:
-                    self._previous_queries[self._sessions[key]] = text
+        if queries:
+            turns = before.tolist()
+            for key, row in rows.items():
+                if key in queries:
+                    self._previous_queries[self._sessions[key]] = (queries[key], turns[row] + 1)
         return results
+
+    def _previous_query(self, slot: int) -> Optional[str]:
+        """The query text of the slot's latest turn, or None (that turn came as candidates,
+        or the slot has stepped no query)."""
+        entry = self._previous_queries.get(slot)
+        return entry[0] if entry is not None and self._store.decoder.length(slot) == entry[1] else None
 
     def _error(self, session_id: SessionId, code: StepCode, turn: int, row_error) -> Exception:
         if code is StepCode.UNKNOWN_SLOT:
@@ -543,7 +545,8 @@ class MapMatchedServer:
         if pending and contextual is not None:
             # e.g. QueryMixingProvider: each session's previous decoded chunk (and query) goes into its query
             context = dict(zip(pending, self._current_chunk_ids(pending)))
-            previous = {key: self._previous_queries.get(self._sessions.get(key, -1)) for key in pending}
+            previous = {key: self._previous_query(self._sessions[key]) if key in self._sessions else None
+                        for key in pending}
             asks = lambda key: contextual(queries[key], limit, context[key], previous[key])  # noqa: E731
             batch_in_context = contextual_batch_call(provider)
             batch = (lambda texts, size: batch_in_context(
@@ -584,7 +587,8 @@ class MapMatchedServer:
         the session IDs by slot, and the options: plain tensors and Python values,
         loadable with ``torch.load(..., weights_only=True)``."""
         sessions = [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()]
-        previous_queries = [[slot, text] for slot, text in sorted(self._previous_queries.items())]
+        previous_queries = [[slot, text] for slot in sorted(self._previous_queries)
+                            for text in [self._previous_query(slot)] if text is not None]
         return {
             "version": 2,
             "options": self._options(),
@@ -642,7 +646,8 @@ class MapMatchedServer:
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
         self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
-        self._previous_queries = previous_queries
+        decoder = self._store.decoder
+        self._previous_queries = {slot: (text, decoder.length(slot)) for slot, text in previous_queries.items()}
         # results handed out before keep their own tensors, codes and built paths
         self._built, self._live_results = BuiltPaths(), []
 

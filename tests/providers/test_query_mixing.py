@@ -211,15 +211,22 @@ def test_a_session_over_a_mixing_provider_equals_the_unmixed_session_at_zero_wei
         assert left.candidates == right.candidates and left.path == right.path
 
 
-def test_a_server_over_a_mixing_provider_equals_independent_sessions(provider):
+def _server_beside_sessions(provider: Any, gate: QueryMixing):
+    """A chain graph, the mixing provider, a server with sessions "a" and "b" open, and
+    one independent session per ID: ``(graph, mixing, server, sessions)``."""
     from mapmatched_torch.serving import MapMatchedServer
 
     graph = InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(SIZE - 1)])
-    mixing = QueryMixingProvider(provider, GATE)  # a real mix: the context changes the candidates
+    mixing = QueryMixingProvider(provider, gate)
     server = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
     sessions = {key: MapMatchedRetriever(graph, provider=mixing, candidate_limit=4).session() for key in ("a", "b")}
     for key in sessions:
         server.open(key)
+    return graph, mixing, server, sessions
+
+
+def test_a_server_over_a_mixing_provider_equals_independent_sessions(provider):
+    graph, mixing, server, sessions = _server_beside_sessions(provider, GATE)  # a real mix: context matters
     queries = list(QUERIES)
     for turn in range(4):
         asked = {"a": queries[turn], "b": queries[(turn + 2) % len(queries)]}
@@ -319,12 +326,7 @@ def test_a_session_passes_the_previous_query_only_to_a_provider_that_uses_it():
 def test_a_server_over_a_two_source_mix_equals_independent_sessions_and_keeps_them_over_a_restore(provider):
     from mapmatched_torch.serving import MapMatchedServer
 
-    graph = InMemoryCorpusGraph.from_edges([(IDS[i], IDS[i + 1]) for i in range(SIZE - 1)])
-    mixing = QueryMixingProvider(provider, BOTH)
-    server = MapMatchedServer(graph, provider=mixing, candidate_limit=4)
-    sessions = {key: MapMatchedRetriever(graph, provider=mixing, candidate_limit=4).session() for key in ("a", "b")}
-    for key in sessions:
-        server.open(key)
+    graph, mixing, server, sessions = _server_beside_sessions(provider, BOTH)
     queries = list(QUERIES)
     for turn in range(5):
         if turn == 2:  # session b's turn comes as candidates: it has no previous query at turn 3
@@ -466,3 +468,19 @@ def test_a_bad_previous_query_is_named_by_its_row():
     wrapped = QueryMixingProvider(DenseProvider(torch.from_numpy(CHUNKS), IDS, bad.__getitem__), BOTH)
     with pytest.raises(ValueError, match="the previous query of query 1: "):
         wrapped.retrieve_batch_in_context(["query 0", "query 1"], 5, [IDS[1], IDS[2]], [None, "bad"])
+
+
+def test_a_turn_stepped_by_slot_ends_the_previous_query_as_a_candidates_turn_does():
+    _, _, server, sessions = _server_beside_sessions(_dense(), BOTH)
+    queries = list(QUERIES)
+    server.step({"a": queries[0], "b": queries[1]})
+    for key, query in (("a", queries[0]), ("b", queries[1])):
+        sessions[key].retrieve(query)
+    slot = server.slot("a")
+    codes = server.store.codes.codes([IDS[3], IDS[4]])
+    step = server.step_slots(torch.tensor([slot]), torch.tensor([codes]), torch.tensor([[0.8, 0.3]], dtype=torch.float64))
+    assert int(step.status[0]) == 0
+    sessions["a"].retrieve_candidates([(IDS[3], 0.8), (IDS[4], 0.3)])
+    assert [entry[0] for entry in server.state_dict()["previous_queries"]] == [server.slot("b")]
+    results, _ = server.step({"a": queries[2], "b": queries[3]})
+    assert results["a"] == sessions["a"].retrieve(queries[2]) and results["b"] == sessions["b"].retrieve(queries[3])
