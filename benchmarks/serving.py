@@ -21,6 +21,8 @@ Run:  python benchmarks/serving.py                  (sessions 1, 64, 1024, 4096)
       python benchmarks/serving.py --distances cold   (nothing cached: the step's pairs are searched)
       python benchmarks/serving.py --read contexts  (read only the contexts after each step)
       python benchmarks/serving.py --gc-freeze      (gc.freeze() after the warm-up)
+      python benchmarks/serving.py --precompute-contexts  (every context neighbourhood searched before the steps)
+      python benchmarks/serving.py --turn-capacity 16     (no table growth within 16 turns)
       python benchmarks/serving.py --quick          (a smoke run)
 """
 
@@ -89,12 +91,17 @@ class Walkers:
 
 def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int,
             gc_freeze: bool = False, indexed: bool = True, read: str = "all", warm_cache: bool = True,
-            slots_api: bool = False):
-    """Seconds of each timed step, (contexts, every whole result) read after it, and the
-    distance-cache misses (sources searched) of the timed steps."""
+            slots_api: bool = False, precompute: bool = False, turn_capacity: int = 8):
+    """Seconds of each timed step, (contexts, every whole result) read after it, the
+    distance-cache misses (sources searched) of the timed steps, and the seconds of each
+    timed step's distance lookups alone (the same pairs asked of the graph again)."""
     generator = torch.Generator().manual_seed(seed)
     server = MapMatchedServer(graph, candidate_limit=width, fixed_lag=lag, transition_weight=1.0, device=device,
-                              capacity=sessions)
+                              capacity=sessions, turn_capacity=turn_capacity)
+    if precompute:
+        start = time.perf_counter()
+        server.precompute_contexts()
+        print(f"  (contexts precomputed in {time.perf_counter() - start:.2f} s)")
     ids = [f"s{i}" for i in range(sessions)]
     for name in ids:
         server.open(name)
@@ -141,7 +148,16 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
         if step >= warmup:
             times.append(middle - start)
             reads.append((contexts - middle, end - middle))
-    return times, reads, misses
+    codes = [turn[0] if indexed else padded_codes(graph, turn, width) for turn in planned]
+    lookups = []
+    for step in range(max(warmup, 1), len(codes)):  # the pairs from each timed step's previous turn
+        pair = torch.stack([codes[step - 1], codes[step]], 1).to(graph.device)
+        start = time.perf_counter()
+        graph.trellis_distances(pair)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        lookups.append(time.perf_counter() - start)
+    return times, reads, misses, lookups
 
 
 def padded_codes(graph: TensorCorpusGraph, turn, width: int) -> torch.Tensor:
@@ -195,6 +211,11 @@ def main() -> None:
                         help="after each step read every whole result (default) or only the contexts")
     parser.add_argument("--cache-entries", type=int, default=1 << 26,
                         help="the graph's distance cache capacity in (source, target) entries (16 bytes each)")
+    parser.add_argument("--precompute-contexts", action="store_true",
+                        help="server.precompute_contexts() before the steps: no step searches a neighbourhood on "
+                             "first visit (default: searched when a chunk is first decoded)")
+    parser.add_argument("--turn-capacity", type=int, default=8,
+                        help="the server's initial turns per session (default 8: the tables double at turn 9)")
     parser.add_argument("--no-standalone", action="store_true",
                         help="skip the standalone sessions one by one (a CPU figure; ~40 s at 24 turns)")
     parser.add_argument("--quick", action="store_true")
@@ -215,18 +236,22 @@ def main() -> None:
     print(f"graph: {len(graph)} nodes, {graph.edge_count} arcs; M = {args.width}; mode {mode}; device {args.device}; "
           f"torch threads {torch.get_num_threads()}")
     print(f"input: {args.input}; distances: {args.distances}; read after each step: {args.read}; "
-          f"gc.freeze: {args.gc_freeze}; {args.steps} timed steps after {args.warmup} warm-up steps")
+          f"gc.freeze: {args.gc_freeze}; {args.steps} timed steps after {args.warmup} warm-up steps; contexts "
+          f"{'precomputed' if args.precompute_contexts else 'searched on first visit'}; turn capacity {args.turn_capacity}")
     if per_turn is not None:
         print(f"standalone sessions one by one: {per_turn * 1e3:.2f} ms per turn "
               f"(8 sessions x {args.warmup + args.steps} turns)")
     print()
     print("| sessions | p50 step (ms) | p99 step (ms) | turns/s (p50) | + every context, p50 (ms) "
-          "| + every whole result, p50 (ms) | standalone one by one (ms, scaled) | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| + every whole result, p50 (ms) | distance lookups alone, p50 (ms) | standalone one by one (ms, scaled) "
+          "| speed-up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sessions in args.sessions:
-        times, reads, misses = measure(graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed,
-                               args.gc_freeze, args.input != "objects", args.read, args.distances == "cache",
-                               args.input == "slots")
+        times, reads, misses, lookups = measure(
+            graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed, args.gc_freeze,
+            args.input != "objects", args.read, args.distances == "cache", args.input == "slots",
+            args.precompute_contexts, args.turn_capacity,
+        )
         gc.unfreeze()
         times = sorted(times)
         p50 = statistics.median(times)
@@ -235,8 +260,9 @@ def main() -> None:
         whole = statistics.median(read[1] for read in reads)
         whole = f"{(p50 + whole) * 1e3:.1f}" if args.read == "all" else "-"
         baseline = f"{per_turn * sessions * 1e3:,.0f} | {per_turn * sessions / p50:.0f}x" if per_turn else "- | -"
+        lookup = statistics.median(lookups) * 1e3
         print(f"| {sessions} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} | {sessions / p50:,.0f} | {(p50 + context) * 1e3:.1f} "
-              f"| {whole} | {baseline} |", flush=True)
+              f"| {whole} | {lookup:.1f} | {baseline} |", flush=True)
         if args.distances != "cold" and misses:
             print(f"  (the timed steps missed the distance cache {misses} times: searches included)")
 

@@ -181,7 +181,9 @@ class SlotDecoder:
         #: steps written so far (each can be undone by :meth:`undo_last` until the next);
         #: an owner compares it before and after its own work to know whether to undo
         self.steps_written = 0
-        self._resize(check_positive_int(capacity, "capacity"), check_positive_int(turn_capacity, "turn_capacity"))
+        #: the turn capacity a table starts with and never shrinks below
+        self.initial_turn_capacity = check_positive_int(turn_capacity, "turn_capacity")
+        self._resize(check_positive_int(capacity, "capacity"), self.initial_turn_capacity)
 
     # ------------------------------------------------------------------ storage
 
@@ -249,15 +251,15 @@ class SlotDecoder:
 
     def _shrink_turns(self) -> None:
         """Give memory back after a long session closes: halve the turn capacity while
-        every live slot fits in a quarter of it (never below the initial 8 turns)."""
-        turns = self.turn_capacity
-        if turns <= 8:
+        every live slot fits in a quarter of it (never below the initial turn capacity)."""
+        turns, floor = self.turn_capacity, self.initial_turn_capacity
+        if turns <= floor:
             return
         live = torch.ones(self._allocated, dtype=torch.bool, device=self.device)
         live[self._free] = False
         longest = int(self._tensors["lengths"][: self._allocated][live].max()) if bool(live.any()) else 0
         target = turns
-        while target > 8 and longest <= target // 4:
+        while target // 2 >= floor and longest <= target // 4:
             target //= 2
         if target < turns:
             self._resize(self.capacity, target)

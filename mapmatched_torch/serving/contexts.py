@@ -6,16 +6,22 @@ the turn's candidates, first occurrences kept. :class:`NeighborhoodCache` keeps 
 neighbourhoods as chunk IDs (what lazily built results read); :class:`ContextTable`
 keeps them as chunk codes in one ``(V, W)`` tensor on the server's device, filled the
 first time a chunk is decoded, so a step's contexts are a gather and a de-duplication.
+:meth:`ContextTable.precompute` fills rows ahead of the steps (a server's warm-up:
+``MapMatchedServer.precompute_contexts``), so no step pays a first visit.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from ..core.checks import check_positive_int
+from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph, implements
 from ..graph.protocols import NeighborhoodGraph, TensorGraph
 from ..kernels.ragged import padded_rows
@@ -84,6 +90,61 @@ class ContextTable:
     def rows(self, chunks: Tensor) -> Tensor:
         """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);
         rows not filled yet are asked of the graph in one batched call."""
+        self._fill(chunks)
+        return self._table[chunks].long()
+
+    def precompute(self, codes: Tensor, *, batch_size: int = 4096, progress: Optional[bool] = None) -> int:
+        """Fill the rows of ``(R,)`` chunk codes now (a server's warm-up), so no later
+        step searches a neighbourhood on first visit.
+
+        Args:
+            codes: ``(R,)`` long chunk codes (e.g. every node of a tensor graph).
+            batch_size: codes searched per batched call.
+            progress: a tqdm bar (None: only when stderr is a terminal).
+
+        Returns:
+            W, the table's width afterwards (memory: ``V x W`` int32).
+
+        Raises:
+            ValueError: the graph does not answer many neighbourhoods at once (an
+                immutable :class:`~mapmatched_torch.graph.NeighborhoodGraph`), so its
+                rows are never kept.
+        """
+        if not self.neighborhoods.batched:
+            raise MapMatchedValueError(
+                "precomputed contexts need a graph that answers many neighbourhoods at once (a NeighborhoodGraph, "
+                "e.g. a TensorCorpusGraph); any other graph is asked every step, as a session asks it"
+            )
+        batch_size = check_positive_int(batch_size, "batch_size")
+        codes = codes.to(self._device, torch.long).view(-1)
+        if codes.numel() and not (0 <= int(codes.min()) and int(codes.max()) < len(self._codes)):
+            raise MapMatchedValueError(
+                f"precompute needs chunk codes in [0, {len(self._codes)}) (numbered by the server's ChunkCodes), "
+                f"got [{int(codes.min())}, {int(codes.max())}]"
+            )
+        show = progress if progress is not None else sys.stderr.isatty()
+        with tqdm(total=codes.numel(), unit="chunk", desc="contexts", disable=not show, leave=False) as bar:
+            for start in range(0, codes.numel(), batch_size):
+                batch = codes[start: start + batch_size]
+                self._fill(batch)
+                bar.update(batch.numel())
+        return int(self._table.shape[1])
+
+    def renumbered(self, codes: ChunkCodes) -> "ContextTable":
+        """A table for new chunk codes (a restored state's): a tensor graph's node rows
+        carry over (its node indices are the first codes of any numbering); any other
+        graph's rows depend on the numbering and start empty."""
+        table = ContextTable(self.neighborhoods.graph, codes, self.neighborhoods.radius, self._device,
+                             self.neighborhoods.capacity)
+        if self._indexed is not None:
+            kept = min(codes.graph_nodes, self._table.shape[0])
+            table._table = self._table[:kept].clone()
+            table._filled = self._filled[:kept].clone()
+        return table
+
+    def _fill(self, chunks: Tensor) -> None:
+        """Search and keep the rows of the ``(S,)`` chunk codes not filled yet (the table
+        grows to every code numbered so far, and to the widest row)."""
         size = len(self._codes)
         if self._table.shape[0] < size:
             grown = max(size, 2 * self._table.shape[0])
@@ -104,7 +165,6 @@ class ContextTable:
             # any other graph is asked again every time, as a session asks it
             # (new codes the neighbourhoods added get rows next time)
             self._filled[missing] = self.neighborhoods.batched
-        return self._table[chunks].long()
 
     def neighborhood_ids(self, chunk_ids: Sequence[str]) -> List[tuple]:
         """Each chunk's neighbourhood as chunk IDs (what built results read).

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 
 import torch
 
-from ..core.checks import check_finite, check_positive_int, check_sequence, describe
+from ..core.checks import check_chunk_id, check_finite, check_positive_int, check_sequence, describe
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
@@ -81,6 +81,10 @@ class MapMatchedServer:
         fixed_lag, context_radius, context_limit: as for
             :class:`~mapmatched_torch.MapMatchedRetriever` (validated the same way).
         neighborhood_cache: context neighbourhoods kept (an LRU, for tensor graphs).
+        turn_capacity: turns per session the tables start with (default 8; they double
+            when a session outgrows them, a step that pays a copy of the whole table,
+            and shrink back when long sessions close): a server that knows its
+            conversations' lengths sets it so no live step pays the growth.
 
     Every session lives in the server's
     :class:`~mapmatched_torch.serving.session_store.SessionStore` (tensors on ``device``);
@@ -134,6 +138,7 @@ class MapMatchedServer:
         context_radius: float = 1.0,
         context_limit: Optional[int] = None,
         neighborhood_cache: int = 65536,
+        turn_capacity: int = 8,
     ) -> None:
         self.retriever = retriever = MapMatchedRetriever(
             graph,
@@ -160,6 +165,7 @@ class MapMatchedServer:
             dtype=dtype,
             device=self.device,
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
+            turn_capacity=check_positive_int(turn_capacity, "turn_capacity"),
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
         # slot -> (the text of a query it stepped, its turn count right after): that query
@@ -175,6 +181,50 @@ class MapMatchedServer:
     def store(self) -> SessionStore:
         """The session store (its tensors, chunk codes and contexts)."""
         return self._store
+
+    @_serialized
+    def precompute_contexts(
+        self, chunk_ids: Optional[Sequence[str]] = None, *, batch_size: int = 4096, progress: Optional[bool] = None
+    ) -> int:
+        """Search the context neighbourhoods of every chunk now (a warm-up before serving).
+
+        A step's contexts read each decoded chunk's neighbourhood from a table of chunk
+        codes on the device, searched the first time the chunk is decoded
+        (:class:`~mapmatched_torch.serving.contexts.ContextTable`); after this call no
+        step pays that first visit. Results do not change, only when the searching is done.
+
+        Args:
+            chunk_ids: the chunks to prepare (default: every node of a tensor graph;
+                required for any other graph).
+            batch_size: neighbourhoods searched per batched call.
+            progress: a tqdm bar (None: only when stderr is a terminal).
+
+        Returns:
+            W, the widest neighbourhood kept: the table takes ``V x W`` int32 (V chunk codes).
+
+        Raises:
+            ValueError: the graph does not answer many neighbourhoods at once (an
+                immutable ``NeighborhoodGraph``, e.g. a ``TensorCorpusGraph``), so nothing
+                can be kept; ``chunk_ids`` is None for a graph that does not list its
+                nodes; or a chunk ID is not a non-empty str.
+        """
+        store = self._store
+        if chunk_ids is None:
+            if not implements(store.graph, TensorGraph):
+                raise MapMatchedValueError(
+                    "precompute_contexts needs chunk_ids for a graph that is not a tensor graph "
+                    "(only a tensor graph lists its nodes)"
+                )
+            codes = torch.arange(store.codes.graph_nodes, dtype=torch.long)
+        else:
+            if isinstance(chunk_ids, str):
+                raise MapMatchedTypeError("chunk_ids must be a sequence of chunk IDs, not one str")
+            ids = [check_chunk_id(chunk_id, "chunk_ids entry") for chunk_id in chunk_ids]
+            if not store.contexts.neighborhoods.batched:  # refused before any ID is numbered
+                codes = torch.zeros(0, dtype=torch.long)
+            else:
+                codes = torch.tensor(store.codes.codes(ids), dtype=torch.long)
+        return store.contexts.precompute(codes, batch_size=batch_size, progress=progress)
 
     # ------------------------------------------------------------- sessions
 

@@ -123,7 +123,8 @@ class SessionStore:
         emission_weight, transition_weight, fixed_lag: lambda, beta and the lag.
         score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
         context_radius, context_limit: the contexts' neighbourhood radius and cut.
-        capacity: initial slots. dtype, device: of the dynamic program.
+        capacity: initial slots. turn_capacity: initial turns per slot (grows by
+        doubling, shrinks back to it). dtype, device: of the dynamic program.
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class SessionStore:
         dtype: torch.dtype = torch.float64,
         device: Optional[torch.device] = None,
         neighborhood_cache: int = 65536,
+        turn_capacity: int = 8,
     ) -> None:
         self.graph = graph
         self.codes = ChunkCodes(graph)
@@ -150,6 +152,7 @@ class SessionStore:
             transition_weight=transition_weight,
             fixed_lag=fixed_lag,
             capacity=capacity,
+            turn_capacity=turn_capacity,
             dtype=dtype,
             device=device,
             payload=_PAYLOAD,
@@ -406,9 +409,7 @@ class SessionStore:
         self.decoder.load_state_dict(state["decoder"], also_check=check)
         # new objects, not edits: results handed out before keep reading the old ones
         self.codes = codes
-        self.contexts = ContextTable(
-            self.graph, codes, self.contexts.neighborhoods.radius, self.device, self.contexts.neighborhoods.capacity
-        )
+        self.contexts = self.contexts.renumbered(codes)
         live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
         decoder_state = state["decoder"]
         live[: decoder_state["allocated"]] = True

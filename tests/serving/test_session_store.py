@@ -274,3 +274,91 @@ def test_name_rows_beside_a_step_that_numbers_new_ids():
     assert codes.name_rows(torch.tensor([[0, 1]])) == [("x0", "x1")]
     assert Interleaved.fired
     assert codes.name_rows(torch.tensor([[2, 0]])) == [("x-new", "x0")]
+
+
+def _contexts_of_steps(server, plan):
+    """Each planned step's context codes (one step of sessions s0, s1, s2 per plan entry)."""
+    keys = ["s0", "s1", "s2"]
+    for key in keys:
+        server.open(key)
+    found = []
+    for turns in plan:
+        codes, raw = turn_tensors(server, turns)
+        found.append(server.step_slots(server.slots(keys), codes, raw).contexts.tolist())
+    return found
+
+
+@pytest.mark.parametrize("context_limit", [None, 3])
+def test_precomputed_contexts_equal_contexts_searched_on_first_visit(context_limit, monkeypatch):
+    rng = random.Random(7)
+    graph = TensorCorpusGraph.from_graph(make_graph(3))
+    plan = [[random_turn(rng) for _ in range(3)] for _ in range(6)]
+    options = {"candidate_limit": 5, "context_radius": 1.5, "context_limit": context_limit}
+    expected = _contexts_of_steps(MapMatchedServer(graph, **options), plan)
+    server = MapMatchedServer(graph, **options)
+    width = server.precompute_contexts()
+    assert width == server.store.contexts.rows(torch.arange(len(NODES))).shape[1] > 0
+
+    def searched(*args, **kwargs):
+        raise AssertionError("a step searched a neighbourhood after precompute_contexts")
+
+    monkeypatch.setattr(TensorCorpusGraph, "_ordered_balls", searched)  # what every neighbourhood search runs
+    assert _contexts_of_steps(server, plan) == expected
+
+
+def test_precomputed_contexts_survive_a_restored_state(monkeypatch):
+    rng = random.Random(8)
+    graph = TensorCorpusGraph.from_graph(make_graph(4))
+    plan = [[random_turn(rng) for _ in range(3)] for _ in range(4)]
+    server = MapMatchedServer(graph, candidate_limit=5)
+    server.precompute_contexts()
+    _contexts_of_steps(server, plan[:2])  # numbers the ghost chunk too
+    state = server.state_dict()
+    reference = MapMatchedServer(graph, candidate_limit=5)
+    reference.load_state_dict(state)
+    turns = plan[2]
+    codes, raw = turn_tensors(reference, turns)
+    expected = reference.step_slots(reference.slots(["s0", "s1", "s2"]), codes, raw).contexts.tolist()
+
+    def searched(*args, **kwargs):
+        raise AssertionError("a restored server searched a neighbourhood it had precomputed")
+
+    server.load_state_dict(state)
+    monkeypatch.setattr(TensorCorpusGraph, "_ordered_balls", searched)  # what every neighbourhood search runs
+    codes, raw = turn_tensors(server, turns)
+    assert server.step_slots(server.slots(["s0", "s1", "s2"]), codes, raw).contexts.tolist() == expected
+
+
+def test_precompute_contexts_refuses_what_it_cannot_keep():
+    plain = make_graph()
+    with pytest.raises(ValueError, match="NeighborhoodGraph"):
+        MapMatchedServer(plain).precompute_contexts(["n0"])
+    server = MapMatchedServer(TensorCorpusGraph.from_graph(plain))
+    with pytest.raises(ValueError, match="sequence of chunk IDs"):
+        server.precompute_contexts("n0")
+    with pytest.raises(ValueError, match="non-empty"):
+        server.precompute_contexts(["n0", ""])
+    with pytest.raises(ValueError, match="chunk codes in"):
+        server.store.contexts.precompute(torch.tensor([len(server.store.codes)]))
+    # chunk IDs the graph does not know get a code and an empty neighbourhood
+    assert server.precompute_contexts(["n1", "ghost"]) >= 1
+    assert server.store.contexts.rows(torch.tensor(server.store.codes.codes(["ghost"]))).eq(-1).all()
+
+
+def test_a_turn_capacity_set_ahead_is_never_grown_nor_shrunk_below():
+    graph = InMemoryCorpusGraph([("a", "b"), ("b", "c")])
+    server = MapMatchedServer(graph, candidate_limit=2, turn_capacity=16)
+    decoder = server.store.decoder
+    server.open("long"), server.open("short")
+    turn = [ScoredCandidate("a", 1.0), ScoredCandidate("b", 0.0)]
+    for _ in range(16):
+        server.step({"long": turn})
+    assert decoder.turn_capacity == 16  # 16 turns fit: no growth
+    for _ in range(60):
+        server.step({"long": turn})
+    assert decoder.turn_capacity == 128
+    server.step({"short": turn})
+    server.close("long")
+    assert decoder.turn_capacity == 16  # back to the initial capacity, not below
+    with pytest.raises(ValueError, match="turn_capacity"):
+        MapMatchedServer(graph, turn_capacity=0)
