@@ -39,7 +39,11 @@ def main() -> int:
     generator = torch.Generator().manual_seed(0)
     ids, embeddings, graph = corpus(generator)
     provider = DenseProvider(embeddings, ids, metric="cosine")
-    server = MapMatchedServer(graph, candidate_limit=8, fixed_lag=2, transition_weight=0.5)
+    # turn_capacity: the session tables start with room for 16 turns (no table growth in
+    # a live step before then); precompute_contexts: every context neighbourhood is
+    # searched now, before serving, not when a chunk is first decoded
+    server = MapMatchedServer(graph, candidate_limit=8, fixed_lag=2, transition_weight=0.5, turn_capacity=16)
+    server.precompute_contexts()
     node_of = graph.index(ids)  # the provider's rows -> the graph's node indices
     reading = {}  # user -> index of the passage the user is reading
     served = failed = 0

@@ -712,6 +712,14 @@ class SlotDecoder:
         self._free = list(state["free"])
         self._allocated = int(state["allocated"])
         self._undo = None
+        # this table's turn capacities are its initial one times powers of two (what it grows
+        # and shrinks through): a state saved by a table of another initial capacity moves to
+        # the smallest of them that holds it, so growth and shrinking behave as if built here
+        turns = self.initial_turn_capacity
+        while turns < self.turn_capacity:
+            turns *= 2
+        if turns != self.turn_capacity:
+            self._resize(self.capacity, turns)
 
 
 def _checksum(state: Dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ first time a chunk is decoded, so a step's contexts are a gather and a de-duplic
 from __future__ import annotations
 
 import sys
+import threading
 from collections import OrderedDict
 from typing import List, Optional, Sequence
 
@@ -75,6 +76,10 @@ class ContextTable:
     graph is asked for the rows a step needs every time.
 
     Memory: ``V x W`` int32 (V: chunk codes seen, W: the widest neighbourhood read).
+
+    Thread safety: the server steps one batch at a time, but results are read from
+    other threads (their contexts fill rows too), so every read and fill of the table
+    holds one lock of the table's.
     """
 
     def __init__(self, graph: CorpusGraph, codes: ChunkCodes, radius: float, device: torch.device, cache: int) -> None:
@@ -86,12 +91,24 @@ class ContextTable:
         self._graph_device = graph.device if tensor_graph else None
         self._table = torch.full((0, 1), -1, dtype=torch.int32, device=self._device)
         self._filled = torch.zeros(0, dtype=torch.bool, device=self._device)
+        # a fill replaces the table when it grows or widens: a row written into the old one
+        # meanwhile (another thread's fill) would be lost but marked filled
+        self._lock = threading.RLock()
 
     def rows(self, chunks: Tensor) -> Tensor:
         """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);
         rows not filled yet are asked of the graph in one batched call."""
-        self._fill(chunks)
-        return self._table[chunks].long()
+        with self._lock:
+            self._fill(chunks)
+            return self._table[chunks].long()
+
+    def check_keepable(self) -> None:
+        """Raise unless rows are kept (:meth:`precompute` needs that)."""
+        if not self.neighborhoods.batched:
+            raise MapMatchedValueError(
+                "precomputed contexts need a graph that answers many neighbourhoods at once (an immutable "
+                "NeighborhoodGraph, e.g. a TensorCorpusGraph); this graph is asked every step, as a session asks it"
+            )
 
     def precompute(self, codes: Tensor, *, batch_size: int = 4096, progress: Optional[bool] = None) -> int:
         """Fill the rows of ``(R,)`` chunk codes now (a server's warm-up), so no later
@@ -103,18 +120,15 @@ class ContextTable:
             progress: a tqdm bar (None: only when stderr is a terminal).
 
         Returns:
-            W, the table's width afterwards (memory: ``V x W`` int32).
+            W, the table's width afterwards (memory: ``V x W`` int32; every step's
+            context gather reads rows this wide).
 
         Raises:
-            ValueError: the graph does not answer many neighbourhoods at once (an
-                immutable :class:`~mapmatched_torch.graph.NeighborhoodGraph`), so its
-                rows are never kept.
+            ValueError: rows of this graph are never kept: it is not an immutable
+                :class:`~mapmatched_torch.graph.NeighborhoodGraph` (one that answers many
+                neighbourhoods at once, e.g. a tensor graph).
         """
-        if not self.neighborhoods.batched:
-            raise MapMatchedValueError(
-                "precomputed contexts need a graph that answers many neighbourhoods at once (a NeighborhoodGraph, "
-                "e.g. a TensorCorpusGraph); any other graph is asked every step, as a session asks it"
-            )
+        self.check_keepable()
         batch_size = check_positive_int(batch_size, "batch_size")
         codes = codes.to(self._device, torch.long).view(-1)
         if codes.numel() and not (0 <= int(codes.min()) and int(codes.max()) < len(self._codes)):
@@ -126,7 +140,8 @@ class ContextTable:
         with tqdm(total=codes.numel(), unit="chunk", desc="contexts", disable=not show, leave=False) as bar:
             for start in range(0, codes.numel(), batch_size):
                 batch = codes[start: start + batch_size]
-                self._fill(batch)
+                with self._lock:  # per batch: result reads in other threads wait one batch at most
+                    self._fill(batch)
                 bar.update(batch.numel())
         return int(self._table.shape[1])
 
@@ -137,14 +152,16 @@ class ContextTable:
         table = ContextTable(self.neighborhoods.graph, codes, self.neighborhoods.radius, self._device,
                              self.neighborhoods.capacity)
         if self._indexed is not None:
-            kept = min(codes.graph_nodes, self._table.shape[0])
-            table._table = self._table[:kept].clone()
-            table._filled = self._filled[:kept].clone()
+            with self._lock:
+                kept = min(codes.graph_nodes, self._table.shape[0])
+                table._table = self._table[:kept].clone()
+                table._filled = self._filled[:kept].clone()
         return table
 
     def _fill(self, chunks: Tensor) -> None:
         """Search and keep the rows of the ``(S,)`` chunk codes not filled yet (the table
-        grows to every code numbered so far, and to the widest row)."""
+        grows to every code numbered so far, and to the widest row); the caller holds
+        the lock."""
         size = len(self._codes)
         if self._table.shape[0] < size:
             grown = max(size, 2 * self._table.shape[0])
@@ -173,7 +190,8 @@ class ContextTable:
         searched once for its contexts and its results alike; any other graph answers
         through :class:`NeighborhoodCache`."""
         if self._indexed is None:
-            return self.neighborhoods.get(chunk_ids)
+            with self._lock:  # the LRU is an OrderedDict: one reader or writer at a time
+                return self.neighborhoods.get(chunk_ids)
         codes = torch.tensor(self._codes.codes(chunk_ids), dtype=torch.long, device=self._device)
         names = self._codes.names
         return [tuple(names([code for code in row if code >= 0])) for row in self.rows(codes).tolist()]

@@ -203,12 +203,13 @@ class MapMatchedServer:
             W, the widest neighbourhood kept: the table takes ``V x W`` int32 (V chunk codes).
 
         Raises:
-            ValueError: the graph does not answer many neighbourhoods at once (an
-                immutable ``NeighborhoodGraph``, e.g. a ``TensorCorpusGraph``), so nothing
-                can be kept; ``chunk_ids`` is None for a graph that does not list its
-                nodes; or a chunk ID is not a non-empty str.
+            ValueError: rows of this graph are never kept (it is not an immutable
+                ``NeighborhoodGraph``, one that answers many neighbourhoods at once, e.g. a
+                ``TensorCorpusGraph``); ``chunk_ids`` is None for a graph that does not
+                list its nodes; or a chunk ID is not a non-empty str.
         """
         store = self._store
+        store.contexts.check_keepable()  # before any chunk ID is numbered
         if chunk_ids is None:
             if not implements(store.graph, TensorGraph):
                 raise MapMatchedValueError(
@@ -220,10 +221,7 @@ class MapMatchedServer:
             if isinstance(chunk_ids, str):
                 raise MapMatchedTypeError("chunk_ids must be a sequence of chunk IDs, not one str")
             ids = [check_chunk_id(chunk_id, "chunk_ids entry") for chunk_id in chunk_ids]
-            if not store.contexts.neighborhoods.batched:  # refused before any ID is numbered
-                codes = torch.zeros(0, dtype=torch.long)
-            else:
-                codes = torch.tensor(store.codes.codes(ids), dtype=torch.long)
+            codes = torch.tensor(store.codes.codes(ids), dtype=torch.long)
         return store.contexts.precompute(codes, batch_size=batch_size, progress=progress)
 
     # ------------------------------------------------------------- sessions

@@ -490,9 +490,14 @@ def test_payload_grows_undoes_and_saves_with_the_table():
     assert decoder.payload("mark")[0, :4].tolist() == [2, 2, 2, -1] and decoder.length(0) == 3 and decoder.length(1) == 4
     decoder.undo_last()
     assert decoder.payload("codes")[1, 3].tolist() == [-1, -1] and decoder.length(1) == 3
-    again = SlotDecoder(2, payload=payload)
+    again = SlotDecoder(2, payload=payload)  # its initial turn capacity, 8, is above the saved 4
     again.load_state_dict(saved)
-    assert torch.equal(again.payload("codes"), decoder.payload("codes"))
+    assert again.turn_capacity == 8 and decoder.turn_capacity == 4
+    assert torch.equal(again.payload("codes")[:, :4], decoder.payload("codes"))
+    assert (again.payload("codes")[:, 4:] == -1).all() and torch.equal(again.payload("mark")[:, :4], decoder.payload("mark"))
+    same = SlotDecoder(2, turn_capacity=1, payload=payload)  # built as the saved table was: loaded as saved
+    same.load_state_dict(saved)
+    assert same.state_dict()["checksum"] == saved["checksum"]
     with pytest.raises(ValueError, match="configuration differs"):
         SlotDecoder(2).load_state_dict(saved)
     decoder.release(0)

@@ -331,8 +331,11 @@ def test_precomputed_contexts_survive_a_restored_state(monkeypatch):
 
 def test_precompute_contexts_refuses_what_it_cannot_keep():
     plain = make_graph()
-    with pytest.raises(ValueError, match="NeighborhoodGraph"):
-        MapMatchedServer(plain).precompute_contexts(["n0"])
+    for chunk_ids in (["n0"], None):  # the real reason first, not "pass chunk_ids"
+        server = MapMatchedServer(plain)
+        with pytest.raises(ValueError, match="never kept|asked every step"):
+            server.precompute_contexts(chunk_ids)
+        assert len(server.store.codes) == 0  # nothing numbered
     server = MapMatchedServer(TensorCorpusGraph.from_graph(plain))
     with pytest.raises(ValueError, match="sequence of chunk IDs"):
         server.precompute_contexts("n0")
@@ -362,3 +365,75 @@ def test_a_turn_capacity_set_ahead_is_never_grown_nor_shrunk_below():
     assert decoder.turn_capacity == 16  # back to the initial capacity, not below
     with pytest.raises(ValueError, match="turn_capacity"):
         MapMatchedServer(graph, turn_capacity=0)
+
+
+def test_a_precompute_racing_result_reads_in_another_thread_keeps_every_row():
+    """A fill that grew or widened the table replaced it while another thread wrote a
+    row into the old one: that row was lost but marked filled, so every later step's
+    contexts for its chunk were wrong. Found by a reviewer; 5 of 10 trials failed."""
+    import threading
+
+    rng = random.Random(0)
+    nodes = [f"c{i}" for i in range(1500)]
+    edges = [(nodes[i], nodes[i + 1], 1.0) for i in range(len(nodes) - 1)]
+    edges += [(rng.choice(nodes), rng.choice(nodes), rng.uniform(0.2, 2.0)) for _ in range(4 * len(nodes))]
+    graph = TensorCorpusGraph.from_graph(InMemoryCorpusGraph([e for e in edges if e[0] != e[1]], maximum_distance=3.0))
+    reference = MapMatchedServer(graph, context_radius=1.5)
+    reference.precompute_contexts()
+    expected = reference.store.contexts.rows(torch.arange(len(nodes)))
+    for trial in range(6):
+        server = MapMatchedServer(graph, context_radius=1.5)
+        table = server.store.contexts
+        order = list(range(len(nodes)))
+        rng.shuffle(order)
+        failures = []
+
+        def reader():
+            try:
+                for start in range(0, len(order), 7):
+                    table.rows(torch.tensor(order[start: start + 7]))
+            except Exception as error:  # pragma: no cover - reported below
+                failures.append(error)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        server.precompute_contexts(batch_size=64)
+        thread.join()
+        assert not failures
+        got = table.rows(torch.arange(len(nodes)))
+        assert got.shape == expected.shape and torch.equal(got, expected), f"trial {trial}"
+
+
+def test_a_restored_table_keeps_this_servers_turn_capacity():
+    """load_state_dict took the saved table's turn capacity: a server built with
+    turn_capacity=16 given a state saved with 8 doubled in a live step, and one saved
+    with 3 loaded into 64 could never shrink back (96 turns). Found by a reviewer."""
+    graph = InMemoryCorpusGraph([("a", "b"), ("b", "c")])
+    turn = [ScoredCandidate("a", 1.0), ScoredCandidate("b", 0.0)]
+    small = MapMatchedServer(graph, candidate_limit=2)
+    small.open("x")
+    small.step({"x": turn})
+    server = MapMatchedServer(graph, candidate_limit=2, turn_capacity=16)
+    server.load_state_dict(small.state_dict())
+    decoder = server.store.decoder
+    assert decoder.turn_capacity == 16
+    for _ in range(15):
+        server.step({"x": turn})
+    assert decoder.turn_capacity == 16 and server.turn_count("x") == 16
+    odd = MapMatchedServer(graph, candidate_limit=2, turn_capacity=3)
+    odd.open("long"), odd.open("short")
+    for _ in range(40):  # 3 -> 6 -> ... -> 48
+        odd.step({"long": turn})
+    odd.step({"short": turn})
+    restored = MapMatchedServer(graph, candidate_limit=2, turn_capacity=64)
+    restored.load_state_dict(odd.state_dict())
+    assert restored.store.decoder.turn_capacity == 64
+    assert restored.path("long") == odd.path("long")
+    for _ in range(30):  # past 64 turns: 128
+        restored.step({"long": turn})
+        odd.step({"long": turn})
+    assert restored.store.decoder.turn_capacity == 128 and restored.path("long") == odd.path("long")
+    restored.close("long")
+    assert restored.store.decoder.turn_capacity == 64  # back to its own initial capacity
+    again = restored.step({"short": turn})[0]["short"]
+    assert again == odd.step({"short": turn})[0]["short"]
