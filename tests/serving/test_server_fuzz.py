@@ -3,7 +3,8 @@
 One server is driven with random operations (open, close, reopen into a reused slot,
 ``step`` / ``step_indexed`` / ``step_slots`` mixed on the same server, reads of old
 results, ``path`` / ``trace`` / ``turn_count``, a ``state_dict`` round trip through
-``torch.save`` / ``torch.load(weights_only=True)`` into a fresh server), and beside it
+``torch.save`` / ``torch.load(weights_only=True)`` into a fresh server; random initial
+turn capacities and precomputed contexts), and beside it
 one independent :class:`MapMatchedSession` per open session: the oracle. Every
 success must equal the session's result exactly, and every failure must fail in the
 session too, with the same exception type and message, leaving both unchanged.
@@ -93,14 +94,20 @@ class Fuzz:
         self.standalone = make_graph(seed)
         self.graph = TensorCorpusGraph.from_graph(self.standalone) if kind == "tensor" else self.standalone
         self.options = dict(candidate_limit=LIMIT, **options)
+        self.pool = NODES + GHOSTS
         self.server = self.new_server()
         self.sessions = {}  # open session ID -> oracle session
-        self.pool = NODES + GHOSTS
         self.old = []  # (StepResults, key, expected result) to read again later
         self.ids = 0
 
     def new_server(self):
-        return MapMatchedServer(self.graph, capacity=2, **self.options)
+        """A server with a random initial turn capacity (small ones grow and shrink often;
+        a restored server's may differ from the saved one's), its contexts precomputed
+        half the time where the graph keeps them."""
+        server = MapMatchedServer(self.graph, capacity=2, turn_capacity=self.rng.choice([1, 2, 3, 8]), **self.options)
+        if isinstance(self.graph, TensorCorpusGraph) and self.rng.random() < 0.5:
+            server.precompute_contexts(self.pool if self.rng.random() < 0.5 else None)
+        return server
 
     # ------------------------------------------------------------ operations
 
