@@ -27,7 +27,11 @@ switches.
 Why not the CRF likelihood: the mix changes which passages are candidates at all (the
 mixed query is searched again), which a likelihood over fixed candidate sets cannot
 see; the whole-corpus softmax scores every passage the mixed query could retrieve.
-Cost per evaluation: O(N P D) for N turns, P passages (one (N, P) logit matrix).
+Cost per evaluation: O(N P D) for N turns, P passages. Memory: the (N, P) logits are
+made a block of turns at a time (about :data:`LOGIT_BLOCK` entries each, the gradient
+accumulated block by block), so a large corpus costs time, not an (N, P) matrix and
+its autograd buffers at once; with one block (INSCIT dev's size) the evaluation is the
+plain one.
 """
 
 from __future__ import annotations
@@ -43,7 +47,12 @@ from ..core.checks import check_nonnegative_int, check_positive_finite, check_we
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..providers.query_mixing import QueryMixing, mixed_queries
 
-__all__ = ["QueryMixingFit", "query_mixing_loss", "cosine_statistics", "source_weights", "fit_query_mixing"]
+__all__ = ["QueryMixingFit", "query_mixing_loss", "cosine_statistics", "source_weights", "fit_query_mixing",
+           "LOGIT_BLOCK"]
+
+#: Logit entries (turns x passages) per block of the fit's loss evaluation: 4M float64
+#: logits, 32 MB, with their autograd buffers a few times that.
+LOGIT_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -238,25 +247,40 @@ def fit_query_mixing(
     single = count == 1
     mean_arg, std_arg = (means[0], stds[0]) if single else (means, stds)
 
-    def objective() -> Tensor:
+    rows = len(queries)
+    block = max(1, LOGIT_BLOCK // max(1, passages.shape[0]))
+
+    def objective(backward: bool) -> Tensor:
+        """The loss, block by block of turns (each block's share of the mean is
+        back-propagated at once when ``backward``: no graph over all N x P logits)."""
         # a held temperature gets no gradient, so LBFGS never moves it
         values = parameters if fit_temperature else torch.cat([parameters[:-1], parameters[-1:].detach()])
-        loss = query_mixing_loss(queries, contexts, relevant, passages, values, mean_arg, std_arg, present)
-        return loss + l2 * (ridge * parameters.square()).sum()
+        total = torch.zeros((), dtype=double, device=device)
+        for start in range(0, rows, block):
+            part = slice(start, start + block)
+            loss = query_mixing_loss(queries[part], contexts[part], relevant[part], passages, values, mean_arg, std_arg,
+                                     None if present is None else present[part])
+            if rows > block:  # (one block: the plain mean, bit for bit)
+                loss = loss * (min(rows, start + block) - start) / rows
+            if backward:
+                loss.backward()
+            total = total + loss.detach()
+        penalty = l2 * (ridge * parameters.square()).sum()
+        if backward:
+            penalty.backward()
+        return total + penalty.detach()
 
     with torch.no_grad():
-        initial_loss = float(objective())
+        initial_loss = float(objective(backward=False))
     optimizer = torch.optim.LBFGS([parameters], lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe")
 
     def closure() -> Tensor:
         optimizer.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
+        return objective(backward=True)
 
     optimizer.step(closure)
     with torch.no_grad():
-        loss = float(objective())
+        loss = float(objective(backward=False))
         weights = source_weights(parameters.detach()[:-1].reshape(count, 3)[:, 0]).tolist()
     values = parameters.detach().tolist()
     if not all(math.isfinite(v) for v in values) or not math.isfinite(loss):

@@ -231,3 +231,25 @@ def test_previous_query_flags_are_checked_and_unknown_rows_are_never_read():
     both = QueryMixing(0.3, query_mix_weight=0.3)
     assert torch.equal(both.apply(queries, contexts, previous_queries=poisoned, has_previous_query=known),
                        both.apply(queries, contexts, previous_queries=clean, has_previous_query=known))
+
+
+@pytest.mark.parametrize("block", [1, 7, 64])
+def test_a_fit_evaluated_block_by_block_equals_the_whole_matrix_fit(block, monkeypatch):
+    # the (N, P) logits are made a block of turns at a time on a large corpus: the loss
+    # and gradient are the same mean (to rounding), so the fit lands on the same gates
+    from mapmatched_torch.fit import query_mixing as module
+
+    generator, corpus, queries, contexts = _problem(300, 40, 6, seed=8)
+    previous = _unit(torch.randn(300, 6, generator=generator, dtype=torch.float64))
+    relevant = torch.zeros(300, 40, dtype=torch.bool)
+    relevant[torch.arange(300), torch.randint(40, (300,), generator=generator)] = True
+    known = torch.rand(300, generator=generator) < 0.8
+    options = dict(previous_queries=previous, has_previous_query=known, iterations=30, l2=0.01)
+    whole = fit_query_mixing(queries, contexts, relevant, corpus, **options)
+    monkeypatch.setattr(module, "LOGIT_BLOCK", block * corpus.shape[0])  # `block` turns per block
+    blocked = fit_query_mixing(queries, contexts, relevant, corpus, **options)
+    assert blocked.initial_loss == pytest.approx(whole.initial_loss, rel=1e-12)
+    assert blocked.loss == pytest.approx(whole.loss, rel=1e-9)
+    for name, value in whole.mixing.to_dict().items():
+        assert getattr(blocked.mixing, name) == pytest.approx(value, rel=1e-5, abs=1e-7), name
+    assert blocked.temperature == pytest.approx(whole.temperature, rel=1e-5)
