@@ -888,6 +888,8 @@ def _fit_gated_model(cands: Candidates, normalized: Tensor, distances: Tensor, r
         raise MethodUnavailable(f"{what} has no training turn with a relevant candidate")
     # shape: (B, T-1, M): the moves the standardization reads (real source, real next turn)
     sources = mask[:, :-1] & mask[:, 1:].any(dim=-1, keepdim=True)
+    if not bool(sources.any()):
+        raise MethodUnavailable(f"{what} has no move to learn from (every training conversation has one turn)")
     gate = GatedTransitions(1.0, num_features=1, calibrate=calibrate, cap=maximum_distance, device=mask.device)
     gate.standardize_(features, sources)
     model = MapMatchedModel(1.0, transition_model=gate, device=mask.device)

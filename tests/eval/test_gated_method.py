@@ -131,3 +131,25 @@ def test_gated_uses_the_query_embeddings_of_a_dataset(fixtures):
     assert bool((inputs.query_embeddings[~inputs.candidates.valid] == 0).all())
     result = evaluate(inputs, EvalConfig(methods=("pointwise", "gated"), betas=(0.5,), n_bootstrap=0, progress=False))
     assert result.method(KEY).params["feature"] == "query-source cosine"
+
+
+def _one_turn_outside_fold_zero(inputs):
+    """The same conversations, but those outside fold 0 keep only their first turn."""
+    cands = inputs.candidates
+    fold = cross_fitting_folds(cands.shape[0], 2, 0)
+    keep = (fold == 0)[:, None, None] | (torch.arange(cands.shape[1]) == 0)[None, :, None]
+    mask = cands.mask & keep
+    truncated = Candidates(cands.index.masked_fill(~mask, -1), cands.scores.masked_fill(~mask, 0.0), mask)
+    rows = truncated.valid[cands.valid]  # the qrels rows of the turns that stay
+    qrels = SparseQrels(inputs.qrels.ids[rows], inputs.qrels.grades[rows])
+    return dataclasses.replace(inputs, candidates=truncated, qrels=qrels)
+
+
+def test_a_fold_whose_training_conversations_all_have_one_turn_skips_the_method(synthetic_inputs):
+    # fold 0 is fitted on fold 1, which has no move left: the method is skipped with the
+    # reason (it used to stop the whole evaluation with standardize_'s error)
+    inputs = _one_turn_outside_fold_zero(synthetic_inputs)
+    config = EvalConfig(methods=("pointwise", "gated"), betas=(0.5,), n_bootstrap=0, progress=False)
+    result = evaluate(inputs, config)
+    assert "gated" in result.skipped and "has no move to learn from" in result.skipped["gated"]
+    assert "pointwise" in [m.method for m in result.methods]
