@@ -1118,10 +1118,101 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
     passage's graph neighbours added to the candidates, were measured and not kept:
     README.)
     """
-    from ..fit.query_mixing import fit_query_mixing
     from ..providers.dense import DenseProvider
     from .candidates import retrieve_online
     from .distances import CorpusDistances
+
+    ranking = _gated_ranking(options)  # checked before any fit
+    folds = _mixing_folds(inputs, options)
+    cands = inputs.candidates
+    device = cands.mask.device
+    queries, passages = inputs.query_embeddings.to(device), inputs.passage_embeddings.to(device)
+    lookup = CorpusDistances(inputs.graph, inputs.passage_ids) if gated else None
+    provider = DenseProvider(passages, inputs.passage_ids, metric="inner_product", device=device) if gated else None
+    out = torch.full_like(cands.index, -1)
+    params = []
+    for held_out, (fit, mixed) in enumerate(zip(folds.fits, folds.retrieved)):
+        train = folds.fold != held_out
+        fold_params: Dict[str, Any] = {
+            "mixing": {**fit.mixing.to_dict(), "temperature": fit.temperature, "turns": fit.turns}}
+        held = ~train
+        normalized = normalize_candidate_scores(mixed.scores, mixed.mask, options.score_normalization)
+        if not gated:
+            out[held] = gather_passages(mixed.index, pointwise_order(normalized, mixed.mask))[held]
+        else:
+            rows = train.nonzero().flatten()
+            model = _fit_gated_model(
+                mixed.select(rows), normalized[rows], lookup.consecutive(mixed.index[rows]),
+                relevant_candidates(mixed, inputs.qrels)[rows], gate_features(mixed, normalized, queries, passages)[rows],
+                lookup.maximum_distance, options, f"the mixed+gated fit of fold {held_out}",
+            )
+            decoder = _GatedOnlineDecoder(model, lookup, queries, passages, options.score_normalization, ranking)
+            online = retrieve_online(queries, cands.valid, provider, cands.shape[2], fit.mixing, passages, decoder)
+            out[held] = gather_passages(online.index, decoder.order)[held]
+            fold_params["transitions"] = _gated_params(model)
+        params.append(fold_params)
+    return MixedState(folds.fold, out, tuple(params))
+
+
+class _MixingFolds(NamedTuple):
+    """The cross-fitted mixing gates both mixed methods start from (:func:`_mixing_folds`).
+
+    Attributes:
+        fold: (B,) long, the cross-fitting fold of each conversation.
+        fits: one :class:`~mapmatched_torch.fit.query_mixing.QueryMixingFit` per held-out
+            fold, fitted on the other folds.
+        retrieved: per held-out fold, every conversation retrieved online with that
+            fold's gate, each turn's context the previous turn's pointwise top passage
+            (:class:`Candidates` (B, T, M)).
+    """
+
+    fold: Tensor
+    fits: Tuple[Any, ...]
+    retrieved: Tuple[Candidates, ...]
+
+
+#: The options the mixing fits read (besides the seed and the folds): the cache key.
+_MIXING_OPTIONS = ("mixing_rounds", "mixing_iterations", "mixing_l2", "mixing_context", "mixing_temperature")
+
+#: The last :func:`_mixing_folds` result: ``[(weakref to the inputs, key, result or
+#: MethodUnavailable)]``; ``mixed`` and ``mixed+gated`` of one evaluation share it.
+_LAST_MIXING_FOLDS: List[Tuple[Any, Any, Any]] = []
+
+
+def _mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
+    """The mixing gates of every held-out fold, fitted once per inputs and options.
+
+    ``mixed`` and ``mixed+gated`` fit the same gates on the same folds (steps 1 and 2
+    of :func:`_prepare_mixed`); the second asks for them again with the same inputs
+    object and options and gets the first's result (its failure too), so an evaluation
+    running both pays for the corpus-wide fits once.
+
+    Raises:
+        MethodUnavailable: no embeddings, too few conversations or turns, or a fit failed.
+    """
+    import weakref
+
+    key = (options.seed, options.fit_folds, tuple(repr(options.extra.get(name)) for name in _MIXING_OPTIONS))
+    if _LAST_MIXING_FOLDS:
+        held, held_key, result = _LAST_MIXING_FOLDS[0]
+        if held() is inputs and held_key == key:
+            if isinstance(result, MethodUnavailable):
+                raise MethodUnavailable(*result.args)
+            return result
+    try:
+        result = _fit_mixing_folds(inputs, options)
+    except MethodUnavailable as error:
+        _LAST_MIXING_FOLDS[:] = [(weakref.ref(inputs), key, error)]
+        raise
+    _LAST_MIXING_FOLDS[:] = [(weakref.ref(inputs), key, result)]
+    return result
+
+
+def _fit_mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
+    """:func:`_mixing_folds` without the cache."""
+    from ..fit.query_mixing import fit_query_mixing
+    from ..providers.dense import DenseProvider
+    from .candidates import retrieve_online
 
     queries, passages = getattr(inputs, "query_embeddings", None), inputs.passage_embeddings
     if queries is None or passages is None:
@@ -1144,15 +1235,12 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
     temperature = {} if held_temperature is None else {
         "temperature": check_positive_finite(held_temperature, "the method option mixing_temperature (None: fitted)"),
         "fit_temperature": False}
-    ranking = _gated_ranking(options)  # checked before any fit
     provider = DenseProvider(passages, inputs.passage_ids, metric="inner_product", device=device)
     queries, passages = queries.to(device), passages.to(device)
-    lookup = CorpusDistances(inputs.graph, inputs.passage_ids) if gated else None
     valid = cands.valid
     relevant = relevant_passages(valid, inputs.qrels, len(inputs.passage_ids))
     fold = cross_fitting_folds(batch, folds, options.seed).to(device)
-    out = torch.full_like(cands.index, -1)
-    params = []
+    fits, retrieved = [], []
     for held_out in range(folds):
         train = fold != held_out
         decoded, fit = cands.index[:, :, 0], None
@@ -1165,27 +1253,9 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
                 raise MethodUnavailable(f"the query-mixing fit of fold {held_out} failed: {error}") from None
             mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded)
             decoded = mixed.index[:, :, 0]
-        fold_params: Dict[str, Any] = {
-            "mixing": {**fit.mixing.to_dict(), "temperature": fit.temperature, "turns": fit.turns}}
-        held = ~train
-        if not gated:
-            order = pointwise_order(normalize_candidate_scores(mixed.scores, mixed.mask, options.score_normalization),
-                                    mixed.mask)
-            out[held] = gather_passages(mixed.index, order)[held]
-        else:
-            normalized = normalize_candidate_scores(mixed.scores, mixed.mask, options.score_normalization)
-            rows = train.nonzero().flatten()
-            model = _fit_gated_model(
-                mixed.select(rows), normalized[rows], lookup.consecutive(mixed.index[rows]),
-                relevant_candidates(mixed, inputs.qrels)[rows], gate_features(mixed, normalized, queries, passages)[rows],
-                lookup.maximum_distance, options, f"the mixed+gated fit of fold {held_out}",
-            )
-            decoder = _GatedOnlineDecoder(model, lookup, queries, passages, options.score_normalization, ranking)
-            online = retrieve_online(queries, valid, provider, width, fit.mixing, passages, decoder)
-            out[held] = gather_passages(online.index, decoder.order)[held]
-            fold_params["transitions"] = _gated_params(model)
-        params.append(fold_params)
-    return MixedState(fold, out, tuple(params))
+        fits.append(fit)
+        retrieved.append(mixed)
+    return _MixingFolds(fold, tuple(fits), tuple(retrieved))
 
 
 def _mixed_runner(name: str) -> Callable[[MethodBatch, MethodOptions], List[MethodOutput]]:

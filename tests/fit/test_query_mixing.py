@@ -253,3 +253,18 @@ def test_a_fit_evaluated_block_by_block_equals_the_whole_matrix_fit(block, monke
     for name, value in whole.mixing.to_dict().items():
         assert getattr(blocked.mixing, name) == pytest.approx(value, rel=1e-5, abs=1e-7), name
     assert blocked.temperature == pytest.approx(whole.temperature, rel=1e-5)
+
+
+def test_gold_indices_list_each_rows_relevant_passages_in_order():
+    from mapmatched_torch.fit.query_mixing import gold_indices
+
+    generator = torch.Generator().manual_seed(3)
+    relevant = torch.rand(9, 13, generator=generator) < 0.2
+    relevant[4] = False  # a row without gold
+    index, real = gold_indices(relevant)
+    assert index.shape == real.shape == (9, int(relevant.sum(dim=-1).max()))
+    for n in range(9):
+        assert index[n][real[n]].tolist() == relevant[n].nonzero().flatten().tolist()
+    assert not bool(real[4].any())
+    index, real = gold_indices(torch.zeros(0, 5, dtype=torch.bool))
+    assert index.shape == (0, 1) and real.shape == (0, 1)
