@@ -473,6 +473,9 @@ class MethodOptions:
         seed: seeds the fitted method's folds and fits.
         fit_folds: cross-fitting folds of the fitted method (>= 2).
         extra: free-form options of registered methods (e.g. a fitting budget).
+        memo: work the methods' prepare steps share, by name (e.g. the mixing fits of
+            ``mixed`` and ``mixed+gated``: :func:`_mixing_folds`). :func:`evaluate`
+            builds one MethodOptions per evaluation, so nothing in it outlives the run.
     """
 
     settings: Tuple[Setting, ...]
@@ -481,6 +484,7 @@ class MethodOptions:
     seed: int = 0
     fit_folds: int = 2
     extra: Mapping[str, Any] = field(default_factory=dict)
+    memo: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class MethodBatch(NamedTuple):
@@ -1171,41 +1175,28 @@ class _MixingFolds(NamedTuple):
     retrieved: Tuple[Candidates, ...]
 
 
-#: The options the mixing fits read (besides the seed and the folds): the cache key.
-_MIXING_OPTIONS = ("mixing_rounds", "mixing_iterations", "mixing_l2", "mixing_context", "mixing_temperature")
-
-#: The last :func:`_mixing_folds` result: ``[(weakref to the inputs, key, result or
-#: MethodUnavailable)]``; ``mixed`` and ``mixed+gated`` of one evaluation share it.
-_LAST_MIXING_FOLDS: List[Tuple[Any, Any, Any]] = []
-
-
 def _mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
-    """The mixing gates of every held-out fold, fitted once per inputs and options.
+    """The mixing gates of every held-out fold, fitted once per evaluation.
 
     ``mixed`` and ``mixed+gated`` fit the same gates on the same folds (steps 1 and 2
-    of :func:`_prepare_mixed`); the second asks for them again with the same inputs
-    object and options and gets the first's result (its failure too), so an evaluation
-    running both pays for the corpus-wide fits once.
+    of :func:`_prepare_mixed`). The first to ask keeps the result (or its failure) in
+    ``options.memo`` with the inputs it was fitted on; the second, given the same
+    options and inputs, gets it back, so an evaluation running both pays for the
+    corpus-wide fits once.
 
     Raises:
         MethodUnavailable: no embeddings, too few conversations or turns, or a fit failed.
     """
-    import weakref
-
-    key = (options.seed, options.fit_folds, tuple(repr(options.extra.get(name)) for name in _MIXING_OPTIONS))
-    if _LAST_MIXING_FOLDS:
-        held, held_key, result = _LAST_MIXING_FOLDS[0]
-        if held() is inputs and held_key == key:
-            if isinstance(result, MethodUnavailable):
-                raise MethodUnavailable(*result.args)
-            return result
-    try:
-        result = _fit_mixing_folds(inputs, options)
-    except MethodUnavailable as error:
-        _LAST_MIXING_FOLDS[:] = [(weakref.ref(inputs), key, error)]
-        raise
-    _LAST_MIXING_FOLDS[:] = [(weakref.ref(inputs), key, result)]
-    return result
+    held = options.memo.get("mixing folds")
+    if held is None or held[0] is not inputs:
+        try:
+            result: Any = _fit_mixing_folds(inputs, options)
+        except MethodUnavailable as error:
+            result = error
+        held = options.memo["mixing folds"] = (inputs, result)
+    if isinstance(held[1], MethodUnavailable):
+        raise MethodUnavailable(*held[1].args)
+    return held[1]
 
 
 def _fit_mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:

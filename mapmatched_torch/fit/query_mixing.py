@@ -48,10 +48,11 @@ from torch import Tensor
 
 from ..core.checks import check_nonnegative_int, check_positive_finite, check_weight
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
+from ..kernels.ragged import padded_rows
 from ..providers.query_mixing import QueryMixing, mixed_queries
 
-__all__ = ["QueryMixingFit", "query_mixing_loss", "cosine_statistics", "source_weights", "fit_query_mixing",
-           "LOGIT_BLOCK"]
+__all__ = ["QueryMixingFit", "query_mixing_loss", "gold_indices", "cosine_statistics", "source_weights",
+           "fit_query_mixing", "LOGIT_BLOCK"]
 
 #: Logit entries (turns x passages) per block of the fit's loss evaluation: 4M float64
 #: logits, 32 MB, with their autograd buffers a few times that.
@@ -149,15 +150,9 @@ def gold_indices(relevant: Tensor) -> Tuple[Tensor, Tensor]:
     """
     counts = relevant.sum(dim=-1)
     width = max(1, int(counts.max())) if relevant.shape[0] else 1
-    rows, columns = relevant.nonzero(as_tuple=True)
-    # the slot of each nonzero within its row: its rank among the row's nonzeros
-    starts = torch.cumsum(counts, dim=0) - counts
-    slots = torch.arange(rows.numel(), device=relevant.device) - starts[rows]
-    index = torch.zeros(relevant.shape[0], width, dtype=torch.long, device=relevant.device)
-    real = torch.zeros(relevant.shape[0], width, dtype=torch.bool, device=relevant.device)
-    index[rows, slots] = columns
-    real[rows, slots] = True
-    return index, real
+    _, columns = relevant.nonzero(as_tuple=True)  # row-major: each row's columns, ascending
+    index = padded_rows(columns, counts, width, fill=-1)
+    return index.clamp_min(0), index >= 0
 
 
 def _loss_of_block(queries: Tensor, sources: Tensor, gold: Tuple[Tensor, Tensor], passages: Tensor,
@@ -167,7 +162,7 @@ def _loss_of_block(queries: Tensor, sources: Tensor, gold: Tuple[Tensor, Tensor]
     The temperature scales the ``(N, D)`` mixed queries, not the ``(N, P)`` logits, and
     the gold log-sum-exp reads the ``(N, G)`` gold columns only: each evaluation makes
     two passes fewer over the logits, and its backward pass none for the temperature
-    (on 20k passages, three times faster than dividing the logits).
+    (a 10-iteration fit on 2800 turns x 20k passages: 49.3 s -> 27.7 s, CHANGELOG).
     """
     count = sources.shape[1]
     # shape: (S, 3) per source [mix_logit, gate_bias, gate_weight]

@@ -276,27 +276,25 @@ def test_online_retrieval_mixes_in_the_previous_raw_query_when_the_mix_has_that_
     assert torch.allclose(mixed.double(), by_hand.double(), atol=1e-6)
 
 
-def test_mixed_and_mixed_gated_share_one_mixing_fit_per_inputs_and_options(inputs, monkeypatch):
-    import mapmatched_torch.eval.methods as methods
+def test_mixed_and_mixed_gated_share_one_mixing_fit_per_evaluation(inputs, monkeypatch):
     import mapmatched_torch.fit.query_mixing as query_mixing
 
     calls = []
     fit = query_mixing.fit_query_mixing
     monkeypatch.setattr(query_mixing, "fit_query_mixing", lambda *a, **k: calls.append(1) or fit(*a, **k))
-    methods._LAST_MIXING_FOLDS.clear()
-    mixed = METHODS["mixed"].prepare(inputs, _options())
+    options = _options()  # what one evaluation hands every prepare step
+    mixed = METHODS["mixed"].prepare(inputs, options)
     assert len(calls) == 2 * 2  # two folds, two rounds
-    both = METHODS["mixed+gated"].prepare(inputs, _options())
+    both = METHODS["mixed+gated"].prepare(inputs, options)
     assert len(calls) == 4  # the same gates: no new fit
     assert [p["mixing"] for p in both.params] == [p["mixing"] for p in mixed.params]
     # the shared fit is the one mixed+gated makes alone, bit for bit
-    methods._LAST_MIXING_FOLDS.clear()
     alone = METHODS["mixed+gated"].prepare(inputs, _options())
     assert len(calls) == 8 and alone.params == both.params and torch.equal(alone.passages, both.passages)
-    # other mixing options, or other inputs, fit again
-    METHODS["mixed"].prepare(inputs, MethodOptions(_options().settings, extra={**_options().extra, "mixing_rounds": 1}))
+    # another evaluation's options, or other inputs, fit again
+    METHODS["mixed"].prepare(inputs, MethodOptions(options.settings, extra={**options.extra, "mixing_rounds": 1}))
     assert len(calls) == 10
-    METHODS["mixed"].prepare(dataclasses.replace(inputs), _options())
+    METHODS["mixed"].prepare(dataclasses.replace(inputs), options)
     assert len(calls) == 14
 
 
@@ -305,7 +303,7 @@ def test_a_failed_mixing_fit_is_reported_by_both_mixed_methods(inputs):
 
     # no positive grade left: neither fit has a turn to learn from
     unlabelled = dataclasses.replace(inputs, qrels=SparseQrels(inputs.qrels.ids, torch.zeros_like(inputs.qrels.grades)))
-    methods._LAST_MIXING_FOLDS.clear()
+    options = _options()
     for name in ("mixed", "mixed+gated"):
         with pytest.raises(methods.MethodUnavailable, match="needs at least one turn with a relevant passage"):
-            METHODS[name].prepare(unlabelled, _options())
+            METHODS[name].prepare(unlabelled, options)
