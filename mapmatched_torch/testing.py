@@ -155,14 +155,10 @@ def random_trellis(
 @contextlib.contextmanager
 def fused_kernels_off() -> Iterator[None]:
     """Run the block on the torch path (the fused kernels off), restoring the setting after."""
-    from .kernels import fused
+    from .kernels.backend import use_backend
 
-    before = fused.fused_kernels_enabled()
-    fused.use_fused_kernels(False)
-    try:
+    with use_backend("torch"):
         yield
-    finally:
-        fused.use_fused_kernels(before)
 
 
 #: The ways :func:`broken_trellis` breaks a trellis (each one a check of the decoders).
@@ -255,3 +251,47 @@ def enumerate_paths(emissions: Tensor, transitions: Tensor, mask_b: Tensor) -> B
         for t, m in enumerate(path):
             marginals[t, m] += weight
     return BruteForce(best, best_path, log_z, marginals, len(scored))
+
+
+def random_slot_run(backend: str, dtype: torch.dtype, lag: Optional[int], beta: float, seed: int, *,
+                    width: int = 5, slots: int = 6, turns: int = 7, device: Union[str, torch.device] = "cpu"):
+    """Every step output and the final state of a random :class:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder`
+    run on the kernel ``backend`` (:func:`~mapmatched_torch.kernels.backend.use_backend`'s names): random subsets of
+    slots step each turn, with exact ties (integer scores and distances) in about a third of the turns, an
+    overflowing row now and then, and slots released and reallocated. Two backends' runs must be equal bit for bit.
+
+    Returns:
+        ``(outputs, tensors)``: one tuple of :class:`~mapmatched_torch.kernels.slot_decoder.SlotStep` tensors per
+        turn, and the decoder's ``state_dict()["tensors"]`` at the end.
+    """
+    import random
+
+    from .kernels.backend import use_backend
+    from .kernels.slot_decoder import SlotDecoder
+
+    with use_backend(backend):
+        rng = random.Random(seed)
+        generator = torch.Generator().manual_seed(seed)
+        decoder = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=2, dtype=dtype, device=device)
+        table = [decoder.allocate() for _ in range(slots)]
+        outputs = []
+        for _ in range(turns):
+            picked = torch.tensor(sorted(rng.sample(table, rng.randint(1, slots))))
+            count = picked.shape[0]
+            mask = torch.rand(count, width, generator=generator) < 0.7
+            mask[:, 0] |= ~mask.any(1)
+            if rng.random() < 0.3:  # exact ties: integer scores and distances
+                scores = torch.randint(-2, 3, (count, width), generator=generator).double()
+                distances = torch.randint(0, 3, (count, width, width), generator=generator).double()
+            else:
+                scores = torch.randn(count, width, generator=generator, dtype=torch.float64)
+                distances = torch.rand(count, width, width, generator=generator, dtype=torch.float64) * 3
+            if rng.random() < 0.1:  # an overflowing row
+                scores[0] = 1e308 if dtype == torch.float64 else 1e38
+            step = decoder.step(picked.to(device), scores.to(device), mask.to(device), distances.to(device))
+            outputs.append(tuple(step))
+            if rng.random() < 0.2:
+                released = rng.choice(table)
+                decoder.release(released)
+                table[table.index(released)] = decoder.allocate()
+        return outputs, decoder.state_dict()["tensors"]

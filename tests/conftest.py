@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton decides at its first import whether kernels compile or run under its
+# interpreter; without a GPU, the Triton kernels' tests run them interpreted on CPU
+# tensors (mapmatched_torch.kernels.triton_runtime does the same outside the tests).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from mapmatched_torch.testing import DEVICES, device_available
 

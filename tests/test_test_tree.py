@@ -35,6 +35,8 @@ TESTED_ELSEWHERE = {
     "kernels/fused_step_kernels.py": ("tests/kernels/test_fused_step.py",),
     "kernels/normalization_kernels.py": ("tests/kernels/test_normalization.py",),  # both paths, bit for bit
     "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
+    # the import mode and device checks of every Triton kernel, through the kernels
+    "kernels/triton_runtime.py": ("tests/kernels/test_triton_kernels.py", "tests/kernels/test_backend.py"),
     # graph/engines/: every engine is tested against the others and the standalone graph
     "graph/engines/base.py": ("tests/graph/test_shortest_paths.py",),
     "graph/engines/hybrid.py": ("tests/graph/test_shortest_paths.py",),

@@ -14,5 +14,13 @@ No graph, session or chunk ID lives here:
 - :mod:`.states`: the streaming states ``ViterbiState`` / ``FixedLagState``, views of it;
 - :mod:`.normalization`: exact batched score normalization;
 - :mod:`.sampling`: exact path sampling (forward filtering, backward sampling);
-- :mod:`.ranking_metrics`: nDCG, recall and reciprocal rank on tensors.
+- :mod:`.ranking_metrics`: nDCG, recall and reciprocal rank on tensors;
+- :mod:`.backend`: the one switch that picks the kernels (``use_backend("torch" |
+  "numba" | "triton")``, ``MAPMATCHED_TORCH_KERNELS``), with :mod:`.fused` dispatching
+  to the numba (:mod:`.fused_cpu_kernels`, :mod:`.fused_log_kernels`) or Triton
+  (:mod:`._triton_max_plus`, :mod:`._triton_log`, :mod:`.triton_runtime`) kernels.
 """
+
+from .backend import BACKENDS, backend_for, current_backend, use_backend
+
+__all__ = ["BACKENDS", "use_backend", "current_backend", "backend_for"]

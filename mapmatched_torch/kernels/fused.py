@@ -9,12 +9,18 @@ and the evaluation harness's online rankings
 the caller runs the torch path (:mod:`.chain`), which stays the reference and the
 fallback. A fused kernel applies when
 
-- it is enabled (default; :func:`use_fused_kernels` or the environment variable
-  ``MAPMATCHED_TORCH_FUSED=0`` turn it off),
-- the tensors are on the CPU, float32 or float64, and none requires a gradient (the
+- the kernel backend chosen for the tensors' device (:func:`~.backend.backend_for`:
+  numba on CPU tensors and Triton on CUDA tensors by default, each when installed;
+  :func:`~.backend.use_backend` or ``MAPMATCHED_TORCH_KERNELS`` choose) has one,
+- the tensors are float32 or float64, and none requires a gradient (the
   log-semiring kernels have a backward pass: see below), and none carries a forward-mode
-  tangent or is a ``torch.func`` transform's wrapper (those take the torch path),
-- numba is installed (the ``numba`` extra).
+  tangent or is a ``torch.func`` transform's wrapper (those take the torch path).
+
+Two backends implement every entry point here with the same outputs: the numba CPU
+kernels described below, and the Triton kernels (:mod:`._triton_max_plus`,
+:mod:`._triton_log`: one program per conversation, compiled on CUDA tensors, run under
+Triton's interpreter on CPU tensors; max-plus bit for bit, the log semiring within the
+bounds their docstrings state).
 
 CPU kernel (:mod:`.fused_cpu_kernels`): one thread decodes one conversation at a time,
 its whole trellis in one pass over its transitions, with the forward scores and
@@ -65,7 +71,7 @@ from torch.autograd import forward_ad
 
 from ..core.checks import check_nonnegative_int
 from ..core.errors import MapMatchedValueError
-from . import numba_runtime
+from . import backend, numba_runtime
 from .checks import check_choices, check_emissions, check_mask, check_pairwise, prepare, raise_if_nonfinite
 
 __all__ = [
@@ -85,41 +91,51 @@ __all__ = [
     "check_shapes",
 ]
 
-_STATE = {"enabled": os.environ.get("MAPMATCHED_TORCH_FUSED", "1").strip().lower() not in ("0", "false", "no", "off")}
-
 _DTYPES = (torch.float32, torch.float64)
 
 
 def use_fused_kernels(enabled: bool = True) -> None:
-    """Turn the fused decode kernels on (the default) or off (the torch path everywhere).
+    """Turn the fused decode kernels on (``use_backend("auto")``, the default) or off
+    (``use_backend("torch")``: the torch path everywhere).
 
-    Results are the same either way; only speed differs.
+    Results are the same either way; only speed differs. :func:`~.backend.use_backend`
+    is the one switch; this is its on/off form.
     """
-    _STATE["enabled"] = bool(enabled)
+    backend.use_backend("auto" if enabled else "torch")
 
 
 def fused_kernels_enabled() -> bool:
-    """Whether the fused kernels are enabled (they still apply only where :func:`applies`)."""
-    return _STATE["enabled"]
+    """Whether a kernel backend is chosen (they still apply only where :func:`applies`)."""
+    return backend.current_backend() != "torch"
 
 
 def kernels_on(device: torch.device) -> bool:
-    """Whether the fused CPU kernels run for tensors on ``device``: enabled, numba
-    installed, the CPU (the part of :func:`applies` that kernels over integer tensors
-    ask too)."""
-    return _STATE["enabled"] and numba_runtime.available() and device.type == "cpu"
+    """Whether the numba CPU kernels run for tensors on ``device`` (the numba backend is
+    the one :func:`~.backend.backend_for` picks there): the part of :func:`applies` that
+    kernels over integer tensors ask too."""
+    return backend.backend_for(device) == "numba"
+
+
+def which(*tensors: Tensor, gradients: bool = False) -> Optional[str]:
+    """The kernel backend (``"numba"`` or ``"triton"``) that decodes these (already
+    shape-checked) tensors, or None (the torch path); with ``gradients``, inputs that
+    require a gradient count too (the log-semiring kernels have a backward pass)."""
+    first = tensors[0]
+    if first.dtype not in _DTYPES:
+        return None
+    chosen = backend.backend_for(first.device)
+    if chosen is None:
+        return None
+    if _transforms_active() and not all(plain(tensor) for tensor in tensors):
+        return None
+    if not gradients and any(tensor.requires_grad for tensor in tensors):
+        return None
+    return chosen
 
 
 def applies(*tensors: Tensor, gradients: bool = False) -> bool:
-    """Whether a fused kernel can decode these (already shape-checked) tensors; with
-    ``gradients``, inputs that require a gradient count too (the log-semiring kernels
-    have a backward pass)."""
-    first = tensors[0]
-    if not kernels_on(first.device) or first.dtype not in _DTYPES:
-        return False
-    if _transforms_active() and not all(plain(tensor) for tensor in tensors):
-        return False
-    return gradients or not any(tensor.requires_grad for tensor in tensors)
+    """Whether a fused kernel (of any backend) can decode these tensors: see :func:`which`."""
+    return which(*tensors, gradients=gradients) is not None
 
 
 def gradient_wanted(*tensors: object) -> bool:
@@ -164,6 +180,18 @@ def _log_kernels():
     return fused_log_kernels
 
 
+def _triton_max_plus():
+    from . import _triton_max_plus
+
+    return _triton_max_plus
+
+
+def _triton_log():
+    from . import _triton_log
+
+    return _triton_log
+
+
 def _array(tensor: Tensor) -> np.ndarray:
     """A C-contiguous numpy view (a copy only when the tensor is not contiguous)."""
     return tensor.detach().contiguous().numpy()
@@ -190,14 +218,20 @@ def max_plus(
         MapMatchedValueError: the torch checks' message for an invalid trellis, or the
             overflow message, as the torch path raises them.
     """
-    if not applies(emissions, transitions, mask):
+    chosen = which(emissions, transitions, mask)
+    if chosen is None:
         return None
-    kernels = _kernels()
     batch, turns, _ = emissions.shape
-    paths = torch.empty((batch, turns), dtype=torch.long)
-    locks = torch.empty((batch, turns), dtype=torch.long)
-    scores = torch.empty((batch,), dtype=emissions.dtype)
-    status = torch.empty((batch,), dtype=torch.int8)
+    device = emissions.device
+    paths = torch.empty((batch, turns), dtype=torch.long, device=device)
+    locks = torch.empty((batch, turns), dtype=torch.long, device=device)
+    scores = torch.empty((batch,), dtype=emissions.dtype, device=device)
+    status = torch.empty((batch,), dtype=torch.int8, device=device)
+    if chosen == "triton":
+        _triton_max_plus().decode(emissions, transitions, mask, -1 if lag is None else int(lag),
+                                  paths, scores, locks, status)
+        return _max_plus_outcome(emissions, transitions, mask, paths, scores, locks, status)
+    kernels = _kernels()
     arguments = (
         _array(emissions),
         _array(transitions),
@@ -210,10 +244,18 @@ def max_plus(
     )
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
     numba_runtime.call(kernels.decode, kernels.decode_serial, arguments, blocks)
-    if bool((status == kernels.INVALID).any()):
+    return _max_plus_outcome(emissions, transitions, mask, paths, scores, locks, status)
+
+
+def _max_plus_outcome(
+    emissions: Tensor, transitions: Tensor, mask: Tensor, paths: Tensor, scores: Tensor, locks: Tensor, status: Tensor
+) -> Optional[Tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """:func:`max_plus`'s result from a kernel's outputs, or its error (or None: the
+    torch path decides)."""
+    if bool((status == backend.INVALID).any()):
         prepare(emissions, transitions, mask, max_plus=True)  # raises the torch path's message
         return None  # unreachable unless the kernel and the checks disagree: the torch path decides
-    raise_if_nonfinite(status == kernels.OVERFLOW)
+    raise_if_nonfinite(status == backend.OVERFLOW)
     lengths = (paths >= 0).sum(dim=1)
     return paths, scores, locks, lengths
 
@@ -253,7 +295,8 @@ def max_plus_forward(
     """
     if locks is not None and lag is not None:
         raise MapMatchedValueError("max_plus_forward takes locks or a lag, not both")
-    if not applies(emissions, transitions, mask):
+    chosen = which(emissions, transitions, mask)
+    if chosen is None:
         return None
     if locks is not None:
         if not isinstance(locks, Tensor):
@@ -261,31 +304,26 @@ def max_plus_forward(
         integer = not (locks.dtype == torch.bool or locks.is_floating_point() or locks.is_complex())
         if not integer or tuple(locks.shape) != tuple(mask.shape[:2]) or locks.device != mask.device:
             return None  # the torch path raises the message
-        given = _array(locks.long())
-    else:
-        given = np.empty((0, 0), dtype=np.int64)
-    kernels = _kernels()
     batch = emissions.shape[0]
     # shape: (B, T, M)
-    out = torch.empty(emissions.shape, dtype=emissions.dtype)
-    status = torch.empty((batch,), dtype=torch.int8)
-    arguments = (
-        _array(emissions),
-        _array(transitions),
-        _array(mask),
-        given,
-        -1 if lag is None else int(lag),
-        out.numpy(),
-        status.numpy(),
-    )
-    blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
-    numba_runtime.call(kernels.forward_scores, kernels.forward_scores_serial, arguments, blocks)
-    if bool((status == kernels.INVALID).any()):
+    out = torch.empty(emissions.shape, dtype=emissions.dtype, device=emissions.device)
+    status = torch.empty((batch,), dtype=torch.int8, device=emissions.device)
+    lag_code = -1 if lag is None else int(lag)
+    if chosen == "triton":
+        _triton_max_plus().forward_scores(emissions, transitions, mask, None if locks is None else locks.long(),
+                                          lag_code, out, status)
+    else:
+        kernels = _kernels()
+        given = _array(locks.long()) if locks is not None else np.empty((0, 0), dtype=np.int64)
+        arguments = (_array(emissions), _array(transitions), _array(mask), given, lag_code, out.numpy(), status.numpy())
+        blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
+        numba_runtime.call(kernels.forward_scores, kernels.forward_scores_serial, arguments, blocks)
+    if bool((status == backend.INVALID).any()):
         prepared = prepare(emissions, transitions, mask, max_plus=True)  # raises the torch path's message
         if locks is not None:
             check_choices(locks, mask, prepared.active, "locks", optional=True)
         return None  # unreachable unless the kernel and the checks disagree: the torch path decides
-    raise_if_nonfinite(status == kernels.OVERFLOW)
+    raise_if_nonfinite(status == backend.OVERFLOW)
     return out
 
 
@@ -334,36 +372,47 @@ def _log_semiring(
     ``gradients``: see :func:`applies`. ``keep``: keep the forward pass. ``states``: a
     kept forward pass of these inputs; only the backward pass runs.
     """
-    if not applies(emissions, transitions, mask, gradients=gradients):
+    chosen = which(emissions, transitions, mask, gradients=gradients)
+    if chosen is None:
         return None
-    kernels = _log_kernels()
     batch = emissions.shape[0]
     dtype = emissions.dtype
-    status = torch.zeros((batch,), dtype=torch.int8)  # OK: the given forward pass succeeded
+    device = emissions.device
+    status = torch.zeros((batch,), dtype=torch.int8, device=device)  # OK: the given forward pass succeeded
     if states is not None:
         log_z, scores, sums = states
     else:
-        log_z = torch.empty((batch,), dtype=dtype)
-        scores = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype)
-        sums = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype)
-    arguments = (_array(emissions), _array(transitions), _array(mask), log_z.numpy(), status.numpy())
-    kept = (scores.numpy(), sums.numpy())
-    blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
+        log_z = torch.empty((batch,), dtype=dtype, device=device)
+        scores = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype, device=device)
+        sums = torch.empty(emissions.shape if keep else (0, 0, 0), dtype=dtype, device=device)
     marginal = pair = None
     if posteriors or pairs:
         # shape: (B, T, M), (B, T-1, M, M)
-        marginal = torch.empty(emissions.shape, dtype=dtype)
-        pair = torch.empty(transitions.shape if pairs else (0, 0, 0, 0), dtype=dtype)
-        numba_runtime.call(
-            kernels.marginals, kernels.marginals_serial,
-            arguments + (marginal.numpy(), pair.numpy()) + kept + (states is not None,), blocks,
-        )
+        marginal = torch.empty(emissions.shape, dtype=dtype, device=device)
+        pair = torch.empty(transitions.shape if pairs else (0, 0, 0, 0), dtype=dtype, device=device)
+    if chosen == "triton":
+        kernels = _triton_log()
+        if marginal is not None:
+            kernels.marginals(emissions, transitions, mask, log_z, status, marginal, pair, scores, sums,
+                              states is not None)
+        else:
+            kernels.log_partition(emissions, transitions, mask, log_z, status, scores, sums)
     else:
-        numba_runtime.call(kernels.log_partition, kernels.log_partition_serial, arguments + kept, blocks)
-    if bool((status == kernels.INVALID).any()):
+        kernels = _log_kernels()
+        arguments = (_array(emissions), _array(transitions), _array(mask), log_z.numpy(), status.numpy())
+        kept = (scores.numpy(), sums.numpy())
+        blocks = numba_runtime.blocks_for(torch.get_num_threads(), batch)
+        if marginal is not None:
+            numba_runtime.call(
+                kernels.marginals, kernels.marginals_serial,
+                arguments + (marginal.numpy(), pair.numpy()) + kept + (states is not None,), blocks,
+            )
+        else:
+            numba_runtime.call(kernels.log_partition, kernels.log_partition_serial, arguments + kept, blocks)
+    if bool((status == backend.INVALID).any()):
         prepare(emissions.detach(), transitions.detach(), mask)  # raises the torch path's message
         return None  # unreachable unless the kernel and the checks disagree: the torch path decides
-    raise_if_nonfinite(status == kernels.OVERFLOW)
+    raise_if_nonfinite(status == backend.OVERFLOW)
     return log_z, marginal, pair if pairs else None, ForwardStates(log_z, scores, sums) if keep else None
 
 

@@ -4,8 +4,9 @@
 asks :func:`max_plus_step` first; it returns None where the fused kernel does not
 apply, and the decoder runs :func:`~mapmatched_torch.kernels.chain.chain_step` (the
 reference and the fallback). It applies under the same rules as the fused decoders
-(:func:`~mapmatched_torch.kernels.fused.applies`: enabled, CPU, float32/float64, no
-gradient, numba installed). One pass per conversation replaces the torch step's
+(:func:`~mapmatched_torch.kernels.fused.which`: float32/float64, no gradient, and a
+kernel backend for the device: numba on the CPU, Triton (:mod:`._triton_step`) on
+CUDA tensors, or on CPU tensors under the interpreter when chosen). One pass per conversation replaces the torch step's
 (S, M, M) temporaries: the masked transitions, the predecessor sums, the maximum and
 argmax, the masking of the result and the gather of each back-pointer's distance.
 Results equal the torch path bit for bit (``tests/kernels/test_fused_step.py``).
@@ -86,12 +87,27 @@ def max_plus_step(
         A :class:`FusedStep` equal to the torch step's values bit for bit, or None.
     """
     given = [previous, emissions, distances] + ([transitions] if transitions is not None else [])
-    if not fused.applies(*given) or emissions.dtype != previous.dtype:
+    chosen = fused.which(*given)
+    if chosen is None or emissions.dtype != previous.dtype:
         return None
-    from . import fused_step_kernels as kernels
-
     count, width = emissions.shape
     dtype = emissions.dtype
+    if chosen == "triton":
+        from . import _triton_step
+
+        device = emissions.device
+        step = FusedStep(
+            torch.empty((count, width), dtype=dtype, device=device),
+            torch.empty((count, width), dtype=torch.long, device=device),
+            torch.empty((count, width), dtype=torch.float64, device=device),
+            torch.empty(count, dtype=torch.bool, device=device),
+        )
+        _triton_step.step(previous, previous_allowed, started, emissions, mask,
+                          None if transitions is None else transitions.to(dtype), distances,
+                          -float(transition_weight) if transitions is None else 0.0, *step)
+        return step
+    from . import fused_step_kernels as kernels
+
     alpha = torch.empty((count, width), dtype=dtype)
     backpointers = torch.empty((count, width), dtype=torch.long)
     links = torch.empty((count, width), dtype=torch.float64)
@@ -125,11 +141,20 @@ def backtrack_slots(
         0.0 at turn 0; what :func:`~mapmatched_torch.kernels.chain.backtrack` and the
         gather of the links give, exactly.
     """
-    if not fused.applies(link_distances):
+    chosen = fused.which(link_distances)
+    if chosen is None:
         return None
+    count = slots.shape[0]
+    if chosen == "triton":
+        from . import _triton_step
+
+        device = link_distances.device
+        paths = torch.empty((count, turns), dtype=torch.long, device=device)
+        distances = torch.empty((count, turns), dtype=torch.float64, device=device)
+        _triton_step.backtrack(backpointers, link_distances, slots, lengths, last, paths, distances)
+        return paths, distances
     from . import fused_step_kernels as kernels
 
-    count = slots.shape[0]
     paths = torch.empty((count, turns), dtype=torch.long)
     distances = torch.empty((count, turns), dtype=torch.float64)
     arrays = tuple(tensor.contiguous().numpy() for tensor in (backpointers, link_distances, slots, lengths, last))

@@ -210,7 +210,7 @@ def normalize_score_rows(raw: Tensor, counts: Union[Sequence[int], Tensor], meth
     """
     method = check_score_normalization(method)
     lengths = torch.as_tensor(counts, dtype=torch.long).to(raw.device).view(-1, 1)
-    if raw.device.type == "cpu" and raw.dtype == torch.float64 and fused.fused_kernels_enabled() and numba_runtime.available():
+    if raw.dtype == torch.float64 and fused.kernels_on(raw.device):
         from . import normalization_kernels as kernels
 
         out = torch.empty_like(raw)

@@ -2,47 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import random
-
 import pytest
 import torch
 
 from mapmatched_torch.kernels.slot_decoder import SlotDecoder
 from mapmatched_torch.kernels.numba_runtime import available
-from mapmatched_torch.testing import fused_kernels_off
+from mapmatched_torch.testing import fused_kernels_off, random_slot_run
 
 pytestmark = pytest.mark.skipif(not available(), reason="numba is not installed")
 
 
-def run(fused, dtype, lag, beta, seed, width=5, slots=6, turns=7):
+def run(fused, dtype, lag, beta, seed, slots=6):
     """Every state tensor and step output of a random run, fused or not."""
-    with contextlib.nullcontext() if fused else fused_kernels_off():
-        rng = random.Random(seed)
-        generator = torch.Generator().manual_seed(seed)
-        decoder = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=2, dtype=dtype)
-        table = [decoder.allocate() for _ in range(slots)]
-        outputs = []
-        for turn in range(turns):
-            picked = torch.tensor(sorted(rng.sample(table, rng.randint(1, slots))))
-            count = picked.shape[0]
-            mask = torch.rand(count, width, generator=generator) < 0.7
-            mask[:, 0] |= ~mask.any(1)
-            if rng.random() < 0.3:  # exact ties: integer scores and distances
-                scores = torch.randint(-2, 3, (count, width), generator=generator).double()
-                distances = torch.randint(0, 3, (count, width, width), generator=generator).double()
-            else:
-                scores = torch.randn(count, width, generator=generator, dtype=torch.float64)
-                distances = torch.rand(count, width, width, generator=generator, dtype=torch.float64) * 3
-            if rng.random() < 0.1:  # an overflowing row
-                scores[0] = 1e308 if dtype == torch.float64 else 1e38
-            step = decoder.step(picked, scores, mask, distances)
-            outputs.append(tuple(step))
-            if rng.random() < 0.2:
-                released = rng.choice(table)
-                decoder.release(released)
-                table[table.index(released)] = decoder.allocate()
-        return outputs, decoder.state_dict()["tensors"]
+    return random_slot_run("auto" if fused else "torch", dtype, lag, beta, seed, slots=slots)
 
 
 def same_bits(a, b):
@@ -80,12 +52,18 @@ def test_the_fused_step_is_what_runs_and_the_torch_path_is_the_fallback(monkeypa
         assert calls[-1] is None
 
 
+@pytest.mark.parametrize("backend", ["numba", "triton"])
 @pytest.mark.parametrize("poison", [None, "nan_transition", "inf_from_minus_inf", "nan_predecessor"])
-def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step(poison):
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_step(poison, backend):
     """Predecessors at -0.0 (0.0 + -0.0 is +0.0), at -inf (locked out) and disallowed
     ones, ties between them, and a first turn (no predecessor); and NaN sums from a
-    predecessor after the first, which ``torch.max`` carries forward (found by fuzzing)."""
-    from mapmatched_torch.kernels import fused_step
+    predecessor after the first, which ``torch.max`` carries forward (found by fuzzing).
+    On both kernel backends (Triton under its interpreter without a GPU)."""
+    from mapmatched_torch.kernels import fused_step, use_backend
+
+    if backend == "triton":
+        pytest.importorskip("triton")
 
     previous = torch.tensor([[-0.0, 0.0, -float("inf"), 1.0], [2.0, 2.0, -0.0, -float("inf")]])
     allowed = torch.tensor([[True, True, True, False], [True, True, False, True]])
@@ -105,9 +83,11 @@ def test_the_fused_step_reads_negative_zero_and_infinite_scores_as_the_torch_ste
                     transitions[0, 1, 0] = float("nan")
                 elif poison == "inf_from_minus_inf":
                     transitions[0, 2, 1] = float("inf")  # predecessor 2 is at -inf
-                outs = [fused_step.max_plus_step(*args, transitions, distances)]
-                if poison is None or poison == "nan_predecessor":  # weighed distances are finite
-                    outs.append(fused_step.max_plus_step(*args, None, distances, beta))
+                with use_backend(backend):
+                    outs = [fused_step.max_plus_step(*args, transitions, distances)]
+                    if poison is None or poison == "nan_predecessor":  # weighed distances are finite
+                        outs.append(fused_step.max_plus_step(*args, None, distances, beta))
+                assert all(out is not None for out in outs)
                 with fused_kernels_off():
                     decoder_free = torch_step(*args, transitions, distances)
                 for out in outs:

@@ -16,12 +16,10 @@ from mapmatched_torch.kernels.normalization import normalize_score_rows
 @pytest.fixture(autouse=True, params=["compiled", "tensor"])
 def normalization_path(request):
     """Every test twice: the numba pass (where numba is installed) and the tensor path."""
-    from mapmatched_torch.kernels.fused import fused_kernels_enabled, use_fused_kernels
+    from mapmatched_torch.kernels.backend import use_backend
 
-    enabled = fused_kernels_enabled()
-    use_fused_kernels(request.param == "compiled")
-    yield request.param
-    use_fused_kernels(enabled)
+    with use_backend("auto" if request.param == "compiled" else "torch"):
+        yield request.param
 
 
 def random_row(rng: random.Random, width: int):

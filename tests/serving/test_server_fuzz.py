@@ -333,3 +333,21 @@ def test_old_results_stay_readable_after_load_state_dict_into_the_same_server():
     assert results.chunk_id("a") == expected.chunk_id
     assert results.contexts()["a"] == expected.context_chunk_ids
     assert results["a"] == expected
+
+
+@pytest.mark.parametrize("kind, options", [CONFIGS[0], CONFIGS[3], CONFIGS[-1]])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+def test_server_on_the_triton_kernels_matches_independent_sessions(kind, options, monkeypatch):
+    """The serving step's Triton kernels (the step and the backtrack; under the
+    interpreter on CPU tensors) in the whole server, against the sessions' oracle."""
+    pytest.importorskip("triton")
+    from mapmatched_torch.kernels import _triton_step, use_backend
+
+    launches = []
+    for name in ("step", "backtrack"):
+        original = getattr(_triton_step, name)
+        monkeypatch.setattr(_triton_step, name, lambda *a, _original=original, _name=name: (
+            launches.append(_name), _original(*a))[1])
+    with use_backend("triton"):
+        Fuzz(7 + len(str(options)), kind, options).run(12)
+    assert "step" in launches and "backtrack" in launches
