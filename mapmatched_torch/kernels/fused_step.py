@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from . import fused, numba_runtime
+from .transitions import move_factor
 
 __all__ = ["FusedStep", "max_plus_step", "backtrack_slots", "first_occurrences", "checked_rows"]
 
@@ -103,7 +104,7 @@ def max_plus_step(
         tensor.contiguous().numpy()
         for tensor in (previous, previous_allowed, started, emissions, mask, moves, distances.double())
     ) + (alpha.numpy(), backpointers.numpy(), links.numpy(), nonfinite.numpy(), constants.numpy(),
-         from_distances, -float(transition_weight) if from_distances else 0.0)
+         from_distances, move_factor(float(transition_weight)) if from_distances else 0.0)
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), count)
     numba_runtime.call(kernels.step_parallel, kernels.step_serial, arrays, blocks)
     return FusedStep(alpha, backpointers, links, nonfinite)
