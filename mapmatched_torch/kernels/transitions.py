@@ -20,7 +20,12 @@ those numbers out of raw graph distances, and the only code that chooses a decod
   distance, so that a jump between far-apart regions (an article change on a section
   graph) stops costing beta times the full bound. Still one transition tensor.
 - :func:`decoding_mode` and :func:`decode_weighted`: the one choice "beta = 0 ->
-  pointwise, a lag -> fixed lag, else full Viterbi", and the one dispatch on it.
+  pointwise, a lag -> fixed lag, else full Viterbi" for a tensor beta or a model
+  (:meth:`DecodingMode.choose <mapmatched_torch.core.settings.DecodingMode.choose>`, as
+  :attr:`DecodeSettings.mode <mapmatched_torch.core.settings.DecodeSettings.mode>` makes
+  it for plain settings), and the one dispatch on it.
+- :func:`move_factor`: ``-beta``, the one place beta's sign meets the distances (also
+  for the fused incremental step's kernel).
 """
 
 from __future__ import annotations

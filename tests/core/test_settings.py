@@ -135,3 +135,30 @@ def test_settings_decode_as_the_loose_options():
     for beta, lag in ((0.0, None), (0.5, None), (2.0, 0)):
         loose = decoder.decode_ranked(trellis, graph, transition_weight=beta, fixed_lag=lag)
         assert decoder.decode_ranked(trellis, graph, settings=DecodeSettings(transition_weight=beta, fixed_lag=lag)) == loose
+
+
+def test_evaluation_settings_are_decode_settings():
+    from mapmatched_torch.eval.methods import Setting, settings_grid
+
+    grid = settings_grid((1.0,), (0.0, 0.5), (None, 1))
+    assert all(isinstance(setting, DecodeSettings) and type(setting) is Setting for setting in grid)
+    assert [setting.mode for setting in grid] == [
+        DecodingMode.POINTWISE, DecodingMode.POINTWISE, DecodingMode.VITERBI, DecodingMode.FIXED_LAG
+    ]
+    with pytest.raises(ValueError, match="^transition_weight must be finite and nonnegative, got -0.5$"):
+        settings_grid((1.0,), (-0.5,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grid[0].fixed_lag = 3  # type: ignore[misc]
+
+
+def test_a_fit_hands_back_one_settings():
+    from mapmatched_torch.fit import fit_weights
+
+    def turn(relevant, **scores):
+        return tuple(ScoredCandidate(chunk_id, score) for chunk_id, score in scores.items()), set(relevant)
+
+    conversations = [[turn({"a"}, a=1.0, b=0.5), turn({"b"}, b=0.2, c=0.9)], [turn({"c"}, a=0.3, c=0.2)]]
+    result = fit_weights(conversations, _graph(), score_normalization="center", validation_fraction=0.0,
+                         max_iterations=2, progress=False)
+    assert result.settings == DecodeSettings(result.emission_weight, result.transition_weight, None, "center")
+    assert MapMatchedRetriever(_graph(), settings=result.settings).settings == result.settings
