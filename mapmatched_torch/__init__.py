@@ -42,6 +42,7 @@ from .core.models import (
 )
 from .core.protocols import CandidateProvider, CorpusGraph, Decoder
 from .core.scoring import ScoreNormalization, normalize_candidates, normalize_scores, softmax_entropy
+from .core.settings import DecodeSettings
 from .core.trace import render_trace
 from .retrieval.session import MapMatchedRetriever, MapMatchedSession
 from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
@@ -145,6 +146,7 @@ __all__ = [
     "StandaloneDecoder",
     "CMGDecoder",
     # sessions
+    "DecodeSettings",
     "MapMatchedRetriever",
     "MapMatchedSession",
     # running code written for the pure-Python mapmatched (``import mapmatched``)

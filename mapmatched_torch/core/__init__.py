@@ -2,6 +2,8 @@
 
 - :mod:`.models`: the frozen dataclasses (candidates, decoded paths, traces, results);
 - :mod:`.scoring`: per-turn normalization, emission entropy, margin;
+- :mod:`.settings`: ``DecodeSettings`` (lambda, beta, lag, normalization) and the
+  decoding mode they choose;
 - :mod:`.trace`: traces from decoded paths, their JSON and text rendering;
 - :mod:`.path_reports`: decoded paths and final-candidate rankings from candidate indices;
 - :mod:`.protocols`: the seams (corpus graph, decoder, candidate provider);

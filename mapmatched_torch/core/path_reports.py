@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .errors import MapMatchedValueError
 from .models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate, trusted_constructor
+from .settings import DecodeSettings
 
 __all__ = ["report_path", "rank_final_candidates", "committed_through", "NONFINITE_MESSAGE"]
 
@@ -32,10 +33,8 @@ def report_path(
     trellis: Sequence[Sequence[DecoderCandidate]],
     chosen: Sequence[int],
     step_distance: Callable[[int], float],
+    settings: DecodeSettings,
     *,
-    emission_weight: float,
-    transition_weight: float,
-    fixed_lag: Optional[int] = None,
     reuse: Sequence[DecodedStep] = (),
 ) -> DecodedPath:
     """Build the :class:`DecodedPath` for chosen candidate indices.
@@ -46,8 +45,9 @@ def report_path(
         step_distance: ``step_distance(t)`` for t >= 1 gives the graph distance from
             the chosen candidate of turn t-1 to that of turn t. It is not called when
             ``transition_weight`` is 0 (distances are then reported as 0.0).
-        emission_weight, transition_weight: lambda and beta.
-        fixed_lag: recorded on the path with the committed boundary.
+        settings: lambda and beta weigh the steps (beta through
+            :meth:`~mapmatched_torch.core.settings.DecodeSettings.transition_cost`); the
+            lag is recorded on the path with the committed boundary.
         reuse: the steps of an earlier decode of a prefix of this trellis (streaming).
             Step t depends only on the chosen chunks of turns 0..t, so the longest
             prefix whose chunk IDs agree is kept as is (same objects) and only the rest
@@ -57,6 +57,8 @@ def report_path(
     ``cumulative_t = (cumulative_{t-1} - beta * d_t) + lambda * s_t``, so the total
     equals the max-plus forward score of the path bit for bit.
     """
+    emission_weight, fixed_lag = settings.emission_weight, settings.fixed_lag
+    weighs_transitions = settings.transition_weight != 0.0
     steps: List[DecodedStep] = []
     for step, turn, index in zip(reuse, trellis, chosen):
         if step.chunk_id != turn[index].chunk_id:
@@ -71,8 +73,8 @@ def report_path(
             transition = 0.0
             cumulative = emission
         else:
-            distance = step_distance(turn_index) if transition_weight != 0.0 else 0.0
-            transition = transition_weight * distance
+            distance = step_distance(turn_index) if weighs_transitions else 0.0
+            transition = settings.transition_cost(distance)
             cumulative = (cumulative - transition) + emission
         if not math.isfinite(cumulative):
             raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {turn_index}")

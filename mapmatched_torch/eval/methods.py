@@ -88,12 +88,13 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 import torch
 from torch import Tensor
 
-from ..core.checks import check_choice, check_decode_options, check_positive_finite
+from ..core.checks import check_choice, check_positive_finite
 from ..core.errors import MapMatchedValueError
+from ..core.settings import DecodeSettings
 from ..kernels import chain, fused
 from ..kernels.decode import fixed_lag_viterbi, forward_scores
 from ..kernels.semiring import LEXICOGRAPHIC
-from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
+from ..kernels.transitions import decode_weighted, weighted_transitions
 from .candidates import Candidates, normalize_candidate_scores
 
 __all__ = [
@@ -134,18 +135,19 @@ _INF = float("inf")
 # --------------------------------------------------------------------------- settings
 
 
-class Setting(NamedTuple):
-    """One map-matching setting.
+@dataclass(frozen=True, slots=True)
+class Setting(DecodeSettings):
+    """One map-matching setting of an evaluation: a
+    :class:`~mapmatched_torch.core.settings.DecodeSettings` (validated on construction,
+    frozen, hashable) with the evaluation's label and record.
 
     Attributes:
         emission_weight: lambda (finite, >= 0).
         transition_weight: beta (finite, >= 0); 0 is pointwise.
         fixed_lag: None (full decoding) or L >= 0.
+        score_normalization: not read by the evaluation, which normalizes every method's
+            candidates alike (``EvalConfig.score_normalization``).
     """
-
-    emission_weight: float
-    transition_weight: float
-    fixed_lag: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -171,7 +173,7 @@ def settings_grid(
     for name, axis in zip(("lambdas", "betas", "lags"), axes):
         if not axis:
             raise MapMatchedValueError(f"the grid needs at least one value in {name}")
-    settings = [Setting(*check_decode_options(*values)) for values in itertools.product(*axes)]
+    settings = [Setting(*values) for values in itertools.product(*axes)]
     return tuple(dict.fromkeys(settings))
 
 
@@ -280,7 +282,7 @@ def map_matched_orders(
     out = torch.empty((len(settings), batch, turns, width), dtype=torch.long, device=mask.device)
     groups: Dict[Optional[int], List[int]] = {}
     for position, setting in enumerate(settings):
-        if not decoding_mode(setting.transition_weight, setting.fixed_lag).uses_distances:
+        if not setting.mode.uses_distances:
             out[position] = pointwise_order(normalized, mask, setting)
         else:
             groups.setdefault(setting.fixed_lag, []).append(position)

@@ -1170,7 +1170,7 @@ def _split(inputs: EvalInputs, lookup: CorpusDistances, metrics: PerTurnMetrics,
     for t, slot in enumerate(path):
         emissions.append(setting.emission_weight * float(scores[0, t, slot]))
         gaps.append(float(distances[0, t - 1, path[t - 1], slot]) if t else 0.0)
-        costs.append(setting.transition_weight * gaps[-1])
+        costs.append(setting.transition_cost(gaps[-1]))
         # the trace's running score: (cumulative - transition) + emission
         cumulative.append(emissions[-1] if t == 0 else (cumulative[-1] - costs[-1]) + emissions[-1])
     return PathSplit(

@@ -68,6 +68,7 @@ from ..core.models import DecoderCandidate, trusted_constructor
 from ..core.protocols import CorpusGraph
 from ..core.sharding import shard
 from ..core.scoring import check_score_normalization, normalize_scores
+from ..core.settings import DecodeSettings
 from ..kernels import decode
 from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
 from ..retrieval.trellis import consecutive_distances, pack_trellises
@@ -454,6 +455,17 @@ class FitResult:
     best_iteration: int
     stopped: str
     options: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def settings(self) -> DecodeSettings:
+        """The fitted lambda and beta, with the normalization they were fitted under, as
+        one :class:`~mapmatched_torch.core.settings.DecodeSettings` (full decoding): what
+        ``MapMatchedRetriever(graph, settings=result.settings)`` decodes with."""
+        return DecodeSettings(
+            self.emission_weight,
+            self.transition_weight,
+            score_normalization=self.options.get("score_normalization", "zscore"),
+        )
 
     @property
     def train_losses(self) -> List[float]:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import fused, numba_runtime
+from .transitions import move_factor
 
 __all__ = ["FusedStep", "max_plus_step", "backtrack_slots", "first_occurrences", "checked_rows"]
 
@@ -104,7 +105,7 @@ def max_plus_step(
         )
         _triton_step.step(previous, previous_allowed, started, emissions, mask,
                           None if transitions is None else transitions.to(dtype), distances,
-                          -float(transition_weight) if transitions is None else 0.0, *step)
+                          move_factor(float(transition_weight)) if transitions is None else 0.0, *step)
         return step
     from . import fused_step_kernels as kernels
 
@@ -119,7 +120,7 @@ def max_plus_step(
         tensor.contiguous().numpy()
         for tensor in (previous, previous_allowed, started, emissions, mask, moves, distances.double())
     ) + (alpha.numpy(), backpointers.numpy(), links.numpy(), nonfinite.numpy(), constants.numpy(),
-         from_distances, -float(transition_weight) if from_distances else 0.0)
+         from_distances, move_factor(float(transition_weight)) if from_distances else 0.0)
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), count)
     numba_runtime.call(kernels.step_parallel, kernels.step_serial, arrays, blocks)
     return FusedStep(alpha, backpointers, links, nonfinite)

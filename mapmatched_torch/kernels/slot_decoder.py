@@ -44,12 +44,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 import torch
 from torch import Tensor
 
-from ..core.checks import check_decode_options, check_positive_int
+from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedValueError
 from . import chain, fused_step
 from .checks import first_true_index
 from .semiring import MAX_PLUS
-from .transitions import DecodingMode, decoding_mode, weighted_transitions
+from ..core.settings import DecodeSettings, DecodingMode
+from .transitions import weighted_transitions
 
 __all__ = ["SlotDecoder", "SlotStep", "PayloadSpec"]
 
@@ -135,6 +136,8 @@ class SlotDecoder:
         width: M, the most candidates per turn (e.g. the retriever's candidate_limit).
         emission_weight, transition_weight: lambda and beta (fixed for the table).
         fixed_lag: None (full decoding) or L >= 0.
+        settings: a :class:`~mapmatched_torch.core.settings.DecodeSettings` in place of
+            the three options above (its normalization is not used here).
         capacity: initial number of slots (grows by doubling).
         turn_capacity: initial turns per slot (grows by doubling).
         dtype: of the scores (float64 for exact parity). device: where the table lives.
@@ -143,6 +146,7 @@ class SlotDecoder:
             :meth:`put_rows`. Part of the configuration a saved state must match.
 
     Attributes:
+        settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` of the table.
         mode: the :class:`~mapmatched_torch.kernels.transitions.DecodingMode` of
             (beta, lag); ``mode.uses_distances`` is False at beta = 0 (pointwise: callers
             need not compute distances).
@@ -163,14 +167,15 @@ class SlotDecoder:
         dtype: torch.dtype = torch.float64,
         device: Optional[Union[str, torch.device]] = None,
         payload: Optional[Dict[str, PayloadSpec]] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> None:
         self.width = check_positive_int(width, "width")
         self._payload = {f"payload.{name}": PayloadSpec(*spec) for name, spec in (payload or {}).items()}
         self._names = _STATE_TENSORS + tuple(self._payload)
-        self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
-            emission_weight, transition_weight, fixed_lag
+        self.settings = DecodeSettings.resolve(
+            settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
         )
-        self.mode = decoding_mode(self.transition_weight, self.fixed_lag)
+        self.mode: DecodingMode = self.settings.mode
         self.dtype = dtype
         # an allocation resolves "cuda" to "cuda:<current>", so device checks compare equal
         self.device = torch.empty(0, device=device).device
@@ -184,6 +189,21 @@ class SlotDecoder:
         #: the turn capacity a table starts with and never shrinks below
         self.initial_turn_capacity = check_positive_int(turn_capacity, "turn_capacity")
         self._resize(check_positive_int(capacity, "capacity"), self.initial_turn_capacity)
+
+    @property
+    def emission_weight(self) -> float:
+        """lambda (of :attr:`settings`)."""
+        return self.settings.emission_weight
+
+    @property
+    def transition_weight(self) -> float:
+        """beta (of :attr:`settings`)."""
+        return self.settings.transition_weight
+
+    @property
+    def fixed_lag(self) -> Optional[int]:
+        """The lag (of :attr:`settings`): None or L >= 0."""
+        return self.settings.fixed_lag
 
     # ------------------------------------------------------------------ storage
 

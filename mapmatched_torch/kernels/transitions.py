@@ -20,12 +20,16 @@ those numbers out of raw graph distances, and the only code that chooses a decod
   distance, so that a jump between far-apart regions (an article change on a section
   graph) stops costing beta times the full bound. Still one transition tensor.
 - :func:`decoding_mode` and :func:`decode_weighted`: the one choice "beta = 0 ->
-  pointwise, a lag -> fixed lag, else full Viterbi", and the one dispatch on it.
+  pointwise, a lag -> fixed lag, else full Viterbi" for a tensor beta or a model
+  (:meth:`DecodingMode.choose <mapmatched_torch.core.settings.DecodingMode.choose>`, as
+  :attr:`DecodeSettings.mode <mapmatched_torch.core.settings.DecodeSettings.mode>` makes
+  it for plain settings), and the one dispatch on it.
+- :func:`move_factor`: ``-beta``, the one place beta's sign meets the distances (also
+  for the fused incremental step's kernel).
 """
 
 from __future__ import annotations
 
-import enum
 import numbers
 from typing import Optional, Protocol, Union
 
@@ -34,6 +38,7 @@ from torch import Tensor, nn
 
 from ..core.checks import check_nonnegative_int, check_optional_lag, check_weight
 from ..core.errors import MapMatchedValueError
+from ..core.settings import DecodingMode
 from .decode import Decoded, FixedLagDecoded, fixed_lag_viterbi, pointwise_decode, viterbi
 
 __all__ = [
@@ -46,31 +51,10 @@ __all__ = [
     "BoundTransitions",
     "query_source_cosine",
     "weighted_transitions",
+    "move_factor",
     "decoding_mode",
     "decode_weighted",
 ]
-
-
-class DecodingMode(enum.Enum):
-    """Which decoder a (beta, lag) setting runs (chosen by :func:`decoding_mode`).
-
-    - ``POINTWISE``: beta = 0, every transition is 0: each turn's first best candidate
-      (:func:`~mapmatched_torch.kernels.decode.pointwise_decode`, as the reference does;
-      the max-plus recursion could see rounding ties the emissions do not have).
-    - ``VITERBI``: full decoding (:func:`~mapmatched_torch.kernels.decode.viterbi`).
-    - ``FIXED_LAG``: fixed-lag decoding
-      (:func:`~mapmatched_torch.kernels.decode.fixed_lag_viterbi`).
-    """
-
-    POINTWISE = "pointwise"
-    VITERBI = "viterbi"
-    FIXED_LAG = "fixed_lag"
-
-    @property
-    def uses_distances(self) -> bool:
-        """Whether this mode reads the distances (not in ``POINTWISE``: the graph need
-        not be asked)."""
-        return self is not DecodingMode.POINTWISE
 
 
 class TransitionModel(Protocol):
@@ -121,8 +105,20 @@ def weighted_transitions(distances: Tensor, beta: Union[float, Tensor], dtype: O
         tensor([[-0.0000, -1.0000],
                 [-1.5000, -0.0000]])
     """
-    transitions = distances * (-beta)
+    transitions = distances * move_factor(beta)
     return transitions if dtype is None else transitions.to(dtype)
+
+
+def move_factor(beta: Union[float, Tensor]) -> Union[float, Tensor]:
+    """``-beta``: what a raw distance is multiplied by to give the fixed model's move.
+
+    The one place the sign meets beta: :func:`weighted_transitions` multiplies the
+    distances by it in one pass, and the fused incremental step
+    (:func:`~mapmatched_torch.kernels.fused_step.max_plus_step`) hands it to its numba
+    kernel, which multiplies each distance by it (then rounds to the table's dtype), so
+    both make ``-(beta * d)`` bit for bit.
+    """
+    return -beta
 
 
 class FixedWeight:
@@ -359,9 +355,7 @@ def decoding_mode(weight: Weight, lag: Optional[int] = None) -> DecodingMode:
         ``FIXED_LAG`` with one.
     """
     lag = check_optional_lag(lag)
-    if as_transition_model(weight).is_zero:
-        return DecodingMode.POINTWISE
-    return DecodingMode.VITERBI if lag is None else DecodingMode.FIXED_LAG
+    return DecodingMode.choose(as_transition_model(weight).is_zero, lag)
 
 
 def decode_weighted(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
-from ..core.checks import check_decode_options, check_positive_int, check_turn, check_weight, describe
+from ..core.checks import check_positive_int, check_turn, check_weight, describe
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.models import (
     CandidateScore,
@@ -33,12 +33,15 @@ from ..core.protocols import (
     missing_members,
     provider_answer,
 )
-from ..core.scoring import check_score_normalization, normalize_candidates
+from ..core.scoring import normalize_candidates
+from ..core.settings import DecodeSettings
 from ..core.trace import build_trace
 
 __all__ = [
     "MapMatchedRetriever",
     "MapMatchedSession",
+    "check_retriever_options",
+    "TurnOptions",
     "as_scored_candidates",
     "as_turn_candidates",
     "provider_answer_name",
@@ -101,6 +104,53 @@ def context_chunk_ids(
     return unique if context_limit is None else unique[:context_limit]
 
 
+def check_retriever_options(
+    graph: Any,
+    candidate_limit: Any,
+    settings: Optional[DecodeSettings],
+    options: Dict[str, Any],
+    context_radius: Any,
+    context_limit: Any,
+) -> Tuple[CorpusGraph, int, DecodeSettings, float, Optional[int]]:
+    """The options of a retriever (and of a server), checked in upstream mapmatched's
+    order so that the first bad option is the one named: the graph,
+    ``candidate_limit``, the weights and the lag, ``context_radius``,
+    ``context_limit``, the normalization.
+
+    Args:
+        settings: the caller's ``settings=`` (or None), and ``options`` its loose
+            ``emission_weight``, ``transition_weight``, ``fixed_lag`` and
+            ``score_normalization`` (see :meth:`DecodeSettings.resolve`).
+
+    Returns:
+        ``(graph, candidate_limit, settings, context_radius, context_limit)``, validated.
+    """
+    graph = _check_graph(graph)
+    limit = check_positive_int(candidate_limit, "candidate_limit")
+    if settings is None:
+        loose = dict(options)
+        normalization = loose.pop("score_normalization")
+        decode = DecodeSettings(**loose)  # the normalization is upstream's last check
+    else:
+        decode = DecodeSettings.resolve(settings, **options)
+    radius = check_weight(context_radius, "context_radius")
+    kept = None if context_limit is None else check_positive_int(context_limit, "context_limit")
+    if settings is None:
+        decode = dataclasses.replace(decode, score_normalization=normalization)
+    return graph, limit, decode, radius, kept
+
+
+class TurnOptions(Protocol):
+    """What the per-turn helpers (:func:`finish_turn`, :func:`turn_trace`,
+    :func:`turn_result`) read of their owner: a :class:`MapMatchedRetriever` or a
+    :class:`~mapmatched_torch.serving.server.MapMatchedServer`."""
+
+    graph: CorpusGraph
+    settings: DecodeSettings
+    context_radius: float
+    context_limit: Optional[int]
+
+
 def _check_graph(graph: object) -> CorpusGraph:
     missing = missing_members(graph, CorpusGraph)
     if missing:
@@ -125,6 +175,14 @@ class MapMatchedRetriever:
         fixed_lag: None (full re-decoding every turn) or L >= 0.
         context_radius: graph radius of the context expansion (finite, >= 0).
         context_limit: maximum context length (> 0) or None.
+        settings: emission_weight, transition_weight, score_normalization and
+            fixed_lag as one :class:`~mapmatched_torch.core.settings.DecodeSettings`
+            (then leave those four at their defaults).
+
+    Attributes:
+        settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` every
+            session of this retriever decodes with (``emission_weight``,
+            ``transition_weight``, ``fixed_lag`` and ``score_normalization`` read it).
     """
 
     def __init__(
@@ -140,22 +198,49 @@ class MapMatchedRetriever:
         fixed_lag: Optional[int] = None,
         context_radius: float = 1.0,
         context_limit: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> None:
-        self.graph = _check_graph(graph)
         self.provider = provider
         if decoder is None:
             from ..standalone.decoder import StandaloneDecoder
 
             decoder = StandaloneDecoder()
         self.decoder = decoder
-        self.candidate_limit = check_positive_int(candidate_limit, "candidate_limit")
-        self.emission_weight, self.transition_weight, self.fixed_lag = check_decode_options(
-            emission_weight, transition_weight, fixed_lag
+        (
+            self.graph, self.candidate_limit, self.settings, self.context_radius, self.context_limit
+        ) = check_retriever_options(
+            graph,
+            candidate_limit,
+            settings,
+            dict(
+                emission_weight=emission_weight,
+                transition_weight=transition_weight,
+                fixed_lag=fixed_lag,
+                score_normalization=score_normalization,
+            ),
+            context_radius,
+            context_limit,
         )
-        # checked in upstream mapmatched's order, so the first bad option is the one named
-        self.context_radius = check_weight(context_radius, "context_radius")
-        self.context_limit = None if context_limit is None else check_positive_int(context_limit, "context_limit")
-        self.score_normalization = check_score_normalization(score_normalization)
+
+    @property
+    def emission_weight(self) -> float:
+        """lambda (of :attr:`settings`)."""
+        return self.settings.emission_weight
+
+    @property
+    def transition_weight(self) -> float:
+        """beta (of :attr:`settings`)."""
+        return self.settings.transition_weight
+
+    @property
+    def fixed_lag(self) -> Optional[int]:
+        """None (full decoding) or the lag L (of :attr:`settings`)."""
+        return self.settings.fixed_lag
+
+    @property
+    def score_normalization(self) -> str:
+        """``"zscore"``, ``"center"`` or ``"none"`` (of :attr:`settings`)."""
+        return self.settings.score_normalization
 
     def session(self) -> "MapMatchedSession":
         """Open a new conversation."""
@@ -180,13 +265,7 @@ class MapMatchedSession:
         # A decoder that can stream (TorchDecoder) decodes each turn incrementally.
         factory = getattr(retriever.decoder, "stream", None)
         self._stream = (
-            factory(
-                retriever.graph,
-                retriever.candidate_limit,
-                emission_weight=retriever.emission_weight,
-                transition_weight=retriever.transition_weight,
-                fixed_lag=retriever.fixed_lag,
-            )
+            factory(retriever.graph, retriever.candidate_limit, settings=retriever.settings)
             if callable(factory)
             else None
         )
@@ -326,12 +405,7 @@ def decode_turns(
     one, else its ``decode`` with an empty ranking (a decoder with only upstream's
     ``decode`` plugs in)."""
     decoder = retriever.decoder
-    options = dict(
-        graph=retriever.graph,
-        emission_weight=retriever.emission_weight,
-        transition_weight=retriever.transition_weight,
-        fixed_lag=retriever.fixed_lag,
-    )
+    options = dict(graph=retriever.graph, **retriever.settings.decoder_options)
     ranked = getattr(decoder, "decode_ranked", None)
     if callable(ranked):
         return ranked(trellis, **options)
@@ -369,7 +443,7 @@ def check_revisions(revised: Tuple[int, ...], committed: Optional[int]) -> Tuple
 
 
 def finish_turn(
-    retriever: MapMatchedRetriever,
+    retriever: TurnOptions,
     trellis: Sequence[Tuple[DecoderCandidate, ...]],
     candidates: Sequence[ScoredCandidate],
     path: DecodedPath,
@@ -384,13 +458,13 @@ def finish_turn(
     :func:`turn_trace` and :func:`turn_result`, the two halves of this), so both report
     identically.
     """
-    revised = revised_indices(previous_path, path, retriever.fixed_lag)
+    revised = revised_indices(previous_path, path, retriever.settings.fixed_lag)
     trace = turn_trace(retriever, trellis, path, revised, previous_trace)
     return turn_result(retriever, candidates, path, ranking, trace)
 
 
 def turn_trace(
-    retriever: MapMatchedRetriever,
+    retriever: TurnOptions,
     trellis: Sequence[Tuple[DecoderCandidate, ...]],
     path: DecodedPath,
     revised: Sequence[int],
@@ -407,19 +481,20 @@ def turn_trace(
     trace = build_trace(
         path,
         trellis,
-        emission_weight=retriever.emission_weight,
+        emission_weight=retriever.settings.emission_weight,
         maximum_distance=retriever.graph.maximum_distance,
         revised_prior_indices=revised,
         reuse=previous_trace.steps if previous_trace is not None else (),
     )
-    committed = committed_through(len(trellis), retriever.fixed_lag)
-    if trace.fixed_lag != retriever.fixed_lag or trace.committed_through_index != committed:
-        trace = dataclasses.replace(trace, fixed_lag=retriever.fixed_lag, committed_through_index=committed)
+    lag = retriever.settings.fixed_lag
+    committed = committed_through(len(trellis), lag)
+    if trace.fixed_lag != lag or trace.committed_through_index != committed:
+        trace = dataclasses.replace(trace, fixed_lag=lag, committed_through_index=committed)
     return trace
 
 
 def turn_result(
-    retriever: MapMatchedRetriever,
+    retriever: TurnOptions,
     candidates: Sequence[ScoredCandidate],
     path: DecodedPath,
     ranking: Tuple[CandidateScore, ...],

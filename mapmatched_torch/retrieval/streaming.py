@@ -19,6 +19,7 @@ from ..core.errors import MapMatchedValueError
 from ..core.models import CandidateScore, DecodedPath, DecodedStep, DecoderCandidate
 from ..core.path_reports import NONFINITE_MESSAGE, rank_final_candidates, report_path
 from ..core.protocols import CorpusGraph
+from ..core.settings import DecodeSettings
 from ..kernels.slot_decoder import SlotDecoder, SlotStep
 from .trellis import consecutive_distances, packed_rows
 
@@ -61,21 +62,18 @@ def report_step(
     distance_row: Sequence[float],
     final_row: Sequence[float],
     *,
-    emission_weight: float,
-    transition_weight: float,
-    fixed_lag: Optional[int],
+    emission_weight: float = 1.0,
+    transition_weight: float = 1.0,
+    fixed_lag: Optional[int] = None,
     reuse: Sequence[DecodedStep] = (),
+    settings: Optional[DecodeSettings] = None,
 ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
-    """One conversation's :class:`SlotStep` row (as Python lists) -> path and ranking."""
-    path = report_path(
-        trellis,
-        path_row[: len(trellis)],
-        lambda t: distance_row[t],
-        emission_weight=emission_weight,
-        transition_weight=transition_weight,
-        fixed_lag=fixed_lag,
-        reuse=reuse,
+    """One conversation's :class:`SlotStep` row (as Python lists) -> path and ranking
+    (decoded with ``settings``, or with the three loose options)."""
+    settings = DecodeSettings.resolve(
+        settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
     )
+    path = report_path(trellis, path_row[: len(trellis)], lambda t: distance_row[t], settings, reuse=reuse)
     return path, rank_final_candidates(trellis[-1], final_row[: len(trellis[-1])])
 
 
@@ -90,6 +88,8 @@ class DecodingStream:
         graph: the corpus graph. width: M (the retriever's candidate_limit).
         emission_weight, transition_weight, fixed_lag: as for the decoders.
         dtype, device: of the dynamic program.
+        settings: a :class:`~mapmatched_torch.core.settings.DecodeSettings` in place of
+            the three options.
     """
 
     def __init__(
@@ -102,13 +102,14 @@ class DecodingStream:
         fixed_lag: Optional[int] = None,
         dtype: torch.dtype = torch.float64,
         device: Optional[Union[str, torch.device]] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> None:
         self.graph = graph
         self._decoder = SlotDecoder(
             width,
-            emission_weight=emission_weight,
-            transition_weight=transition_weight,
-            fixed_lag=fixed_lag,
+            settings=DecodeSettings.resolve(
+                settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
+            ),
             capacity=1,
             dtype=dtype,
             device=device,
@@ -141,9 +142,7 @@ class DecodingStream:
                 out.paths[0].tolist(),
                 out.path_distances[0].tolist(),
                 out.final_scores[0].double().tolist(),
-                emission_weight=decoder.emission_weight,
-                transition_weight=decoder.transition_weight,
-                fixed_lag=decoder.fixed_lag,
+                settings=decoder.settings,
                 reuse=self._path.steps if self._path is not None else (),
             )
         except BaseException:

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..core.checks import check_decode_options, check_trellis
+from ..core.checks import check_trellis
 from ..core.errors import MapMatchedValueError
 from ..core.models import CandidateScore, DecodedPath, DecoderCandidate
 from ..core.path_reports import rank_final_candidates, report_path
 from ..core.protocols import CorpusGraph
 from ..kernels.decode import forward_scores
-from ..kernels.transitions import decode_weighted, decoding_mode, weighted_transitions
+from ..core.settings import DecodeSettings
+from ..kernels.transitions import decode_weighted, weighted_transitions
 from .trellis import PackedTrellis, pack_trellises, pairwise_distances
 
 if TYPE_CHECKING:
@@ -72,10 +73,11 @@ class TorchDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> DecodedPath:
         """Decode one conversation (see :meth:`StandaloneDecoder.decode`)."""
         return self.decode_ranked(
-            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
+            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag, settings=settings
         )[0]
 
     def decode_ranked(
@@ -86,12 +88,11 @@ class TorchDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> Ranked:
         """Decode one conversation and rank its final candidates (see the standalone decoder)."""
         check_trellis(trellis)
-        return self.decode_batch_ranked(
-            [trellis], graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
-        )[0]
+        return self.decode_batch_ranked([trellis], graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag, settings=settings)[0]
 
     def stream(
         self,
@@ -101,6 +102,7 @@ class TorchDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> "DecodingStream":
         """An incremental decoder for one conversation of at most ``width`` candidates
         per turn: each new turn costs one M x M step (plus the uncommitted tail with a
@@ -113,6 +115,7 @@ class TorchDecoder:
             emission_weight=emission_weight,
             transition_weight=transition_weight,
             fixed_lag=fixed_lag,
+            settings=settings,
             dtype=self.dtype,
             device=self.device,
         )
@@ -125,6 +128,7 @@ class TorchDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> List[DecodedPath]:
         """Decode B conversations in one batched pass.
 
@@ -133,6 +137,8 @@ class TorchDecoder:
                 lengths and widths; errors name the conversation.
             graph: any ``CorpusGraph``; a tensor graph fills all distances in one call.
             emission_weight, transition_weight, fixed_lag: as for :meth:`decode`.
+            settings: the three options as one
+                :class:`~mapmatched_torch.core.settings.DecodeSettings`.
 
         Returns:
             B decoded paths, each identical to the standalone decoder's for that
@@ -142,12 +148,7 @@ class TorchDecoder:
         return [
             path
             for path, _ in self.decode_batch_ranked(
-                trellises,
-                graph,
-                emission_weight=emission_weight,
-                transition_weight=transition_weight,
-                fixed_lag=fixed_lag,
-                rank=False,
+                trellises, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag, rank=False, settings=settings
             )
         ]
 
@@ -160,13 +161,17 @@ class TorchDecoder:
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
         rank: bool = True,
+        settings: Optional[DecodeSettings] = None,
     ) -> List[Ranked]:
         """:meth:`decode_batch` plus each conversation's ranked final candidates
         (an empty ranking when ``rank=False``)."""
-        lam, beta, lag = check_decode_options(emission_weight, transition_weight, fixed_lag)
+        settings = DecodeSettings.resolve(
+            settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
+        )
+        lam, beta, lag = settings.emission_weight, settings.transition_weight, settings.fixed_lag
         packed = pack_trellises(trellises, dtype=torch.float64, device=self.device)
         # shape: (B, T-1, M, M) float64 graph distances (None when beta = 0: never needed)
-        distances = pairwise_distances(packed, graph) if decoding_mode(beta, lag).uses_distances else None
+        distances = pairwise_distances(packed, graph) if settings.mode.uses_distances else None
         # shape: (B, T, M)
         emissions = (lam * packed.scores).to(self.dtype)
         # shape: (B, T-1, M, M): all zero at beta = 0 (then only the ranking reads them)
@@ -181,7 +186,7 @@ class TorchDecoder:
         )
         decoded = decode_weighted(emissions, distances, packed.mask, beta, lag, transitions=transitions)
         finals = _final_scores(emissions, transitions, packed, getattr(decoded, "locks", None)) if rank else None
-        return _report(packed, decoded.paths, distances, finals, lam, beta, lag)
+        return _report(packed, decoded.paths, distances, finals, settings)
 
 
 def _final_scores(
@@ -199,9 +204,7 @@ def _report(
     paths: torch.Tensor,
     distances: Optional[torch.Tensor],
     finals: Optional[torch.Tensor],
-    lam: float,
-    beta: float,
-    lag: Optional[int],
+    settings: DecodeSettings,
 ) -> List[Ranked]:
     """Host-side reporting: one copy of the paths (and chosen distances) to the CPU."""
     rows = paths.tolist()
@@ -221,14 +224,7 @@ def _report(
     for b, trellis in enumerate(packed.trellises):
         chosen = rows[b][: len(trellis)]
         step_distances = chosen_distances[b] if chosen_distances is not None else None
-        path = report_path(
-            trellis,
-            chosen,
-            lambda t, row=step_distances: row[t - 1],
-            emission_weight=lam,
-            transition_weight=beta,
-            fixed_lag=lag,
-        )
+        path = report_path(trellis, chosen, lambda t, row=step_distances: row[t - 1], settings)
         ranking: Tuple[CandidateScore, ...] = ()
         if final_rows is not None:
             ranking = rank_final_candidates(trellis[-1], final_rows[b][: len(trellis[-1])])

@@ -38,7 +38,14 @@ from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
 from ..graph.protocols import TensorGraph
-from ..retrieval.session import MapMatchedRetriever, as_turn_candidates, normalize_turn, provider_answer_name
+from ..core.settings import DecodeSettings
+from ..retrieval.session import (
+    MapMatchedRetriever,
+    as_turn_candidates,
+    check_retriever_options,
+    normalize_turn,
+    provider_answer_name,
+)
 from ..retrieval.trellis import packed_rows
 from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults
@@ -80,6 +87,9 @@ class MapMatchedServer:
         candidate_limit, emission_weight, transition_weight, score_normalization,
         fixed_lag, context_radius, context_limit: as for
             :class:`~mapmatched_torch.MapMatchedRetriever` (validated the same way).
+        settings: emission_weight, transition_weight, score_normalization and
+            fixed_lag as one :class:`~mapmatched_torch.core.settings.DecodeSettings`
+            (then leave those four at their defaults).
         neighborhood_cache: context neighbourhoods kept (an LRU, for tensor graphs).
         turn_capacity: turns per session the tables start with (default 8; they double
             when a session outgrows them, a step that pays a copy of the whole table,
@@ -139,28 +149,32 @@ class MapMatchedServer:
         context_limit: Optional[int] = None,
         neighborhood_cache: int = 65536,
         turn_capacity: int = 8,
+        settings: Optional[DecodeSettings] = None,
     ) -> None:
-        self.retriever = retriever = MapMatchedRetriever(
-            graph,
-            provider=provider,
-            candidate_limit=candidate_limit,
-            emission_weight=emission_weight,
-            transition_weight=transition_weight,
-            score_normalization=score_normalization,
-            fixed_lag=fixed_lag,
-            context_radius=context_radius,
-            context_limit=context_limit,
+        self.graph, self.candidate_limit, self.settings, self.context_radius, self.context_limit = (
+            check_retriever_options(
+                graph,
+                candidate_limit,
+                settings,
+                dict(
+                    emission_weight=emission_weight,
+                    transition_weight=transition_weight,
+                    fixed_lag=fixed_lag,
+                    score_normalization=score_normalization,
+                ),
+                context_radius,
+                context_limit,
+            )
         )
+        self.provider = provider
+        self._retriever: Optional[MapMatchedRetriever] = None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._store = SessionStore(
-            graph,
-            candidate_limit,
-            emission_weight=retriever.emission_weight,
-            transition_weight=retriever.transition_weight,
-            fixed_lag=retriever.fixed_lag,
-            score_normalization=retriever.score_normalization,
-            context_radius=retriever.context_radius,
-            context_limit=retriever.context_limit,
+            self.graph,
+            self.candidate_limit,
+            self.settings,
+            context_radius=self.context_radius,
+            context_limit=self.context_limit,
             capacity=check_positive_int(capacity, "capacity"),
             dtype=dtype,
             device=self.device,
@@ -176,6 +190,22 @@ class MapMatchedServer:
         # the results handed out, to copy a closing session's turns into (weak: dropped results go)
         self._live_results: List["weakref.ref[StepResults]"] = []
         self._lock = threading.RLock()  # one call at a time: see "Concurrency" above
+
+    @property
+    def retriever(self) -> MapMatchedRetriever:
+        """A :class:`~mapmatched_torch.MapMatchedRetriever` with this server's graph,
+        provider and options (made on first read): for a plain session that decodes as
+        this server's sessions do."""
+        if self._retriever is None:
+            self._retriever = MapMatchedRetriever(
+                self.graph,
+                provider=self.provider,
+                candidate_limit=self.candidate_limit,
+                settings=self.settings,
+                context_radius=self.context_radius,
+                context_limit=self.context_limit,
+            )
+        return self._retriever
 
     @property
     def store(self) -> SessionStore:
@@ -277,13 +307,13 @@ class MapMatchedServer:
     def path(self, session_id: SessionId) -> Optional[DecodedPath]:
         """The session's latest decoded path (None before its first turn)."""
         results = self._latest(session_id)
-        return results.record(session_id).decoded(self.retriever)[1] if results is not None else None
+        return results.record(session_id).decoded(self)[1] if results is not None else None
 
     @_serialized
     def trace(self, session_id: SessionId) -> Optional[RetrievalTrace]:
         """The session's latest trace (None before its first turn)."""
         results = self._latest(session_id)
-        return results.record(session_id).decoded(self.retriever)[3] if results is not None else None
+        return results.record(session_id).decoded(self)[3] if results is not None else None
 
     @_serialized
     def turn_count(self, session_id: SessionId) -> int:
@@ -295,7 +325,7 @@ class MapMatchedServer:
         if self._store.decoder.length(slot) == 0:
             return None
         slots = torch.tensor([slot], dtype=torch.long, device=self.device)
-        return StepResults(self.retriever, self._store, self._store.current(slots), {session_id: 0}, slots, self._built)
+        return StepResults(self, self._store, self._store.current(slots), {session_id: 0}, slots, self._built)
 
     def _known(self, session_id: SessionId) -> SessionId:
         if not self._is_open(session_id):
@@ -372,16 +402,15 @@ class MapMatchedServer:
                 mapping (nor pairs) of session IDs; no session is touched.
         """
         errors: Dict[SessionId, Exception] = {}
-        retriever = self.retriever
         requests = _as_requests(turns)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
         answer = ""
         if queries:
-            contextual = callable(getattr(retriever.provider, "retrieve_in_context", None))
-            answer = (f"candidates from {type(retriever.provider).__name__}.retrieve_in_context" if contextual
-                      else provider_answer_name(retriever.provider))
+            contextual = callable(getattr(self.provider, "retrieve_in_context", None))
+            answer = (f"candidates from {type(self.provider).__name__}.retrieve_in_context" if contextual
+                      else provider_answer_name(self.provider))
         ids: List[SessionId] = []
         kept_rows: List[Tuple[ScoredCandidate, ...]] = []
         for session_id, request in requests.items():
@@ -390,7 +419,7 @@ class MapMatchedServer:
             try:
                 slot = self._sessions[self._known(session_id)]
                 what = answer if session_id in queries else "candidates"
-                kept = as_turn_candidates(request, self._store.decoder.length(slot), what)[: retriever.candidate_limit]
+                kept = as_turn_candidates(request, self._store.decoder.length(slot), what)[: self.candidate_limit]
             except Exception as error:  # isolate the bad request
                 errors[session_id] = error
                 continue
@@ -398,13 +427,13 @@ class MapMatchedServer:
             kept_rows.append(kept)
         if not ids:
             return self._results([], None, None, {}), errors
-        width = retriever.candidate_limit
+        width = self.candidate_limit
         coded = self._store.codes.codes
         codes = packed_rows([coded(map(_CHUNK_ID, kept)) for kept in kept_rows], width, -1, torch.long)
         raw = packed_rows([list(map(_SCORE, kept)) for kept in kept_rows], width, 0.0, torch.float64)
         candidates = dict(zip(ids, kept_rows))
         return self._run(ids, codes, raw, errors, lambda key, code, turn: _candidate_error(
-            code, candidates[key], retriever.score_normalization, turn), queries), errors
+            code, candidates[key], self.settings.score_normalization, turn), queries), errors
 
     @_serialized
     def step_indexed(
@@ -436,7 +465,7 @@ class MapMatchedServer:
         Cost: tensor operations, one dictionary look-up per session ID, and Python only
         for the rows that fail; results are built when read.
         """
-        graph = self.retriever.graph
+        graph = self.graph
         if not implements(graph, TensorGraph):
             raise MapMatchedValueError(
                 f"step_indexed needs a tensor corpus graph (node indices); this server's graph is {type(graph).__name__}"
@@ -454,14 +483,14 @@ class MapMatchedServer:
         def row_error(key: SessionId, code: StepCode, turn: int) -> Exception:
             row = ids.index(key)  # (failed rows only)
             listed, raw = given[row].tolist(), scores[row].double().tolist()
-            kept = min(sum(node >= 0 for node in listed), self.retriever.candidate_limit)
+            kept = min(sum(node >= 0 for node in listed), self.candidate_limit)
             if code in _INDEX_CODES:
                 try:
                     _raise_row_error(listed, raw, kept, nodes, names, turn)
                 except Exception as error:
                     return error
             pairs = [ScoredCandidate(names[node], score) for node, score in zip(listed[:kept], raw[:kept])]
-            return _candidate_error(code, pairs, self.retriever.score_normalization, turn)
+            return _candidate_error(code, pairs, self.settings.score_normalization, turn)
 
         return self._run(ids, candidates, scores, errors, row_error), errors
 
@@ -527,7 +556,7 @@ class MapMatchedServer:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
             step = self._store.current(empty)
             slots = empty
-        results = StepResults(self.retriever, self._store, step, rows, slots, self._built)
+        results = StepResults(self, self._store, step, rows, slots, self._built)
         self._live_results = [reference for reference in self._live_results if reference() is not None]
         self._live_results.append(weakref.ref(results))
         return results
@@ -548,20 +577,20 @@ class MapMatchedServer:
         Returns:
             ``(row, the session's error)`` of every refused row.
         """
-        retriever = self.retriever
-        if retriever.score_normalization == "zscore" and math.sqrt(retriever.candidate_limit) * max(
-            1.0, retriever.emission_weight
+        settings = self.settings
+        if settings.score_normalization == "zscore" and math.sqrt(self.candidate_limit) * max(
+            1.0, settings.emission_weight
         ) <= _LARGE_SCORE:  # |z| <= sqrt(M): never large
             return []
         normalized = self._store.decoder.payload("normalized")
         turns = step.path.shape[1]
         magnitude = normalized[slots.clamp(0, normalized.shape[0] - 1), :turns].abs().amax((1, 2))
-        large = (magnitude * max(1.0, self.retriever.emission_weight) > _LARGE_SCORE) & (step.status == 0)
+        large = (magnitude * max(1.0, self.settings.emission_weight) > _LARGE_SCORE) & (step.status == 0)
         if not bool(large.any()):
             return []
         rows = large.nonzero().view(-1).tolist()
         if results is None:
-            results = StepResults(self.retriever, self._store, step, {keys[row]: row for row in rows}, slots, self._built)
+            results = StepResults(self, self._store, step, {keys[row]: row for row in rows}, slots, self._built)
         refused = []
         for row in rows:
             try:
@@ -577,7 +606,7 @@ class MapMatchedServer:
         return refused
 
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
-        provider, limit = self.retriever.provider, self.retriever.candidate_limit
+        provider, limit = self.provider, self.candidate_limit
         answers: Dict[SessionId, Any] = {}
         for session_id, query in queries.items():
             if provider is None:  # SPEC section 6: a RuntimeError, as in a session
@@ -648,15 +677,15 @@ class MapMatchedServer:
 
     def _options(self) -> Dict[str, Any]:
         """The options a saved state must match (what :meth:`state_dict` records)."""
-        retriever = self.retriever
+        settings = self.settings
         return {
-            "candidate_limit": retriever.candidate_limit,
-            "emission_weight": retriever.emission_weight,
-            "transition_weight": retriever.transition_weight,
-            "score_normalization": retriever.score_normalization,
-            "fixed_lag": retriever.fixed_lag,
-            "context_radius": retriever.context_radius,
-            "context_limit": retriever.context_limit,
+            "candidate_limit": self.candidate_limit,
+            "emission_weight": settings.emission_weight,
+            "transition_weight": settings.transition_weight,
+            "score_normalization": settings.score_normalization,
+            "fixed_lag": settings.fixed_lag,
+            "context_radius": self.context_radius,
+            "context_limit": self.context_limit,
         }
 
     @_serialized

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph, implements
+from ..core.settings import DecodeSettings
 from ..graph.protocols import TensorGraph
 from ..kernels import fused_step
 from ..kernels.normalization import normalize_score_rows
@@ -120,8 +121,8 @@ class SessionStore:
     Args:
         graph: the corpus graph (a tensor graph's distances come from one call).
         width: M, the retriever's candidate_limit.
-        emission_weight, transition_weight, fixed_lag: lambda, beta and the lag.
-        score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
+        settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` (lambda,
+            beta, the lag and the normalization), validated by the owner.
         context_radius, context_limit: the contexts' neighbourhood radius and cut.
         capacity: initial slots. turn_capacity: initial turns per slot (grows by
         doubling, shrinks back to it). dtype, device: of the dynamic program.
@@ -131,11 +132,8 @@ class SessionStore:
         self,
         graph: CorpusGraph,
         width: int,
+        settings: DecodeSettings,
         *,
-        emission_weight: float,
-        transition_weight: float,
-        fixed_lag: Optional[int],
-        score_normalization: str,
         context_radius: float,
         context_limit: Optional[int],
         capacity: int = 64,
@@ -148,9 +146,7 @@ class SessionStore:
         self.codes = ChunkCodes(graph)
         self.decoder = SlotDecoder(
             width,
-            emission_weight=emission_weight,
-            transition_weight=transition_weight,
-            fixed_lag=fixed_lag,
+            settings=settings,
             capacity=capacity,
             turn_capacity=turn_capacity,
             dtype=dtype,
@@ -159,7 +155,7 @@ class SessionStore:
         )
         self.device = self.decoder.device
         self.width = width
-        self.score_normalization = score_normalization
+        self.settings = settings
         self.context_limit = context_limit
         self.contexts = ContextTable(graph, self.codes, context_radius, self.device, neighborhood_cache)
         self._tensor_graph = implements(graph, TensorGraph)
@@ -213,7 +209,7 @@ class SessionStore:
         clean = status == 0
         normalized = normalize_score_rows(
             torch.where(real & clean.unsqueeze(1), kept_raw, 0.0), torch.where(clean, counts, 0),
-            self.score_normalization,
+            self.settings.score_normalization,
         )
         status.masked_fill_(clean & ~torch.isfinite(normalized).all(1), int(StepCode.NORMALIZATION_OVERFLOW))
         rows = (status == 0).nonzero().view(-1)
@@ -338,7 +334,7 @@ class SessionStore:
         lag = decoder.fixed_lag
         committed = (step.lengths - lag - 1).clamp_min(-1) if lag is not None else torch.full_like(step.lengths, -1)
         emissions = torch.where(advanced, decoder.emission_weight * scores, 0.0)
-        transitions = torch.where(advanced, decoder.transition_weight * step.path_distances, 0.0)
+        transitions = torch.where(advanced, decoder.settings.transition_cost(step.path_distances), 0.0)
         newest = decoder.payload("codes")[slots, last]
         return {
             "chunks": torch.where(step.lengths > 0, path.gather(1, last.unsqueeze(1)).squeeze(1), -1),

@@ -29,7 +29,7 @@ from ..core.models import (
     trusted_constructor,
 )
 from ..core.path_reports import committed_through
-from ..retrieval.session import MapMatchedRetriever, check_revisions, turn_result, turn_trace
+from ..retrieval.session import TurnOptions, check_revisions, turn_result, turn_trace
 from ..retrieval.streaming import report_step
 from .contexts import NeighborhoodCache
 from .session_store import SessionStore, TensorStep, context_codes
@@ -192,7 +192,7 @@ class StepRecord:
     def built(self) -> bool:
         return self._result is not None
 
-    def decoded(self, retriever: MapMatchedRetriever) -> Tuple[tuple, DecodedPath, Any, RetrievalTrace]:
+    def decoded(self, retriever: TurnOptions) -> Tuple[tuple, DecodedPath, Any, RetrievalTrace]:
         """``(new turn's candidates, path, ranking, trace)``, built on first call."""
         if self._decoded is None:
             # earlier turns as ServedTurns (one candidate built per turn read), the new
@@ -202,17 +202,15 @@ class StepRecord:
             previous_path, previous_trace = self._reuse if self._reuse is not None else (None, None)
             path, ranking = report_step(
                 trellis, self.row, self.distances, self.finals,
-                emission_weight=retriever.emission_weight,
-                transition_weight=retriever.transition_weight,
-                fixed_lag=retriever.fixed_lag,
+                settings=retriever.settings,
                 reuse=previous_path.steps if previous_path is not None else (),
             )
-            revised = check_revisions(self.revised, committed_through(self.length - 1, retriever.fixed_lag))
+            revised = check_revisions(self.revised, committed_through(self.length - 1, retriever.settings.fixed_lag))
             self._decoded = (last, path, ranking, turn_trace(retriever, trellis, path, revised, previous_trace))
             self._reuse = None
         return self._decoded
 
-    def result(self, retriever: MapMatchedRetriever, neighborhood: Optional[Sequence[str]]) -> RetrievalResult:
+    def result(self, retriever: TurnOptions, neighborhood: Optional[Sequence[str]]) -> RetrievalResult:
         """The step's :class:`RetrievalResult`, built on first call (``neighborhood``: the
         chunk IDs of the decoded chunk's context neighbourhood, or None to ask the graph)."""
         if self._result is None:
@@ -253,7 +251,7 @@ class StepResults(Mapping):
     :meth:`materialize` builds every result with one batched neighbourhood search.
 
     Args:
-        retriever: the server's options. store: its session store.
+        retriever: the server (its graph, settings and context options). store: its session store.
         step: the step's :class:`~mapmatched_torch.serving.session_store.TensorStep`.
         rows: each decoded session's row of ``step``.
         slots: ``(S,)`` each row's slot.
@@ -263,7 +261,7 @@ class StepResults(Mapping):
 
     def __init__(
         self,
-        retriever: MapMatchedRetriever,
+        retriever: TurnOptions,
         store: SessionStore,
         step: TensorStep,
         rows: Dict[SessionId, int],

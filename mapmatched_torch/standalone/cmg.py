@@ -38,11 +38,12 @@ import importlib
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from ..core.checks import check_decode_options, check_trellis
+from ..core.checks import check_trellis
 from ..core.errors import CMGBackendUnavailableError, MapMatchedBackendError
 from ..core.models import DecodedPath, DecoderCandidate
 from ..core.path_reports import report_path
 from ..core.protocols import CorpusGraph
+from ..core.settings import DecodeSettings
 
 __all__ = ["CMGDecoder", "CMGBackendUnavailableError", "CMG_MODULES", "CMG_NAMES"]
 
@@ -146,7 +147,8 @@ class CMGDecoder:
                 chunk that is not a candidate of its turn.
         """
         turns = check_trellis(trellis)
-        lam, beta, lag = check_decode_options(emission_weight, transition_weight, fixed_lag)
+        settings = DecodeSettings(emission_weight, transition_weight, fixed_lag)
+        lam, beta, lag = settings.emission_weight, settings.transition_weight, settings.fixed_lag
         backend = _load_backend()
         states = [
             [backend.CandidateState(id=candidate.chunk_id, score=lam * candidate.normalized_score) for candidate in turn]
@@ -166,7 +168,5 @@ class CMGDecoder:
             turns,
             chosen,
             lambda t: graph.distance(state_ids[t - 1], state_ids[t]),
-            emission_weight=lam,
-            transition_weight=beta,
-            fixed_lag=lag,
+            settings,
         )

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from typing import List, Optional, Sequence, Tuple
 
-from ..core.checks import check_decode_options, check_trellis
+from ..core.checks import check_trellis
 from ..core.errors import MapMatchedValueError
 from ..core.models import CandidateScore, DecodedPath, DecoderCandidate
 from ..core.path_reports import NONFINITE_MESSAGE, rank_final_candidates, report_path
 from ..core.protocols import CorpusGraph
+from ..core.settings import DecodeSettings
 
 __all__ = ["StandaloneDecoder"]
 
@@ -91,8 +92,9 @@ def _backtrack(scores: List[List[Optional[float]]], backpointers: List[List[int]
 class StandaloneDecoder:
     """Reference implementation of the ``Decoder`` protocol (docs/spec.md section 5).
 
-    Stateless; weights and the lag are passed per call, so one decoder serves any
-    number of retrievers.
+    Stateless; weights and the lag are passed per call (as keywords, or as one
+    ``settings=`` :class:`~mapmatched_torch.core.settings.DecodeSettings`), so one
+    decoder serves any number of retrievers.
 
     Example:
         >>> from mapmatched_torch import DecoderCandidate, InMemoryCorpusGraph, StandaloneDecoder
@@ -110,6 +112,7 @@ class StandaloneDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> DecodedPath:
         """Decode the best path (full Viterbi, or fixed-lag with ``fixed_lag``).
 
@@ -119,12 +122,15 @@ class StandaloneDecoder:
             graph: gives ``distance(a, b)`` (not consulted when transition_weight == 0).
             emission_weight: lambda >= 0. transition_weight: beta >= 0.
             fixed_lag: None for full decoding, or L >= 0.
+            settings: the three options above as one
+                :class:`~mapmatched_torch.core.settings.DecodeSettings` (then leave them
+                at their defaults).
 
         Returns:
             The :class:`DecodedPath` (one step per turn).
         """
         return self.decode_ranked(
-            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
+            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag, settings=settings
         )[0]
 
     def decode_ranked(
@@ -135,6 +141,7 @@ class StandaloneDecoder:
         emission_weight: float = 1.0,
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
+        settings: Optional[DecodeSettings] = None,
     ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
         """Like :meth:`decode`, plus the final turn's candidates ranked by trajectory score.
 
@@ -142,10 +149,14 @@ class StandaloneDecoder:
         top is the decoded chunk, up to chunk-ID order among exact ties).
         """
         turns = check_trellis(trellis)
-        lam, beta, lag = check_decode_options(emission_weight, transition_weight, fixed_lag)
+        settings = DecodeSettings.resolve(
+            settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
+        )
+        lam, lag = settings.emission_weight, settings.fixed_lag
         emissions = [[lam * candidate.normalized_score for candidate in turn] for turn in turns]
-        tables = _distance_tables(turns, graph) if beta != 0.0 else None
-        costs = None if tables is None else [[[beta * d for d in row] for row in table] for table in tables]
+        tables = _distance_tables(turns, graph) if settings.mode.uses_distances else None
+        cost = settings.transition_cost
+        costs = None if tables is None else [[[cost(d) for d in row] for row in table] for table in tables]
 
         locks: List[Optional[int]] = [None] * len(turns)
         if lag is not None:
@@ -166,8 +177,6 @@ class StandaloneDecoder:
             turns,
             chosen,
             lambda t: tables[t - 1][chosen[t - 1]][chosen[t]],
-            emission_weight=lam,
-            transition_weight=beta,
-            fixed_lag=lag,
+            settings,
         )
         return path, rank_final_candidates(turns[-1], scores[-1])
