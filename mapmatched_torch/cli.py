@@ -26,7 +26,12 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
 
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
-Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong).
+Every output file is written into a temporary file beside it and renamed over it
+(:mod:`mapmatched_torch.core.files`); ``eval``'s reports are renamed together at the
+end, so an interrupted run leaves the old reports, never a mix of old and new.
+
+Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong),
+130 on an interrupt (Ctrl-C; one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -468,6 +473,7 @@ def _method_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
     """Evaluate and (on rank 0 alone) print and write the reports."""
+    from .core.files import output_group
     from .eval.plots import write_plots
     from .eval.report import report_warnings, to_markdown, write_json, write_markdown
     from .eval.runner import EvalConfig, evaluate
@@ -490,14 +496,17 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
     report = to_markdown(result)
     sys.stdout.write(report)
     sys.stdout.flush()
-    if args.markdown:
-        _status(args, f"wrote {write_markdown(result, args.markdown)}")
-    if args.json:
-        _status(args, f"wrote {write_json(result, args.json)}")
-    if args.plots:
-        _status(args, f"{PROG} eval: drawing the plots")
-        for path in write_plots(result, args.plots):
-            _status(args, f"wrote {path}")
+    written: List[Path] = []
+    with output_group():  # all renamed together at the end: never a new markdown beside an old JSON
+        if args.markdown:
+            written.append(write_markdown(result, args.markdown))
+        if args.json:
+            written.append(write_json(result, args.json))
+        if args.plots:
+            _status(args, f"{PROG} eval: drawing the plots")
+            written.extend(write_plots(result, args.plots))
+    for path in written:
+        _status(args, f"wrote {path}")
     _status(args, f"{PROG} eval: done in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -525,6 +534,7 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     """Fit (sharded inside a process group) and, on rank 0 alone, write the JSON."""
     import json
 
+    from .core.files import write_text_atomic
     from .eval.distributed import world_size
     from .eval.methods import labelled_conversations
     from .eval.report import sanitize
@@ -559,16 +569,14 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     })
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
         return 0
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n", encoding="utf-8")
+    path = write_text_atomic(args.output, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
     _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 usage or input error).
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error, 130 interrupted).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
@@ -587,6 +595,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (MapMatchedError, OSError) as error:  # an input error, or a file that cannot be read or written
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; the outputs are all old or all new
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,12 +18,10 @@ reported in ``errors`` and leaves that session exactly as it was.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 import threading
 import weakref
 from functools import wraps
@@ -34,6 +32,7 @@ import torch
 
 from ..core.checks import check_chunk_id, check_finite, check_positive_int, check_sequence, describe
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
+from ..core.files import atomic_path
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
@@ -704,19 +703,8 @@ class MapMatchedServer:
         """Write :meth:`state_dict` to ``path`` atomically: into a temporary file beside it,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file or the
         new one, never a torn one."""
-        target = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(target))
-        handle, temporary = tempfile.mkstemp(prefix=".mapmatched-server-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                torch.save(self.state_dict(), stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        with atomic_path(path) as temporary:  # mapmatched_torch.core.files
+            torch.save(self.state_dict(), temporary)
 
     @_serialized
     def load(self, path: Union[str, "os.PathLike[str]"]) -> None:

@@ -350,3 +350,33 @@ def test_number_options_accept_their_bounds():
     assert (args.bootstrap, args.relevance_weight, args.mixing_l2, args.mixing_temperature) == (
         0, 1.0, 0.0, 1e-3
     )
+
+
+def test_an_interrupt_while_writing_leaves_the_old_reports_and_exits_130(tmp_path, capsys, monkeypatch):
+    import mapmatched_torch.eval.plots as plots
+
+    (tmp_path / "r.md").write_text("old markdown")
+    (tmp_path / "r.json").write_text("old json")
+
+    def interrupted(result, directory):
+        raise KeyboardInterrupt  # Ctrl-C after the markdown and the JSON were written
+
+    monkeypatch.setattr(plots, "write_plots", interrupted)
+    assert main(["eval", *FAST, *_outputs(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err == "mapmatched-torch eval: interrupted\n"  # one line, no traceback
+    assert (tmp_path / "r.md").read_text() == "old markdown" and (tmp_path / "r.json").read_text() == "old json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]  # no temporary file left
+
+
+def test_fit_writes_its_output_through_a_rename(tmp_path, monkeypatch):
+    import os
+
+    _unset_torchrun(monkeypatch)
+    out = tmp_path / "w.json"
+    out.write_text("old")
+    renamed = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: (renamed.append(target), replace(source, target)))
+    assert main([*FIT, "--output", str(out)]) == 0
+    assert renamed == [str(out)] and json.loads(out.read_text())["world_size"] == 1
