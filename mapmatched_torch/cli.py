@@ -31,7 +31,7 @@ Every output file is written into a temporary file beside it and renamed over it
 end, so an interrupted run leaves the old reports, never a mix of old and new.
 
 Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong),
-130 on an interrupt (Ctrl-C; one line on stderr, no traceback).
+1 when memory runs out (a resource failure), 130 on an interrupt (Ctrl-C; one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -576,12 +576,13 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 usage or input error, 130 interrupted).
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error, 1 out of
+    memory, 130 interrupted).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
     """
-    from .core.errors import MapMatchedError
+    from .core.errors import MapMatchedError, out_of_memory
 
     parser = build_parser()
     try:
@@ -592,6 +593,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     try:
         return _fit(args) if args.command == "fit" else _run(args)
+    except (MemoryError, RuntimeError) as error:  # MapMatchedResourceError, torch's allocation failures
+        if not out_of_memory(error):
+            raise
+        detail = f": {error}" if str(error) else ""
+        smaller = "a smaller data set or --batch-size" if args.command == "eval" else "a smaller data set"
+        print(f"{PROG} {args.command}: error: out of memory{detail} (a resource failure, not a problem in the input; "
+              f"free memory, or use {smaller})", file=sys.stderr)
+        return 1
     except (MapMatchedError, OSError) as error:  # an input error, or a file that cannot be read or written
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -31,7 +31,8 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import torch
 
 from ..core.checks import check_chunk_id, check_finite, check_positive_int, check_sequence, describe
-from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
+from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
+                           out_of_memory)
 from ..core.files import atomic_path
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
@@ -690,6 +691,9 @@ class MapMatchedServer:
         except MapMatchedValueError:
             raise
         except Exception as error:  # a malformed entry: say so, change nothing
+            if out_of_memory(error):
+                raise MapMatchedResourceError(f"out of memory while restoring the server state ({error!r}): a "
+                                              "resource failure, not a malformed state; nothing was changed") from error
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
         self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
@@ -710,12 +714,20 @@ class MapMatchedServer:
     def load(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
         :meth:`load_state_dict`). A torn, truncated or edited file is refused with a
-        MapMatchedValueError naming it, and the running server is untouched."""
+        MapMatchedValueError naming it, and the running server is untouched. Running out
+        of memory while reading it raises MapMatchedResourceError (a ``MemoryError``),
+        not the malformed-file error; the server is untouched then too."""
         try:
             state = torch.load(os.fspath(path), weights_only=True)
         except FileNotFoundError:
             raise
         except Exception as error:
+            if out_of_memory(error):
+                raise MapMatchedResourceError(
+                    f"out of memory while reading the server state file {os.fspath(path)!r} "
+                    f"({os.path.getsize(path)} bytes): {error.__class__.__name__}: {error}; a resource failure, not a "
+                    "damaged file: free memory and load it again; nothing was changed"
+                ) from error
             raise MapMatchedValueError(
                 f"cannot read the server state file {os.fspath(path)!r}: {error.__class__.__name__}: {error} "
                 "(a torn, truncated or foreign file?); nothing was changed"

@@ -380,3 +380,28 @@ def test_fit_writes_its_output_through_a_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", lambda source, target: (renamed.append(target), replace(source, target)))
     assert main([*FIT, "--output", str(out)]) == 0
     assert renamed == [str(out)] and json.loads(out.read_text())["world_size"] == 1
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")])
+def test_out_of_memory_while_loading_data_is_a_resource_failure(fixtures, capsys, monkeypatch, failure):
+    import mapmatched_torch.eval.data as data
+
+    def load_directory(path):
+        raise failure
+
+    monkeypatch.setattr(data, "load_directory", load_directory)
+    assert main(["eval", "--data", str(fixtures / "normalized"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mapmatched-torch eval: error: out of memory") and "a resource failure" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_other_runtime_errors_still_propagate(fixtures, monkeypatch):
+    import mapmatched_torch.eval.data as data
+
+    def load_directory(path):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(data, "load_directory", load_directory)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["eval", "--data", str(fixtures / "normalized"), "--quiet"])

@@ -976,3 +976,40 @@ def test_a_server_whose_long_session_closed_loads_its_own_state():
     assert restored.step(turn)[0]["short"] == server.step(turn)[0]["short"]
     server.open("new")
     assert server.turn_count("new") == 0
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("DefaultCPUAllocator: not enough memory: you tried "
+                                                                  "to allocate 1099511627776 bytes.")])
+def test_running_out_of_memory_while_loading_is_a_resource_failure_not_a_damaged_file(tmp_path, monkeypatch, failure):
+    from mapmatched_torch import MapMatchedResourceError
+
+    server = _stepped_server()
+    path = tmp_path / "server.pt"
+    server.save(path)
+    target = _stepped_server()
+    before = target.state_dict()["store"]["decoder"]["checksum"]
+
+    def load(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(MapMatchedResourceError, match="out of memory .*server.pt.*a resource failure, not a damaged") \
+            as caught:
+        target.load(path)
+    assert isinstance(caught.value, MemoryError) and caught.value.__cause__ is failure
+    assert "torn" not in str(caught.value)
+    assert target.state_dict()["store"]["decoder"]["checksum"] == before
+
+
+def test_running_out_of_memory_while_restoring_sessions_is_a_resource_failure():
+    from mapmatched_torch import MapMatchedResourceError
+
+    class Starved(dict):
+        def __getitem__(self, key):
+            if key == "sessions":
+                raise MemoryError
+            return super().__getitem__(key)
+
+    state = Starved(_stepped_server().state_dict())
+    with pytest.raises(MapMatchedResourceError, match="not a malformed state"):
+        _stepped_server().load_state_dict(state)
