@@ -15,9 +15,10 @@ seconds::
         --json /tmp/inscit.json --markdown /tmp/inscit.md --plots /tmp/inscit-plots
 
 ``mapmatched-torch fit`` takes the same data options and writes the fitted lambda and
-beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON::
+beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON, to ``--json`` like ``eval``'s
+report (``--output``, its old name, is still accepted)::
 
-    mapmatched-torch fit --data ../shared/data/inscit_dev --output /tmp/inscit-weights.json
+    mapmatched-torch fit --data ../shared/data/inscit_dev --json /tmp/inscit-weights.json
 
 Under ``torchrun`` (its environment present), ``eval`` shards the conversations over
 the processes (gloo on CPU, NCCL on CUDA; :mod:`mapmatched_torch.eval.distributed`)
@@ -258,7 +259,8 @@ def _add_fit_parser(commands: Any) -> None:
     options.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the validation split")
     run = fit.add_argument_group("running and output")
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    run.add_argument("--output", metavar="PATH", required=True, help="write the fitted weights (JSON) here")
+    run.add_argument("--json", "--output", dest="json", metavar="PATH", required=True,
+                     help="write the fitted weights (JSON) here; --output is the old name, still accepted")
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 
@@ -290,7 +292,8 @@ def _unwritable(folder: Path) -> Optional[str]:
 
 def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse report paths that could not be written, before any work (they used to fail after the run)."""
-    files = [(option, getattr(args, option[2:], None)) for option in ("--json", "--markdown", "--output")]
+    json_option = "--json" if args.command == "eval" else "--json/--output"  # fit: either name
+    files = [(json_option, args.json), ("--markdown", getattr(args, "markdown", None))]
     for option, value in files:
         if value is None:
             continue
@@ -569,7 +572,7 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     })
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
         return 0
-    path = write_text_atomic(args.output, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
+    path = write_text_atomic(args.json, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
     _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0

@@ -266,7 +266,7 @@ def test_fit_takes_the_data_options_of_eval(fixtures, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ([], "the following arguments are required: --output"),
+        ([], "the following arguments are required: --json/--output"),
         (["--output", "w.json", "--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
         (["--output", "w.json", "--optimizer", "sgd"], "invalid choice"),
         (["--output", "w.json", "--bootstrap", "3"], "unrecognized arguments: --bootstrap"),
@@ -279,7 +279,7 @@ def test_fit_bad_options_exit_2_with_a_message(arguments, message, capsys):
 
 def test_fit_output_that_is_a_directory_fails_before_any_work(tmp_path, capsys):
     assert main([*FIT, "--output", str(tmp_path)]) == 2
-    assert "--output" in capsys.readouterr().err
+    assert "--json/--output" in capsys.readouterr().err
 # (fit under torchrun: tests/fit/test_distributed_fit.py runs it with 2 gloo processes)
 
 
@@ -405,3 +405,15 @@ def test_other_runtime_errors_still_propagate(fixtures, monkeypatch):
     monkeypatch.setattr(data, "load_directory", load_directory)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["eval", "--data", str(fixtures / "normalized"), "--quiet"])
+
+
+def test_fit_writes_its_json_with_the_option_of_eval_and_keeps_output_as_an_alias(tmp_path, capsys, monkeypatch):
+    _unset_torchrun(monkeypatch)
+    assert main([*FIT, "--json", str(tmp_path / "new.json")]) == 0
+    assert main([*FIT, "--output", str(tmp_path / "old.json")]) == 0
+    assert (tmp_path / "new.json").read_text() == (tmp_path / "old.json").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["fit", "--help"])
+    helps = " ".join(capsys.readouterr().out.split())
+    assert "--json PATH, --output PATH write the fitted weights (JSON) here; --output is the old name" in helps
