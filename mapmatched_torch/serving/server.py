@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import threading
 import weakref
@@ -229,8 +230,9 @@ class MapMatchedServer:
     @_serialized
     def open(self, session_id: SessionId) -> int:
         """Open a new, empty session and return its slot (ValueError if the ID is already
-        open; MapMatchedTypeError if it is not a str, an int or a tuple of them)."""
-        _check_session_id(session_id)
+        open; MapMatchedTypeError if it is not a str, an int, a float, None or a tuple of
+        them). A numpy integer is taken as the int it equals: ``np.int64(3)`` is session ``3``."""
+        session_id = _session_key(session_id)
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
         slot = self._sessions[session_id] = self._store.open()
@@ -306,11 +308,9 @@ class MapMatchedServer:
         """Whether ``session_id`` is open; MapMatchedTypeError (a ValueError and a
         TypeError) if it cannot be one (unhashable)."""
         try:
-            return session_id in self._sessions
+            return session_id in self._sessions  # np.int64(3) == 3 and hashes alike: found as session 3
         except TypeError:
-            raise MapMatchedTypeError(
-                f"a session ID must be hashable (a str, an int or a tuple of them), got {describe(session_id)}"
-            ) from None
+            raise _session_id_error(session_id, session_id, unhashable=True) from None
 
     # ----------------------------------------------------------------- a step
 
@@ -798,18 +798,36 @@ def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Di
     return parsed
 
 
-def _check_session_id(session_id: Any) -> None:
-    """A session ID is a str, an int, a float, None or a (nested) tuple of them: what ``torch.load(...,
-    weights_only=True)`` restores; else MapMatchedTypeError (a ValueError and a TypeError)."""
+#: What a session ID may be, for error messages.
+_SESSION_ID_TYPES = ("a str, an int (numpy integers are taken as ints), a float, None, or a tuple of them (what a "
+                     "saved server state restores with torch.load(weights_only=True))")
+
+
+def _session_id_error(session_id: Any, part: Any, unhashable: bool = False) -> MapMatchedTypeError:
+    """The MapMatchedTypeError of a refused session ID (``part``: the refused piece of it)."""
+    inside = "" if part is session_id else f" inside {describe(session_id)}"
+    why = ", which is unhashable" if unhashable else ""
+    return MapMatchedTypeError(f"a session ID must be {_SESSION_ID_TYPES}; got {describe(part)}{inside}{why}")
+
+
+def _session_key(session_id: Any, whole: Any = None) -> SessionId:
+    """``session_id`` as the server keeps it: numpy (and other ``numbers.Integral``)
+    integers as ``int``, so ``np.int64(3)`` opens session ``3``; else it must be a str, an
+    int, a float, None or a (nested) tuple of them: what ``torch.load(...,
+    weights_only=True)`` restores. Anything else is a MapMatchedTypeError (a ValueError
+    and a TypeError) naming what is accepted and what was given."""
+    whole = session_id if whole is None else whole
     if isinstance(session_id, tuple):
-        for part in session_id:
-            _check_session_id(part)
-        return
-    if session_id is not None and not isinstance(session_id, (str, int, float)):
-        raise MapMatchedTypeError(
-            f"a session ID must be hashable (a str, an int or a tuple of them: what a saved server state "
-            f"restores with torch.load(weights_only=True)), got {describe(session_id)}"
-        )
+        return tuple(_session_key(part, whole) for part in session_id)
+    if session_id is None or isinstance(session_id, (str, int, float)):
+        return session_id
+    if isinstance(session_id, numbers.Integral):
+        return int(session_id)
+    try:
+        hash(session_id)
+    except TypeError:
+        raise _session_id_error(whole, session_id, unhashable=True) from None
+    raise _session_id_error(whole, session_id)
 
 
 def _plain_id(session_id: SessionId) -> Any:
