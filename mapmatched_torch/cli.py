@@ -401,7 +401,8 @@ def _device(args: argparse.Namespace) -> Any:
 
 def _inputs(args: argparse.Namespace, device: Any) -> Any:
     from .eval.embedders import make_embedder
-    from .eval.runner import inputs_from_dataset, inputs_from_synthetic, progress_enabled
+    from .core.progress import progress_wanted
+    from .eval.runner import inputs_from_dataset, inputs_from_synthetic, main_process
 
     dataset = _load_dataset(args)
     stream = getattr(args, "stream", False)
@@ -412,7 +413,7 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
                                    "--inscit, ...) is loaded whole: leave --stream out")
     progress = False if args.quiet else None
     make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
-                                 seed=args.seed, progress=progress_enabled(progress))
+                                 seed=args.seed, progress=progress_wanted(progress, main_process()))
     if dataset is not None:
         _status(args, f"{PROG} {args.command}: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
@@ -541,7 +542,7 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     from .eval.distributed import world_size
     from .eval.methods import labelled_conversations
     from .eval.report import sanitize
-    from .eval.runner import main_process, progress_enabled
+    from .eval.runner import main_process
     from .fit import fit_weights
 
     if world_size() > 1:
@@ -552,7 +553,7 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
                          optimizer=args.optimizer, max_iterations=args.max_iterations,
                          validation_fraction=args.validation_fraction, seed=args.seed, device=device,
-                         progress=progress_enabled(False if args.quiet else None))
+                         progress=False if args.quiet else None)
     payload = sanitize({
         "lambda": result.emission_weight,
         "beta": result.transition_weight,
