@@ -12,7 +12,8 @@ follow-up ("and how do I install it?") is read in the light of the conversation 
 far. Everything downstream of ``retriever.invoke`` is unchanged. Each document's
 ``metadata["map_matched"]`` tells why it is there, and the trace explains every turn.
 
-Run: python examples/03_langchain_drop_in.py (needs the ``[langchain]`` extra)
+Run: python examples/03_langchain_drop_in.py (needs the ``[langchain]`` extra:
+``pip install 'mapmatched-torch[langchain]'``)
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ import re
 import sys
 import zlib
 from typing import List
+
+from mapmatched_torch.core.errors import MissingDependencyError
+from mapmatched_torch.core.optional import import_optional
+
+try:  # without the extra: one line naming the pip install, not a ModuleNotFoundError traceback
+    import_optional("langchain_core", "langchain", "examples/03_langchain_drop_in.py")
+except MissingDependencyError as missing:
+    sys.exit(f"error: {missing}")
 
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings

@@ -15,9 +15,10 @@ seconds::
         --json /tmp/inscit.json --markdown /tmp/inscit.md --plots /tmp/inscit-plots
 
 ``mapmatched-torch fit`` takes the same data options and writes the fitted lambda and
-beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON::
+beta (:func:`mapmatched_torch.fit.fit_weights`) as JSON, to ``--json`` like ``eval``'s
+report (``--output``, its old name, is still accepted)::
 
-    mapmatched-torch fit --data ../shared/data/inscit_dev --output /tmp/inscit-weights.json
+    mapmatched-torch fit --data ../shared/data/inscit_dev --json /tmp/inscit-weights.json
 
 Under ``torchrun`` (its environment present), ``eval`` shards the conversations over
 the processes (gloo on CPU, NCCL on CUDA; :mod:`mapmatched_torch.eval.distributed`)
@@ -26,7 +27,12 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
 
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
-Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong).
+Every output file is written into a temporary file beside it and renamed over it
+(:mod:`mapmatched_torch.core.files`); ``eval``'s reports are renamed together at the
+end, so an interrupted run leaves the old reports, never a mix of old and new.
+
+Exit status: 0 on success, 2 on a usage or input error (the message says what is wrong),
+1 when memory runs out (a resource failure), 130 on an interrupt (Ctrl-C; one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -253,7 +259,8 @@ def _add_fit_parser(commands: Any) -> None:
     options.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the validation split")
     run = fit.add_argument_group("running and output")
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    run.add_argument("--output", metavar="PATH", required=True, help="write the fitted weights (JSON) here")
+    run.add_argument("--json", "--output", dest="json", metavar="PATH", required=True,
+                     help="write the fitted weights (JSON) here; --output is the old name, still accepted")
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 
@@ -285,7 +292,8 @@ def _unwritable(folder: Path) -> Optional[str]:
 
 def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse report paths that could not be written, before any work (they used to fail after the run)."""
-    files = [(option, getattr(args, option[2:], None)) for option in ("--json", "--markdown", "--output")]
+    json_option = "--json" if args.command == "eval" else "--json/--output"  # fit: either name
+    files = [(json_option, args.json), ("--markdown", getattr(args, "markdown", None))]
     for option, value in files:
         if value is None:
             continue
@@ -393,7 +401,8 @@ def _device(args: argparse.Namespace) -> Any:
 
 def _inputs(args: argparse.Namespace, device: Any) -> Any:
     from .eval.embedders import make_embedder
-    from .eval.runner import inputs_from_dataset, inputs_from_synthetic, progress_enabled
+    from .core.progress import progress_wanted
+    from .eval.runner import inputs_from_dataset, inputs_from_synthetic, main_process
 
     dataset = _load_dataset(args)
     stream = getattr(args, "stream", False)
@@ -404,7 +413,7 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
                                    "--inscit, ...) is loaded whole: leave --stream out")
     progress = False if args.quiet else None
     make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
-                                 seed=args.seed, progress=progress_enabled(progress))
+                                 seed=args.seed, progress=progress_wanted(progress, main_process()))
     if dataset is not None:
         _status(args, f"{PROG} {args.command}: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
@@ -468,6 +477,7 @@ def _method_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
     """Evaluate and (on rank 0 alone) print and write the reports."""
+    from .core.files import output_group
     from .eval.plots import write_plots
     from .eval.report import report_warnings, to_markdown, write_json, write_markdown
     from .eval.runner import EvalConfig, evaluate
@@ -490,14 +500,17 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
     report = to_markdown(result)
     sys.stdout.write(report)
     sys.stdout.flush()
-    if args.markdown:
-        _status(args, f"wrote {write_markdown(result, args.markdown)}")
-    if args.json:
-        _status(args, f"wrote {write_json(result, args.json)}")
-    if args.plots:
-        _status(args, f"{PROG} eval: drawing the plots")
-        for path in write_plots(result, args.plots):
-            _status(args, f"wrote {path}")
+    written: List[Path] = []
+    with output_group():  # all renamed together at the end: never a new markdown beside an old JSON
+        if args.markdown:
+            written.append(write_markdown(result, args.markdown))
+        if args.json:
+            written.append(write_json(result, args.json))
+        if args.plots:
+            _status(args, f"{PROG} eval: drawing the plots")
+            written.extend(write_plots(result, args.plots))
+    for path in written:
+        _status(args, f"wrote {path}")
     _status(args, f"{PROG} eval: done in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -525,10 +538,11 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     """Fit (sharded inside a process group) and, on rank 0 alone, write the JSON."""
     import json
 
+    from .core.files import write_text_atomic
     from .eval.distributed import world_size
     from .eval.methods import labelled_conversations
     from .eval.report import sanitize
-    from .eval.runner import main_process, progress_enabled
+    from .eval.runner import main_process
     from .fit import fit_weights
 
     if world_size() > 1:
@@ -539,7 +553,7 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
                          optimizer=args.optimizer, max_iterations=args.max_iterations,
                          validation_fraction=args.validation_fraction, seed=args.seed, device=device,
-                         progress=progress_enabled(False if args.quiet else None))
+                         progress=False if args.quiet else None)
     payload = sanitize({
         "lambda": result.emission_weight,
         "beta": result.transition_weight,
@@ -559,21 +573,20 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     })
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
         return 0
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n", encoding="utf-8")
+    path = write_text_atomic(args.json, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
     _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 2 usage or input error).
+    """Run the command line; returns the exit status (0 ok, 2 usage or input error, 1 out of
+    memory, 130 interrupted).
 
     Args:
         argv: the arguments (default ``sys.argv[1:]``).
     """
-    from .core.errors import MapMatchedError
+    from .core.errors import MapMatchedError, out_of_memory
 
     parser = build_parser()
     try:
@@ -584,9 +597,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     try:
         return _fit(args) if args.command == "fit" else _run(args)
+    except (MemoryError, RuntimeError) as error:  # MapMatchedResourceError, torch's allocation failures
+        if not out_of_memory(error):
+            raise
+        detail = f": {error}" if str(error) else ""
+        smaller = "a smaller data set or --batch-size" if args.command == "eval" else "a smaller data set"
+        print(f"{PROG} {args.command}: error: out of memory{detail} (a resource failure, not a problem in the input; "
+              f"free memory, or use {smaller})", file=sys.stderr)
+        return 1
     except (MapMatchedError, OSError) as error:  # an input error, or a file that cannot be read or written
         print(f"{PROG} {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; the outputs are all old or all new
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,7 +3,9 @@
 An example that needs an optional package says so in a module-level
 ``REQUIRES = ("package", ...)`` (importable module names, read here without running
 the example); it is skipped, with the reason, when one of them is missing, so a plain
-``pip install -e .`` runs the suite without the extras.
+``pip install -e .`` runs the suite without the extras. Run without them, such an
+example must exit with one line naming the ``pip install 'mapmatched-torch[...]'``
+that provides them (``core.optional.import_optional``), not with a traceback.
 """
 
 from __future__ import annotations
@@ -62,3 +64,20 @@ def test_example_runs(path):
         pytest.skip(f"{path.name} needs {', '.join(absent)} (an optional extra), which is not installed")
     completed = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+
+
+NEEDS_EXTRAS = [p for p in EXAMPLES if requirements(p)]
+
+#: Runs an example with the named modules made unimportable (``sys.modules[name] = None``).
+_BLOCKED = "import runpy, sys\nfor name in sys.argv[2:]:\n    sys.modules[name] = None\n" \
+           "sys.argv = sys.argv[1:2]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+
+
+@pytest.mark.parametrize("path", NEEDS_EXTRAS, ids=[p.name for p in NEEDS_EXTRAS])
+def test_an_example_without_its_extra_names_the_pip_install(path):
+    modules = [name.split(".")[0] for name in requirements(path)]
+    completed = subprocess.run([sys.executable, "-c", _BLOCKED, str(path), *modules], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 1, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr and completed.stderr.count("\n") == 1, completed.stderr
+    assert "pip install 'mapmatched-torch[" in completed.stderr

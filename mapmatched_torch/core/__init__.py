@@ -11,7 +11,9 @@
 - :mod:`.embeddings`: checks of an embedding matrix and of the kNN options;
 - :mod:`.checks`: the argument checks every entry point shares;
 - :mod:`.sharding`: contiguous balanced shards over the ranks of a distributed job;
-- :mod:`.errors` and :mod:`.optional`: the exception types, optional-dependency probing.
+- :mod:`.errors` and :mod:`.optional`: the exception types, optional-dependency probing;
+- :mod:`.files`: output files written atomically (a temporary file, then a rename);
+- :mod:`.progress`: the long loops' progress (a tqdm bar, or plain lines off a terminal).
 
 Every other part of the package imports from here; this part imports nothing else.
 """

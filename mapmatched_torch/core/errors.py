@@ -14,6 +14,7 @@ __all__ = [
     "MapMatchedTypeError",
     "MapMatchedRuntimeError",
     "MapMatchedBackendError",
+    "MapMatchedResourceError",
     "MissingDependencyError",
     "FAISSNotInstalledError",
     "FAISSDependencyUnavailableError",
@@ -54,6 +55,26 @@ class MapMatchedBackendError(MapMatchedValueError, RuntimeError):
     ``RuntimeError`` (what the pure-Python ``mapmatched`` raises there, so ``except
     RuntimeError`` written against it keeps working).
     """
+
+
+class MapMatchedResourceError(MapMatchedError, MemoryError):
+    """Not enough memory for the operation (e.g. loading a saved server state): a resource
+    failure, not a sign that the input is malformed.
+
+    A ``MemoryError``, so ``except MemoryError`` keeps catching it; the original error
+    (a ``MemoryError`` or torch's allocation failure) is chained as ``__cause__``.
+    """
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure: a ``MemoryError``, torch's
+    ``OutOfMemoryError`` (CUDA), or the ``RuntimeError`` of torch's CPU allocator."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        words in text for words in ("out of memory", "not enough memory", "can't allocate memory")
+    )
 
 
 class MissingDependencyError(MapMatchedError, ImportError):

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import torch
-from tqdm.auto import tqdm
 
+from ..core.progress import progress_bar
 from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
@@ -192,7 +192,7 @@ class HashEmbedder:
         rows: List[int] = []
         columns: List[int] = []
         signs: List[float] = []
-        bar = tqdm(texts, desc="embedding", unit="text", disable=not self._progress, leave=False)
+        bar = progress_bar(texts, desc="embedding", unit="text", show=self._progress, leave=False)
         for row, text in enumerate(bar):
             for feature in self.features(text):
                 column, sign = _bucket(self._seed, self._dim, feature)

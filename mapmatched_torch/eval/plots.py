@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..core.errors import MapMatchedValueError
+from ..core.files import atomic_path
 from ..core.optional import import_optional
 from .report import SLICE_TITLES
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult, PathSplit
@@ -42,8 +43,8 @@ def _figure(width: float, height: float) -> Any:
 
 def _save(figure: Any, path: PathLike) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", bbox_inches="tight")
+    with atomic_path(path) as temporary:  # a temporary file, then a rename: never a torn PNG
+        figure.savefig(temporary, format="png", bbox_inches="tight")
     return path
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 from ..core.errors import MapMatchedValueError
+from ..core.files import write_text_atomic
 from .bootstrap import BootstrapResult
 from .runner import PRIMARY_METRIC, EvalResult, MethodResult
 from .selection import SELECTION_METHOD
@@ -257,20 +258,19 @@ def to_json(result: EvalResult, indent: Optional[int] = 2) -> str:
 
 
 def write_json(result: EvalResult, path: Union[str, Path]) -> Path:
-    """Write :func:`to_json` to ``path`` (parents created); returns the path."""
+    """Write :func:`to_json` to ``path`` (parents created; atomically, see
+    :mod:`mapmatched_torch.core.files`); returns the path."""
     return _write(path, to_json(result) + "\n")
 
 
 def write_markdown(result: EvalResult, path: Union[str, Path]) -> Path:
-    """Write :func:`to_markdown` to ``path`` (parents created); returns the path."""
+    """Write :func:`to_markdown` to ``path`` (parents created; atomically, see
+    :mod:`mapmatched_torch.core.files`); returns the path."""
     return _write(path, to_markdown(result))
 
 
 def _write(path: Union[str, Path], text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_text_atomic(path, text)  # a temporary file, then a rename: never a torn report
 
 
 # --------------------------------------------------------------------------- markdown

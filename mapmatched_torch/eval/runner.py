@@ -62,8 +62,8 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tup
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from ..core.progress import progress_bar, progress_wanted
 from ..core.checks import check_choice, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph
@@ -666,7 +666,10 @@ def main_process() -> bool:
 
 
 def progress_enabled(progress: Optional[bool]) -> bool:
-    """Whether to show progress bars and phase lines on stderr.
+    """Whether to show the phase lines (``eval: embedding ...``) on stderr.
+
+    The loops' progress (``mapmatched_torch.core.progress``) shows with None on the main
+    process wherever stderr goes: a bar on a terminal, else a plain line every 10 s.
 
     Args:
         progress: True or False decide; None: only when stderr is a terminal and
@@ -755,8 +758,8 @@ def _score_chunks(inputs: EvalInputs, config: EvalConfig, options: MethodOptions
     filled = 0
     clock = {"inputs": 0.0, "normalize": 0.0, "distances": 0.0, "methods": 0.0, "metrics": 0.0}
     cpu = time.process_time()
-    bar = tqdm(total=part.stop - part.start, unit="conv", desc=f"evaluating {inputs.name}", disable=not show,
-               leave=False)
+    bar = progress_bar(total=part.stop - part.start, unit="conv", desc=f"evaluating {inputs.name}",
+                       show=progress_wanted(config.progress, main_process()), leave=False)
     for start in range(part.start, part.stop, step):
         rows = slice(start, min(start + step, part.stop))
         tick = time.perf_counter()
@@ -1078,7 +1081,8 @@ def _summaries(metrics: PerTurnMetrics, described: Dict[str, Tuple[str, Dict[str
                 yield values if kind == "interval" else paired_difference(values, baseline)
 
     found: Dict[Tuple[str, str], Dict[str, BootstrapResult]] = {entry: {} for entry in order}
-    for name, mask in tqdm(masks.items(), desc="bootstrap", unit="slice", disable=not show, leave=False):
+    for name, mask in progress_bar(masks.items(), desc="bootstrap", unit="slice",
+                                   show=progress_wanted(config.progress, main_process()), leave=False):
         for entry, result in zip(order, bootstrap_means(columns(), conversation, mask, **options)):
             found[entry][name] = result
         trim_heap()  # the slice's decoded columns

@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import sys
 from dataclasses import dataclass, field
 from typing import Any, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from ..core.progress import progress_bar, progress_wanted
 from ..core.checks import (
     check_choice,
     check_chunk_id,
@@ -673,8 +672,8 @@ def _make_optimizer(name: str, model: MapMatchedModel, lr: float) -> torch.optim
 
 
 def _progress_bar(progress: Optional[bool], total: int, unit: str, rank: int) -> Any:
-    show = sys.stderr.isatty() and rank == 0 if progress is None else bool(progress)
-    return tqdm(total=total, desc="fit_weights", unit=unit, disable=not show, leave=False)
+    return progress_bar(total=total, desc="fit_weights", unit=unit, show=progress_wanted(progress, rank == 0),
+                        leave=False)
 
 
 def _mean_ndcg(model: MapMatchedModel, batches: _Sharded) -> Optional[float]:
@@ -773,7 +772,8 @@ def fit_weights(
             same result.
         device: where the tensors and weights live (default CPU).
         dtype: floating dtype of the computation (float64 default).
-        progress: show a tqdm bar (None: only when stderr is a terminal, on rank 0).
+        progress: show progress (None: on rank 0): a tqdm bar on a terminal, else a
+            plain line every 10 s (``mapmatched_torch.core.progress``).
         distributed: shard over the ``torch.distributed`` process group (None: when
             one is initialized; True: require one; False: a one-process fit on every
             rank). Every rank passes the same arguments; the batches (groups of

@@ -51,8 +51,8 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..core.progress import progress_bar
 from ..core.checks import check_positive_int
 from ..core.embeddings import (
     check_embedding_ids,
@@ -449,7 +449,7 @@ def _search_all(search: _Search, show: bool) -> Tuple[torch.Tensor, torch.Tensor
     bounds = scores.amin(dim=1).double()  # shape: (N,)
     neighbors = torch.empty((size, search.k), dtype=torch.long, device=device)
     distances = torch.empty((size, search.k), dtype=torch.float64, device=device)
-    with tqdm(total=size, unit="row", desc="kNN exact", disable=not show) as bar:
+    with progress_bar(total=size, unit="row", desc="kNN exact", show=show) as bar:
         for start in search.blocks():
             stop = min(start + search.block, size)
             rows = torch.arange(start, stop, device=device)  # shape: (b,)
@@ -475,7 +475,7 @@ def _coarse_all(search: _Search, show: bool) -> Tuple[torch.Tensor, torch.Tensor
     """
     count, starts = search.first_candidates(), search.blocks()
     scores, candidates = _empty_top(search.size, count, search.coarse)
-    with tqdm(total=len(starts) * (len(starts) + 1) // 2, unit="tile", desc="kNN coarse", disable=not show) as bar:
+    with progress_bar(total=len(starts) * (len(starts) + 1) // 2, unit="tile", desc="kNN coarse", show=show) as bar:
         for i in starts:
             rows = slice(i, i + search.block)
             query = search.coarse[:, rows].T  # shape: (b_i, D)

@@ -26,6 +26,24 @@ for the latter) and the discount ``1 / log2(rank + 1)`` (rank 1-based). The idea
 sorts all of the turn's positive grades (not only the retrieved ones) in decreasing
 order.
 
+nDCG is a ratio, so it is computed on gains scaled per turn, which cannot overflow for
+any finite grade (a grade of 1e308 used to make nDCG NaN; a perfect ranking now
+scores 1.0 whatever the grades):
+
+* linear gain: every grade of a turn is divided by ``2**e``, with ``e >= 0`` the
+  binary exponent of the turn's largest grade (:func:`torch.frexp`), so the scaled
+  grades are below 1. Dividing by a power of two is exact, so nDCG is bit for bit the
+  unscaled one whenever that was finite; grades more than about ``2**1000`` times
+  smaller than the turn's largest are lost to underflow (their share of nDCG is
+  below ``1e-300``).
+* exponential gain: the turn's gains are multiplied by ``2**-s`` with
+  ``s = max(0, largest grade - 1000)``: ``2**(grade - s) - 2**-s``. Turns whose grades
+  are all <= 1000 (``s = 0``) use ``2**grade - 1`` unchanged.
+
+:func:`dcg_at_k` returns the unscaled DCG, which is ``inf`` for such grades. Dense
+qrels must be finite (refused otherwise, as :func:`pack_qrels` refuses a non-finite
+grade).
+
 Cost: O(N K R) time and memory for the sparse form (O(N K) gathers for the dense
 form) plus O(N K log K) for duplicate removal.
 
@@ -210,6 +228,9 @@ def _check_ranked(ranked: torch.Tensor, qrels: Qrels) -> None:
         raise MapMatchedValueError(f"qrels ids {tuple(qrels.ids.shape)} and grades {tuple(qrels.grades.shape)} differ in shape")
     if not isinstance(qrels, SparseQrels) and ranked.numel() and int(ranked.max()) >= grades.shape[1]:
         raise MapMatchedValueError(f"ranked holds passage index {int(ranked.max())} but dense qrels has {grades.shape[1]} columns")
+    if not isinstance(qrels, SparseQrels) and grades.is_floating_point() and not bool(torch.isfinite(grades).all()):
+        row = int((~torch.isfinite(grades)).any(dim=1).nonzero()[0, 0])
+        raise MapMatchedValueError(f"qrels grades must be finite: turn {row} has {grades[row][~torch.isfinite(grades[row])][0].item()!r}")
 
 
 def _cut(ranked: torch.Tensor, k: Optional[int]) -> torch.Tensor:
@@ -247,6 +268,46 @@ def _gain(grades: torch.Tensor, gain: str) -> torch.Tensor:
     check_choice("gain", gain, GAINS)
     positive = grades.clamp(min=0.0)
     return positive if gain == "linear" else torch.expm1(positive * math.log(2.0))
+
+
+#: The largest grade the exponential gain takes unscaled (2**1000 is finite in float64).
+_EXPONENTIAL_MAX = 1000.0
+
+
+def _scaled_gain(grades: torch.Tensor, top: torch.Tensor, gain: str) -> torch.Tensor:
+    """``gain(grades)`` times a per-turn factor that keeps the turn's gains finite (see the module docstring).
+
+    Args:
+        grades: (N, W) float64 grades to turn into gains.
+        top: (N,) float64, the turn's largest grade clamped at 0.
+
+    Returns:
+        (N, W) float64 finite gains, each row scaled by the same positive factor.
+    """
+    check_choice("gain", gain, GAINS)
+    positive = grades.clamp(min=0.0)
+    if gain == "linear":
+        # shape: (N, 1) binary exponent e >= 0 of the largest grade: top / 2**e < 1
+        exponent = torch.frexp(top).exponent.clamp(min=0).to(torch.float64).unsqueeze(1)
+        return positive * torch.exp2(-exponent)  # exact: 2**-e is a float64 (a subnormal for e > 1022)
+    # shape: (N, 1)
+    shift = (top - _EXPONENTIAL_MAX).clamp(min=0.0).unsqueeze(1)
+    shifted = torch.exp2(positive - shift) - torch.exp2(-shift)
+    return torch.where(shift > 0, shifted, torch.expm1(positive * math.log(2.0)))
+
+
+def _ndcg(grades: torch.Tensor, every: torch.Tensor, k: int, gain: str) -> torch.Tensor:
+    """(N,) nDCG@k from the (N, K) grades of the ranked entries and all (N, R) grades."""
+    # shape: (N,)
+    top = every.clamp(min=0.0).amax(dim=1) if every.shape[1] else torch.zeros(every.shape[0], dtype=torch.float64,
+                                                                              device=every.device)
+    gains = _scaled_gain(grades[:, :k].contiguous(), top, gain)
+    dcg = (gains * _discount(gains.shape[1], grades.device)).sum(dim=1)
+    width = min(k, every.shape[1])
+    # shape: (N, min(k, R))
+    ideal_grades = torch.topk(every.clamp(min=0.0), width, dim=1).values
+    ideal = (_scaled_gain(ideal_grades, top, gain) * _discount(width, every.device)).sum(dim=1)
+    return torch.where(ideal > 0, dcg / ideal.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(dcg))
 
 
 def _discount(width: int, device: torch.device) -> torch.Tensor:
@@ -295,7 +356,8 @@ def ndcg_at_k(ranked: torch.Tensor, qrels: Qrels, k: int, *, gain: str = "linear
         gain: ``"linear"`` (default) or ``"exponential"``.
 
     Returns:
-        (N,) float64 in [0, 1].
+        (N,) float64 in [0, 1], finite for every finite grade (gains scaled per turn;
+        see the module docstring).
 
     Example:
         >>> import torch
@@ -304,13 +366,9 @@ def ndcg_at_k(ranked: torch.Tensor, qrels: Qrels, k: int, *, gain: str = "linear
         >>> round(float(ndcg_at_k(ranked, qrels, 3)[0]), 6)
         0.765361
     """
-    dcg = dcg_at_k(ranked, qrels, k, gain=gain)
-    grades = _all_grades(qrels)
-    width = min(k, grades.shape[1])
-    # shape: (N, min(k, R))
-    ideal_grades = torch.topk(grades.clamp(min=0.0), width, dim=1).values
-    ideal = (_gain(ideal_grades, gain) * _discount(width, grades.device)).sum(dim=1)
-    return torch.where(ideal > 0, dcg / ideal.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(dcg))
+    _check_ranked(ranked, qrels)
+    top = _cut(ranked, k)
+    return _ndcg(_grades_of(top, qrels), _all_grades(qrels), k, gain)
 
 
 def recall_at_k(ranked: torch.Tensor, qrels: Qrels, k: int) -> torch.Tensor:
@@ -372,13 +430,7 @@ def ranking_metrics(
     every = _all_grades(qrels)
     out: Dict[str, torch.Tensor] = {}
     for k in ks:
-        gains = _gain(grades[:, :k].contiguous(), gain)
-        dcg = (gains * _discount(gains.shape[1], ranked.device)).sum(dim=1)
-        width = min(k, every.shape[1])
-        ideal_grades = torch.topk(every.clamp(min=0.0), width, dim=1).values
-        ideal = (_gain(ideal_grades, gain) * _discount(width, every.device)).sum(dim=1)
-        out[f"ndcg@{k}"] = torch.where(ideal > 0, dcg / ideal.clamp(min=torch.finfo(torch.float64).tiny),
-                                       torch.zeros_like(dcg))
+        out[f"ndcg@{k}"] = _ndcg(grades, every, k, gain)
     total = (every > 0).sum(dim=1).to(torch.float64)
     for k in ks:
         found = (grades[:, :k] > 0).sum(dim=1).to(torch.float64)

@@ -12,15 +12,14 @@ first time a chunk is decoded, so a step's contexts are a gather and a de-duplic
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from ..core.progress import progress_bar, progress_wanted
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.protocols import CorpusGraph, implements
@@ -136,8 +135,8 @@ class ContextTable:
                 f"precompute needs chunk codes in [0, {len(self._codes)}) (numbered by the server's ChunkCodes), "
                 f"got [{int(codes.min())}, {int(codes.max())}]"
             )
-        show = progress if progress is not None else sys.stderr.isatty()
-        with tqdm(total=codes.numel(), unit="chunk", desc="contexts", disable=not show, leave=False) as bar:
+        with progress_bar(total=codes.numel(), unit="chunk", desc="contexts", show=progress_wanted(progress),
+                          leave=False) as bar:
             for start in range(0, codes.numel(), batch_size):
                 batch = codes[start: start + batch_size]
                 with self._lock:  # per batch: result reads in other threads wait one batch at most

@@ -18,12 +18,11 @@ reported in ``errors`` and leaves that session exactly as it was.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
+import numbers
 import os
-import tempfile
 import threading
 import weakref
 from functools import wraps
@@ -33,7 +32,9 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import torch
 
 from ..core.checks import check_chunk_id, check_finite, check_positive_int, check_sequence, describe
-from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
+from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
+                           out_of_memory)
+from ..core.files import atomic_path
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
@@ -259,8 +260,9 @@ class MapMatchedServer:
     @_serialized
     def open(self, session_id: SessionId) -> int:
         """Open a new, empty session and return its slot (ValueError if the ID is already
-        open; MapMatchedTypeError if it is not a str, an int or a tuple of them)."""
-        _check_session_id(session_id)
+        open; MapMatchedTypeError if it is not a str, an int, a float, None or a tuple of
+        them). A numpy integer is taken as the int it equals: ``np.int64(3)`` is session ``3``."""
+        session_id = _session_key(session_id)
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
         slot = self._sessions[session_id] = self._store.open()
@@ -336,11 +338,9 @@ class MapMatchedServer:
         """Whether ``session_id`` is open; MapMatchedTypeError (a ValueError and a
         TypeError) if it cannot be one (unhashable)."""
         try:
-            return session_id in self._sessions
+            return session_id in self._sessions  # np.int64(3) == 3 and hashes alike: found as session 3
         except TypeError:
-            raise MapMatchedTypeError(
-                f"a session ID must be hashable (a str, an int or a tuple of them), got {describe(session_id)}"
-            ) from None
+            raise _session_id_error(session_id, session_id, unhashable=True) from None
 
     # ----------------------------------------------------------------- a step
 
@@ -720,6 +720,9 @@ class MapMatchedServer:
         except MapMatchedValueError:
             raise
         except Exception as error:  # a malformed entry: say so, change nothing
+            if out_of_memory(error):
+                raise MapMatchedResourceError(f"out of memory while restoring the server state ({error!r}): a "
+                                              "resource failure, not a malformed state; nothing was changed") from error
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
         self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
         self._sessions = sessions
@@ -733,30 +736,27 @@ class MapMatchedServer:
         """Write :meth:`state_dict` to ``path`` atomically: into a temporary file beside it,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file or the
         new one, never a torn one."""
-        target = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(target))
-        handle, temporary = tempfile.mkstemp(prefix=".mapmatched-server-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                torch.save(self.state_dict(), stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        with atomic_path(path) as temporary:  # mapmatched_torch.core.files
+            torch.save(self.state_dict(), temporary)
 
     @_serialized
     def load(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
         :meth:`load_state_dict`). A torn, truncated or edited file is refused with a
-        MapMatchedValueError naming it, and the running server is untouched."""
+        MapMatchedValueError naming it, and the running server is untouched. Running out
+        of memory while reading it raises MapMatchedResourceError (a ``MemoryError``),
+        not the malformed-file error; the server is untouched then too."""
         try:
             state = torch.load(os.fspath(path), weights_only=True)
         except FileNotFoundError:
             raise
         except Exception as error:
+            if out_of_memory(error):
+                raise MapMatchedResourceError(
+                    f"out of memory while reading the server state file {os.fspath(path)!r} "
+                    f"({os.path.getsize(path)} bytes): {error.__class__.__name__}: {error}; a resource failure, not a "
+                    "damaged file: free memory and load it again; nothing was changed"
+                ) from error
             raise MapMatchedValueError(
                 f"cannot read the server state file {os.fspath(path)!r}: {error.__class__.__name__}: {error} "
                 "(a torn, truncated or foreign file?); nothing was changed"
@@ -827,18 +827,36 @@ def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Di
     return parsed
 
 
-def _check_session_id(session_id: Any) -> None:
-    """A session ID is a str, an int, a float, None or a (nested) tuple of them: what ``torch.load(...,
-    weights_only=True)`` restores; else MapMatchedTypeError (a ValueError and a TypeError)."""
+#: What a session ID may be, for error messages.
+_SESSION_ID_TYPES = ("a str, an int (numpy integers are taken as ints), a float, None, or a tuple of them (what a "
+                     "saved server state restores with torch.load(weights_only=True))")
+
+
+def _session_id_error(session_id: Any, part: Any, unhashable: bool = False) -> MapMatchedTypeError:
+    """The MapMatchedTypeError of a refused session ID (``part``: the refused piece of it)."""
+    inside = "" if part is session_id else f" inside {describe(session_id)}"
+    why = ", which is unhashable" if unhashable else ""
+    return MapMatchedTypeError(f"a session ID must be {_SESSION_ID_TYPES}; got {describe(part)}{inside}{why}")
+
+
+def _session_key(session_id: Any, whole: Any = None) -> SessionId:
+    """``session_id`` as the server keeps it: numpy (and other ``numbers.Integral``)
+    integers as ``int``, so ``np.int64(3)`` opens session ``3``; else it must be a str, an
+    int, a float, None or a (nested) tuple of them: what ``torch.load(...,
+    weights_only=True)`` restores. Anything else is a MapMatchedTypeError (a ValueError
+    and a TypeError) naming what is accepted and what was given."""
+    whole = session_id if whole is None else whole
     if isinstance(session_id, tuple):
-        for part in session_id:
-            _check_session_id(part)
-        return
-    if session_id is not None and not isinstance(session_id, (str, int, float)):
-        raise MapMatchedTypeError(
-            f"a session ID must be hashable (a str, an int or a tuple of them: what a saved server state "
-            f"restores with torch.load(weights_only=True)), got {describe(session_id)}"
-        )
+        return tuple(_session_key(part, whole) for part in session_id)
+    if session_id is None or isinstance(session_id, (str, int, float)):
+        return session_id
+    if isinstance(session_id, numbers.Integral):
+        return int(session_id)
+    try:
+        hash(session_id)
+    except TypeError:
+        raise _session_id_error(whole, session_id, unhashable=True) from None
+    raise _session_id_error(whole, session_id)
 
 
 def _plain_id(session_id: SessionId) -> Any:

@@ -266,7 +266,7 @@ def test_fit_takes_the_data_options_of_eval(fixtures, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ([], "the following arguments are required: --output"),
+        ([], "the following arguments are required: --json/--output"),
         (["--output", "w.json", "--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
         (["--output", "w.json", "--optimizer", "sgd"], "invalid choice"),
         (["--output", "w.json", "--bootstrap", "3"], "unrecognized arguments: --bootstrap"),
@@ -279,7 +279,7 @@ def test_fit_bad_options_exit_2_with_a_message(arguments, message, capsys):
 
 def test_fit_output_that_is_a_directory_fails_before_any_work(tmp_path, capsys):
     assert main([*FIT, "--output", str(tmp_path)]) == 2
-    assert "--output" in capsys.readouterr().err
+    assert "--json/--output" in capsys.readouterr().err
 # (fit under torchrun: tests/fit/test_distributed_fit.py runs it with 2 gloo processes)
 
 
@@ -350,3 +350,70 @@ def test_number_options_accept_their_bounds():
     assert (args.bootstrap, args.relevance_weight, args.mixing_l2, args.mixing_temperature) == (
         0, 1.0, 0.0, 1e-3
     )
+
+
+def test_an_interrupt_while_writing_leaves_the_old_reports_and_exits_130(tmp_path, capsys, monkeypatch):
+    import mapmatched_torch.eval.plots as plots
+
+    (tmp_path / "r.md").write_text("old markdown")
+    (tmp_path / "r.json").write_text("old json")
+
+    def interrupted(result, directory):
+        raise KeyboardInterrupt  # Ctrl-C after the markdown and the JSON were written
+
+    monkeypatch.setattr(plots, "write_plots", interrupted)
+    assert main(["eval", *FAST, *_outputs(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err == "mapmatched-torch eval: interrupted\n"  # one line, no traceback
+    assert (tmp_path / "r.md").read_text() == "old markdown" and (tmp_path / "r.json").read_text() == "old json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]  # no temporary file left
+
+
+def test_fit_writes_its_output_through_a_rename(tmp_path, monkeypatch):
+    import os
+
+    _unset_torchrun(monkeypatch)
+    out = tmp_path / "w.json"
+    out.write_text("old")
+    renamed = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: (renamed.append(target), replace(source, target)))
+    assert main([*FIT, "--output", str(out)]) == 0
+    assert renamed == [str(out)] and json.loads(out.read_text())["world_size"] == 1
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")])
+def test_out_of_memory_while_loading_data_is_a_resource_failure(fixtures, capsys, monkeypatch, failure):
+    import mapmatched_torch.eval.data as data
+
+    def load_directory(path):
+        raise failure
+
+    monkeypatch.setattr(data, "load_directory", load_directory)
+    assert main(["eval", "--data", str(fixtures / "normalized"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mapmatched-torch eval: error: out of memory") and "a resource failure" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_other_runtime_errors_still_propagate(fixtures, monkeypatch):
+    import mapmatched_torch.eval.data as data
+
+    def load_directory(path):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(data, "load_directory", load_directory)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["eval", "--data", str(fixtures / "normalized"), "--quiet"])
+
+
+def test_fit_writes_its_json_with_the_option_of_eval_and_keeps_output_as_an_alias(tmp_path, capsys, monkeypatch):
+    _unset_torchrun(monkeypatch)
+    assert main([*FIT, "--json", str(tmp_path / "new.json")]) == 0
+    assert main([*FIT, "--output", str(tmp_path / "old.json")]) == 0
+    assert (tmp_path / "new.json").read_text() == (tmp_path / "old.json").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["fit", "--help"])
+    helps = " ".join(capsys.readouterr().out.split())
+    assert "--json PATH, --output PATH write the fitted weights (JSON) here; --output is the old name" in helps

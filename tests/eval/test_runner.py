@@ -243,7 +243,11 @@ def test_progress_lines_name_the_slow_phases(fixtures, small_inputs, capsys):
     evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle"), progress=False))
     assert capsys.readouterr().err == ""
     texts = ["the cat sat", "a dog", ""]
-    assert torch.equal(HashEmbedder(dim=64, progress=True).encode(texts), HashEmbedder(dim=64).encode(texts))
+    import mapmatched_torch.core.progress as progress
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(progress, "_terminal", lambda: True)  # a bar (off a terminal: a line every 10 s)
+        assert torch.equal(HashEmbedder(dim=64, progress=True).encode(texts), HashEmbedder(dim=64).encode(texts))
     assert "embedding" in capsys.readouterr().err  # the hash embedder's bar
 
 

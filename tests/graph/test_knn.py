@@ -367,6 +367,9 @@ def test_bad_options(options, words) -> None:
 
 
 def test_progress_flag(capsys, monkeypatch) -> None:
+    import mapmatched_torch.core.progress as progress
+
+    monkeypatch.setattr(progress, "_terminal", lambda: True)  # a bar (off a terminal: a line every 10 s)
     rows, ids = np.eye(4) + 0.1, ["a", "b", "c", "d"]
     knn_edges(rows, ids, 2, progress=True)
     assert "kNN" in capsys.readouterr().err

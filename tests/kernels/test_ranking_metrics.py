@@ -138,3 +138,57 @@ def test_metric_errors():
         ndcg_at_k(torch.tensor([[0]]), SparseQrels(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 3)), 1)
     with pytest.raises(MapMatchedValueError, match="grade of 'a' must be finite"):
         pack_qrels([{"a": float("inf")}], INDEX)
+
+
+# --------------------------------------------------------------------------- huge grades
+
+
+@pytest.mark.parametrize("gain", ["linear", "exponential"])
+@pytest.mark.parametrize("grades", [[1e308, 1e308, 5.0], [1e308, 1.0], [1.7e308, 3e307, 2e-300], [5000.0, 1200.0, 2.0]])
+def test_a_perfect_ranking_scores_1_whatever_the_finite_grades(grades, gain):
+    from mapmatched_torch.kernels.ranking_metrics import ranking_metrics
+
+    qrels = pack_qrels([{"abcde"[i]: grade for i, grade in enumerate(grades)}], INDEX)
+    dense = dense_qrels(qrels, len(INDEX))
+    perfect = torch.tensor([list(range(len(grades)))])
+    reversed_ = perfect.flip(1)
+    for form in (qrels, dense):
+        assert ndcg_at_k(perfect, form, 3, gain=gain).tolist() == [1.0]
+        assert ranking_metrics(perfect, form, (1, 3), gain=gain)["ndcg@3"].tolist() == [1.0]
+        worse = float(ndcg_at_k(reversed_, form, 3, gain=gain)[0])
+        assert 0.0 <= worse < 1.0 or len(grades) == 1
+
+
+def _unscaled_ndcg(ranked, dense, k, gain):
+    """The formula before scaling: DCG of the gains over the ideal DCG."""
+    def gains(grades):
+        grades = grades.clamp(min=0.0)
+        return grades if gain == "linear" else torch.expm1(grades * math.log(2.0))
+
+    top = ranked[:, :k]
+    picked = torch.where(top >= 0, dense.gather(1, top.clamp(min=0)), torch.zeros((), dtype=torch.float64))
+    dcg = (gains(picked) * (1.0 / torch.log2(torch.arange(2, top.shape[1] + 2, dtype=torch.float64)))).sum(1)
+    ideal_grades = torch.topk(dense.clamp(min=0.0), min(k, dense.shape[1]), dim=1).values
+    ideal = (gains(ideal_grades) * (1.0 / torch.log2(torch.arange(2, ideal_grades.shape[1] + 2,
+                                                                   dtype=torch.float64)))).sum(1)
+    return torch.where(ideal > 0, dcg / ideal, torch.zeros_like(dcg))
+
+
+@pytest.mark.parametrize("gain", ["linear", "exponential"])
+@pytest.mark.parametrize("kind", ["integer", "real"])
+def test_scaling_keeps_ordinary_grades_bit_for_bit(gain, kind):
+    generator = torch.Generator().manual_seed(7)
+    shape = (64, 30)
+    if kind == "integer":
+        dense = torch.randint(0, 4, shape, generator=generator).to(torch.float64)
+    else:
+        dense = torch.rand(shape, generator=generator, dtype=torch.float64) * 37.0 - 5.0
+    ranked = torch.argsort(torch.rand(shape, generator=generator), dim=1)[:, :12]
+    for k in (1, 3, 10):
+        assert torch.equal(ndcg_at_k(ranked, dense, k, gain=gain), _unscaled_ndcg(ranked, dense, k, gain))
+
+
+def test_non_finite_dense_grades_are_refused():
+    dense = torch.tensor([[1.0, 0.0], [float("inf"), 1.0]], dtype=torch.float64)
+    with pytest.raises(MapMatchedValueError, match="turn 1 has inf"):
+        ndcg_at_k(torch.tensor([[0, 1], [0, 1]]), dense, 2)

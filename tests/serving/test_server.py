@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from mapmatched_torch.core.errors import MapMatchedTypeError
 from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.providers.dense import DenseProvider
 from mapmatched_torch.retrieval import MapMatchedRetriever
@@ -976,3 +977,67 @@ def test_a_server_whose_long_session_closed_loads_its_own_state():
     assert restored.step(turn)[0]["short"] == server.step(turn)[0]["short"]
     server.open("new")
     assert server.turn_count("new") == 0
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("DefaultCPUAllocator: not enough memory: you tried "
+                                                                  "to allocate 1099511627776 bytes.")])
+def test_running_out_of_memory_while_loading_is_a_resource_failure_not_a_damaged_file(tmp_path, monkeypatch, failure):
+    from mapmatched_torch import MapMatchedResourceError
+
+    server = _stepped_server()
+    path = tmp_path / "server.pt"
+    server.save(path)
+    target = _stepped_server()
+    before = target.state_dict()["store"]["decoder"]["checksum"]
+
+    def load(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(torch, "load", load)
+    with pytest.raises(MapMatchedResourceError, match="out of memory .*server.pt.*a resource failure, not a damaged") \
+            as caught:
+        target.load(path)
+    assert isinstance(caught.value, MemoryError) and caught.value.__cause__ is failure
+    assert "torn" not in str(caught.value)
+    assert target.state_dict()["store"]["decoder"]["checksum"] == before
+
+
+def test_running_out_of_memory_while_restoring_sessions_is_a_resource_failure():
+    from mapmatched_torch import MapMatchedResourceError
+
+    class Starved(dict):
+        def __getitem__(self, key):
+            if key == "sessions":
+                raise MemoryError
+            return super().__getitem__(key)
+
+    state = Starved(_stepped_server().state_dict())
+    with pytest.raises(MapMatchedResourceError, match="not a malformed state"):
+        _stepped_server().load_state_dict(state)
+
+
+def test_session_id_errors_say_what_is_accepted_and_numpy_integers_are_ints():
+    import uuid
+
+    import numpy as np
+
+    server = MapMatchedServer(make_graph(5), candidate_limit=5)
+    given = uuid.UUID(int=7)
+    with pytest.raises(MapMatchedTypeError) as caught:
+        server.open(given)
+    message = str(caught.value)
+    assert "hashable" not in message  # a UUID is hashable: that was never the problem
+    assert message.startswith("a session ID must be a str, an int (numpy integers are taken as ints), a float, None, "
+                              "or a tuple of them") and "; got UUID UUID('00000000-0000-0000-0000-000000000007')" in message
+    with pytest.raises(MapMatchedTypeError, match=r"; got UUID .* inside tuple \('user', UUID"):
+        server.open(("user", given))
+    assert server.open(np.int64(3)) == 0
+    assert server.session_ids == (3,) and type(server.session_ids[0]) is int
+    with pytest.raises(ValueError, match="session 3 is already open"):
+        server.open(3)
+    assert server.open(("user", np.int32(4))) == 1 and ("user", 4) in server
+    results, errors = server.step({np.int64(3): [ScoredCandidate("n1", 1.0)]})
+    assert not errors and server.turn_count(3) == 1 and results[3].chunk_id == "n1"
+    restored = MapMatchedServer(make_graph(5), candidate_limit=5)
+    restored.load_state_dict(server.state_dict())  # the IDs were kept as ints, so the state is restorable
+    assert restored.session_ids == (3, ("user", 4))
