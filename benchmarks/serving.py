@@ -17,6 +17,8 @@ graph once before the timing, so its LRU distance cache holds them.
 Run:  python benchmarks/serving.py                  (sessions 1, 64, 1024, 4096)
       python benchmarks/serving.py --input objects  (ScoredCandidate lists to MapMatchedServer.step)
       python benchmarks/serving.py --input slots    (MapMatchedServer.step_slots: the tensor step)
+      python benchmarks/serving.py --input device   (step_slots(synchronize=False): the device step, no host reads)
+      python benchmarks/serving.py --input captured --device cuda  (the device step replayed from a CUDA graph)
       python benchmarks/serving.py --distances dense  (every distance in a precomputed dense table)
       python benchmarks/serving.py --distances cold   (nothing cached: the step's pairs are searched)
       python benchmarks/serving.py --read contexts  (read only the contexts after each step)
@@ -91,7 +93,7 @@ class Walkers:
 
 def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: str, lag, seed: int,
             gc_freeze: bool = False, indexed: bool = True, read: str = "all", warm_cache: bool = True,
-            slots_api: bool = False, precompute: bool = False, turn_capacity: int = 8):
+            slots_api: bool = False, precompute: bool = False, turn_capacity: int = 8, mode: str = "slots"):
     """Seconds of each timed step, (contexts, every whole result) read after it, the
     distance-cache misses (sources searched) of the timed steps, and the seconds of each
     timed step's distance lookups alone (the same pairs asked of the graph again)."""
@@ -106,6 +108,7 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
     for name in ids:
         server.open(name)
     slots = server.slots(ids)
+    captured = server.capture(sessions, turns=turn_capacity) if mode == "captured" else None
     walkers = Walkers(sessions, len(graph), width, generator)
     planned = [walkers.turn(indexed) for _ in range(warmup + steps)]
     if warm_cache:
@@ -127,8 +130,11 @@ def measure(graph, sessions: int, width: int, steps: int, warmup: int, device: s
             torch.cuda.synchronize()
         before = graph.cache_info().misses
         start = time.perf_counter()
-        if slots_api:  # the tensor step, contexts (as codes) included
-            out = server.step_slots(slots, candidates, scores, contexts=True)
+        if captured is not None:
+            out = captured(slots, candidates, scores)
+            errors = {} if not bool((out.status != 0).any()) else {"rows": out.status.unique().tolist()}
+        elif slots_api:  # the tensor step, contexts (as codes) included
+            out = server.step_slots(slots, candidates, scores, contexts=True, synchronize=mode != "device")
             errors = {} if not bool((out.status != 0).any()) else {"rows": out.status.unique().tolist()}
         else:
             results, errors = server.step_indexed(ids, candidates, scores) if indexed else server.step(turns)
@@ -198,10 +204,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--lag", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--input", choices=["tensors", "objects", "slots"], default="tensors",
+    parser.add_argument("--input", choices=["tensors", "objects", "slots", "device", "captured"], default="tensors",
                         help="(S, M) node-index and score tensors to step_indexed (default), ScoredCandidate "
                              "lists to step, or slots + tensors to step_slots (the tensor step: its contexts "
-                             "come with the step, as codes)")
+                             "come with the step, as codes); device: step_slots(synchronize=False); captured: "
+                             "that step replayed from a CUDA graph (server.capture)")
     parser.add_argument("--distances", choices=["cache", "dense", "cold"], default="cache",
                         help="cache (default): every timed step's pairs in the graph's LRU distance cache first; "
                              "dense: a precomputed dense table; cold: nothing cached")
@@ -249,8 +256,8 @@ def main() -> None:
     for sessions in args.sessions:
         times, reads, misses, lookups = measure(
             graph, sessions, args.width, args.steps, args.warmup, args.device, args.lag, args.seed, args.gc_freeze,
-            args.input != "objects", args.read, args.distances == "cache", args.input == "slots",
-            args.precompute_contexts, args.turn_capacity,
+            args.input != "objects", args.read, args.distances == "cache", args.input in ("slots", "device", "captured"),
+            args.precompute_contexts, args.turn_capacity, args.input,
         )
         gc.unfreeze()
         times = sorted(times)

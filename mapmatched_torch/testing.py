@@ -295,3 +295,102 @@ def random_slot_run(backend: str, dtype: torch.dtype, lag: Optional[int], beta: 
                 decoder.release(released)
                 table[table.index(released)] = decoder.allocate()
         return outputs, decoder.state_dict()["tensors"]
+
+
+class HostReads:
+    """What :func:`record_host_reads` saw: one ``(operation, where)`` per host read."""
+
+    def __init__(self) -> None:
+        self.reads: List[Tuple[str, str]] = []
+        #: the devices of every tensor the block's operations read or made
+        self.devices: set = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.reads)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{operation} at {where}" for operation, where in self.reads) or "no host reads"
+
+
+#: Tensor methods that read a tensor's values on the host (or copy it there).
+_HOST_METHODS = frozenset({
+    "tolist", "numpy", "item", "cpu", "__bool__", "__int__", "__float__", "__index__", "__len__", "__iter__",
+    "__array__", "__format__", "__repr__",
+})
+#: aten operations that synchronize with the host: a scalar read, or an output whose shape depends on values.
+_HOST_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::unique",
+    "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "aten::repeat_interleave",
+    "aten::equal", "aten::is_nonzero",
+})
+
+
+@contextlib.contextmanager
+def record_host_reads() -> Iterator[HostReads]:
+    """Record every operation in the block that reads tensor values back to the host:
+    ``.item()``, ``bool(tensor)``, ``int(tensor)``, ``.tolist()``, ``.numpy()``, ``.cpu()``
+    and ``.to("cpu")``, and the aten operations whose output shape depends on values
+    (``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``, ...).
+
+    On the CPU nothing synchronizes, so these reads cost little; on a GPU each one
+    waits for the device. A step that records none can run ahead of the host and be
+    captured in a CUDA graph. Only Python-level tensor calls and dispatched operations
+    are seen (a C++ extension reading memory directly is not). ``devices`` collects the
+    device of every tensor the block's operations touched (residency checks).
+
+    Example:
+        >>> import torch
+        >>> with record_host_reads() as reads:
+        ...     _ = torch.ones(3).sum() * 2
+        >>> bool(reads)
+        False
+        >>> with record_host_reads() as reads:
+        ...     _ = torch.ones(3)[torch.tensor([True, False, True])]
+        >>> [operation for operation, _ in reads.reads]
+        ['aten::index']
+    """
+    import traceback
+
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found = HostReads()
+
+    def where() -> str:
+        frames = [frame for frame in traceback.extract_stack()[:-3] if "mapmatched_torch" in frame.filename
+                  and not frame.filename.endswith("testing.py")]
+        return f"{frames[-1].filename.rsplit('mapmatched_torch/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            to_host = name == "to" and any(
+                (isinstance(value, (str, torch.device)) and torch.device(value).type == "cpu")
+                for value in list(args[1:]) + [kwargs.get("device")] if value is not None
+                and isinstance(value, (str, torch.device))
+            ) and isinstance(args[0], Tensor) and args[0].device.type != "cpu"
+            if name in _HOST_METHODS or to_host:
+                found.reads.append((f"Tensor.{name}", where()))
+            return func(*args, **kwargs)
+
+    def masks(indices: object) -> bool:
+        return isinstance(indices, (list, tuple)) and any(
+            isinstance(index, Tensor) and index.dtype in (torch.bool, torch.uint8) for index in indices
+        )
+
+    class Operations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name
+            # boolean-mask indexing runs nonzero inside the operation
+            if name in _HOST_OPS or (name.startswith("aten::index") and len(args) > 1 and masks(args[1])):
+                found.reads.append((name, where()))
+            result = func(*args, **(kwargs or {}))
+            for value in list(args) + list((kwargs or {}).values()) + [result]:
+                for tensor in (value if isinstance(value, (list, tuple)) else (value,)):
+                    if isinstance(tensor, Tensor):
+                        found.devices.add(tensor.device)
+            return result
+
+    with Functions(), Operations():
+        yield found

@@ -74,6 +74,7 @@ import torch
 from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
+from ..kernels.backend import backend_for
 from ._csr import CSRAdjacency
 from ._memory import DEFAULT_MEMORY_BUDGET
 from .cache import DistanceCache
@@ -346,6 +347,7 @@ def grid_distances(
     work_limit: Optional[int] = None,
     settle_limit: Optional[int] = None,
     ball_limit: Optional[int] = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """:func:`pair_distances` of every source of a group to every target of it: one
     trellis turn pair per group.
@@ -357,6 +359,8 @@ def grid_distances(
             one search group).
         sources: ``(G, M)`` int64 index codes.
         targets: ``(G, M')`` int64 index codes.
+        validate: False: the caller guarantees the codes (< N): they are not read back
+            to check them (a dense table then answers with no host read).
 
     Returns:
         ``(G, M, M')`` float64, ``[g, j, i]`` = d(``sources[g, j]``, ``targets[g, i]``).
@@ -371,7 +375,8 @@ def grid_distances(
     it misses are searched;
     otherwise :func:`pair_distances` of the expanded pairs.
     """
-    _check_grid(sources, targets, adjacency)
+    if validate:
+        _check_grid(sources, targets, adjacency)
     options = SearchOptions(
         maximum_distance, target_aware=target_aware, memory_budget=memory_budget, initial_radius=initial_radius,
         work_limit=work_limit, settle_limit=settle_limit, ball_limit=ball_limit,
@@ -381,7 +386,7 @@ def grid_distances(
     if engine == "dense":
         nodes = adjacency.num_nodes
         compiled = table.device.type == "cpu" and table.dtype == torch.float64 and table.is_contiguous()
-        if compiled and tuple(table.shape) == (nodes, nodes) and _compiled.available():
+        if compiled and tuple(table.shape) == (nodes, nodes) and backend_for(table.device) == "numba":
             return _compiled.compiled_table_grid(table, sources, targets, maximum_distance)  # one compiled pass
         # one gather, broadcasting (G, M, 1) against (G, 1, M'): no expanded copies
         return table_distances(table, sources[:, :, None], targets[:, None, :], maximum_distance)

@@ -499,6 +499,7 @@ class TensorCorpusGraph:
         engine: str = "auto",
         target_aware: bool = True,
         use_cache: bool = True,
+        validate: bool = True,
     ) -> torch.Tensor:
         """Distances between consecutive turns' candidates of a padded trellis batch.
 
@@ -506,6 +507,9 @@ class TensorCorpusGraph:
             chunk_index: ``(B, T, M)`` int64 index codes on the graph's device (``-1``
                 padding, ``<= -2`` unknown IDs; :meth:`index_trellis` makes them).
             engine, target_aware, use_cache: as for :meth:`pair_distances`.
+            validate: False: the caller guarantees the codes (< N), which are then not
+                read back to check them; with a dense table (:meth:`precompute_dense`) the
+                answer is then one gather, with no host read.
 
         Returns:
             ``(B, T-1, M, M)`` float64 on the graph's device, indexed
@@ -527,14 +531,15 @@ class TensorCorpusGraph:
             raise MapMatchedValueError(f"chunk_index must be a (B, T, M) int64 tensor, got {what}")
         batch, turns, width = chunk_index.shape
         steps = max(turns - 1, 0)
-        _check_code_tensors(self._adjacency, chunk_index=chunk_index)  # every turn, the last included
+        if validate:
+            _check_code_tensors(self._adjacency, chunk_index=chunk_index)  # every turn, the last included
         # shape: (B * (T-1), M) the codes of each turn pair, one group each
         sources = chunk_index[:, :-1].reshape(batch * steps, width)
         targets = chunk_index[:, 1:].reshape(batch * steps, width)
         distances = grid_distances(
             self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
             cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
-            memory_budget=self._memory_budget,
+            memory_budget=self._memory_budget, validate=validate,
         )
         return distances.view(batch, steps, width, width)
 

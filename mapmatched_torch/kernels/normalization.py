@@ -40,7 +40,8 @@ from torch import Tensor
 from ..core.scoring import check_score_normalization
 from . import fused, numba_runtime
 
-__all__ = ["exact_row_sums", "exact_sqrt", "normalize_score_rows"]
+__all__ = ["exact_row_sums", "certified_row_sums", "exact_sqrt", "certified_sqrt", "normalize_score_rows",
+           "normalize_score_rows_on_device"]
 
 #: The unit roundoff of float64 and its smallest subnormal.
 _UNIT = 2.0**-53
@@ -68,6 +69,22 @@ def exact_row_sums(values: Tensor, real: Tensor) -> Tensor:
     host synchronization (whether any row needs the host); ``math.fsum`` only for the
     rows whose rounding the bound cannot certify (none in typical data).
     """
+    total, host = certified_row_sums(values, real)
+    if bool(host.any()):
+        rows = host.nonzero().view(-1)
+        picked = torch.where(real, values, values.new_zeros(()))[rows].tolist()
+        kept = real[rows].tolist()
+        sums = [_fsum_or_nan([value for value, keep in zip(row, mask) if keep]) for row, mask in zip(picked, kept)]
+        total = total.index_put((rows,), torch.tensor(sums, dtype=total.dtype).to(total.device))
+    return total + 0.0  # fsum never returns -0.0: an exact zero sum is +0.0
+
+
+def certified_row_sums(values: Tensor, real: Tensor) -> "tuple[Tensor, Tensor]":
+    """:func:`exact_row_sums` on the device alone: ``(sums (R,), host (R,) bool)``, each
+    row's sum exactly as ``math.fsum`` rounds it where ``host`` is False, and a row the
+    device cannot certify (heavy cancellation near a rounding midpoint, or magnitudes near
+    overflow) flagged for the host instead. No host read: nothing here waits for the device.
+    """
     zero = values.new_zeros(())
     x = torch.where(real, values, zero)
     width = x.shape[1]
@@ -90,13 +107,7 @@ def exact_row_sums(values: Tensor, real: Tensor) -> Tensor:
     certain = settled | (residual.abs() + 2.0 * rest < half_gap * (1.0 - 2.0**-40))
     largest = x.abs().amax(1) if width else torch.zeros_like(top)
     host = ~certain | ~torch.isfinite(total) | ~(largest * max(width, 1) < _HOST_MAGNITUDE)
-    if bool(host.any()):
-        rows = host.nonzero().view(-1)
-        picked = x[rows].tolist()
-        kept = real[rows].tolist()
-        sums = [_fsum_or_nan([value for value, keep in zip(row, mask) if keep]) for row, mask in zip(picked, kept)]
-        total = total.index_put((rows,), torch.tensor(sums, dtype=total.dtype).to(total.device))
-    return total + 0.0  # fsum never returns -0.0: an exact zero sum is +0.0
+    return total + 0.0, host  # fsum never returns -0.0: an exact zero sum is +0.0
 
 
 def _tree_sum(values: Tensor) -> "tuple[Tensor, Tensor]":
@@ -140,6 +151,7 @@ def exact_sqrt(values: Tensor) -> Tensor:
         values: any shape, float64, on any device (negative values give NaN, as
             ``torch.sqrt``; ``math.sqrt`` would raise).
 
+
     Returns:
         The same shape: ``math.sqrt`` of each value, bit for bit. ``torch.sqrt`` is
         within one ulp of it; each element is moved to its neighbour when the input lies
@@ -164,9 +176,31 @@ def exact_sqrt(values: Tensor) -> Tensor:
     return torch.where(small, root * 2.0**-500, root)
 
 
-def _nudge_root(root: Tensor, value: Tensor) -> Tensor:
+def certified_sqrt(values: Tensor) -> "tuple[Tensor, Tensor]":
+    """:func:`exact_sqrt` on the device alone: ``(roots, host)`` of ``values``' shape, each
+    root ``math.sqrt``'s bit for bit where ``host`` is False. Two passes over every
+    element (torch's root is one ulp off at most, so the second only confirms), the
+    signs decided by :func:`certified_row_sums`; an element whose sign sum the device
+    cannot certify is flagged for the host. No host read."""
+    root = torch.sqrt(values)
+    small = values < 2.0**-900
+    scaled = torch.where(small, values * 2.0**1000, values)
+    root = torch.where(small, torch.sqrt(scaled), root)
+    positive = (torch.isfinite(scaled) & (scaled > 0)).reshape(-1)
+    flat_root, flat_scaled = root.reshape(-1), scaled.reshape(-1)
+    host = torch.zeros_like(positive)
+    for _ in range(2):
+        moved, unsure = _nudge_root(flat_root, flat_scaled, certified=True)
+        flat_root = torch.where(positive, moved, flat_root)
+        host = host | (positive & unsure)
+    root = flat_root.view(root.shape)
+    return torch.where(small, root * 2.0**-500, root), host.view(values.shape)
+
+
+def _nudge_root(root: Tensor, value: Tensor, *, certified: bool = False):
     """``(N,)`` positive ``root``, within one ulp of ``sqrt(value)``, moved to the neighbour
-    whose rounding interval holds ``sqrt(value)``, decided exactly."""
+    whose rounding interval holds ``sqrt(value)``, decided exactly. ``certified``: on the
+    device alone, ``(moved, host (N,) bool)`` (:func:`certified_row_sums`)."""
     up, down = torch.nextafter(root, torch.full_like(root, math.inf)), torch.nextafter(root, torch.zeros_like(root))
     gap_up, gap_down = up - root, root - down  # powers of two: every product below is exact
     square, square_error = _exact_square(root)
@@ -176,9 +210,16 @@ def _nudge_root(root: Tensor, value: Tensor) -> Tensor:
         torch.stack([base, -square_error, -root * gap_up, -(gap_up * gap_up) * 0.25], 1),
         torch.stack([base, -square_error, root * gap_down, -(gap_down * gap_down) * 0.25], 1),
     ])
-    signs = exact_row_sums(terms, torch.ones_like(terms, dtype=torch.bool))
+    every = torch.ones_like(terms, dtype=torch.bool)
+    if certified:
+        signs, unsure = certified_row_sums(terms, every)
+    else:
+        signs = exact_row_sums(terms, every)
     above, below = signs[: root.shape[0]], signs[root.shape[0]:]
-    return torch.where(above > 0, up, torch.where(below < 0, down, root))
+    moved = torch.where(above > 0, up, torch.where(below < 0, down, root))
+    if certified:
+        return moved, unsure[: root.shape[0]] | unsure[root.shape[0]:]
+    return moved
 
 
 def _exact_square(value: Tensor) -> "tuple[Tensor, Tensor]":
@@ -218,6 +259,45 @@ def normalize_score_rows(raw: Tensor, counts: Union[Sequence[int], Tensor], meth
         with numba_runtime.KERNEL_LOCK:
             kernels.normalize_rows(raw.contiguous().numpy(), lengths.view(-1).contiguous().numpy(), code, out.numpy())
         return out
+    return _normalized(raw, lengths, method, exact_row_sums, exact_sqrt)
+
+
+def normalize_score_rows_on_device(
+    raw: Tensor, counts: Tensor, method: str = "zscore"
+) -> "tuple[Tensor, Tensor]":
+    """:func:`normalize_score_rows` with no host read: ``(normalized (R, K), host (R,) bool)``.
+
+    Every row not flagged in ``host`` is :func:`normalize_score_rows`'s, bit for bit (the
+    same certified sums and roots, computed on the device). A flagged row's exact sum
+    needs the host (:func:`certified_row_sums`: heavy cancellation at a rounding
+    midpoint, or magnitudes near overflow; never in the tests' typical data): its values
+    are meaningless, and the caller normalizes it with :func:`normalize_score_rows`.
+
+    Args:
+        raw: ``(R, K)`` float64. counts: ``(R,)`` int tensor on ``raw``'s device.
+        method: ``"zscore"``, ``"center"`` or ``"none"``.
+    """
+    method = check_score_normalization(method)
+    lengths = counts.to(raw.device, torch.long).view(-1, 1)
+    flagged = [torch.zeros(raw.shape[0], dtype=torch.bool, device=raw.device)]
+
+    def sums(values: Tensor, real: Tensor) -> Tensor:
+        total, host = certified_row_sums(values, real)
+        flagged.append(host)
+        return total
+
+    def sqrt(values: Tensor) -> Tensor:
+        root, host = certified_sqrt(values)
+        flagged.append(host.view(-1))
+        return root
+
+    normalized = _normalized(raw, lengths, method, sums, sqrt)
+    return normalized, torch.stack(flagged).any(0)
+
+
+def _normalized(raw: Tensor, lengths: Tensor, method: str, sums, sqrt) -> Tensor:
+    """The tensor path of the normalizations, with ``sums`` / ``sqrt`` the exact row sums
+    and square roots to use."""
     # shape: (R, K) the real entries of each row
     real = torch.arange(raw.shape[1], device=raw.device).unsqueeze(0) < lengths
     zero = raw.new_zeros(())
@@ -225,10 +305,10 @@ def normalize_score_rows(raw: Tensor, counts: Union[Sequence[int], Tensor], meth
         return torch.where(real, raw, zero)
     # shape: (R, 1); an empty row divides 0 by 1 (it has no entry to fill)
     sizes = lengths.clamp(min=1).to(raw.dtype)
-    mean = exact_row_sums(raw, real).view(-1, 1) / sizes
+    mean = sums(raw, real).view(-1, 1) / sizes
     centered = torch.where(real, raw - mean, zero)
     if method == "center":
         return centered
-    std = exact_sqrt(exact_row_sums(centered * centered, real).view(-1, 1) / sizes)
+    std = sqrt(sums(centered * centered, real).view(-1, 1) / sizes)
     # a row whose std is exactly 0 is all 0.0 (NaN std: the overflowed rows stay NaN)
     return torch.where(real & (std != 0.0), centered / std, zero)

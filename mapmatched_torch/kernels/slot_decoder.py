@@ -182,6 +182,13 @@ class SlotDecoder:
         self._free: List[int] = []
         self._allocated = 0
         self._tensors: Dict[str, Tensor] = {}
+        #: every state tensor with one spare slot after the table's (index ``capacity``):
+        #: a step without host reads (``active=``) sends the writes of its inactive rows
+        #: there instead of selecting the active rows; ``_tensors`` are views of the rest
+        self._storage: Dict[str, Tensor] = {}
+        #: an upper bound on every slot's length, kept on the host, so that a step without
+        #: host reads can decide growth without reading the lengths (see :meth:`reserve_turn`)
+        self._longest_bound = 0
         self._undo: Optional[tuple] = None
         #: steps written so far (each can be undone by :meth:`undo_last` until the next);
         #: an owner compares it before and after its own work to know whether to undo
@@ -239,13 +246,52 @@ class SlotDecoder:
         return shapes[name]
 
     def _resize(self, capacity: int, turns: int) -> None:
+        # prepare every new tensor first, then install them all: a failure (out of memory)
+        # part-way leaves the table as it was
+        grown = {}
         for name in self._names:
-            new = self._blank(name, capacity, turns)
+            new = self._blank(name, capacity + 1, turns)
             old = self._tensors.get(name)
             if old is not None:
                 region = tuple(slice(0, min(a, b)) for a, b in zip(old.shape, new.shape))
                 new[region] = old[region]
-            self._tensors[name] = new
+            grown[name] = new
+        self._install(grown)
+
+    def _install(self, storage: Dict[str, Tensor]) -> None:
+        """Make ``storage`` (every tensor with the spare slot after the table's) the table."""
+        self._storage = storage
+        self._tensors = {name: tensor[: tensor.shape[0] - 1] for name, tensor in storage.items()}
+
+    @property
+    def spare_slot(self) -> int:
+        """The index of the spare slot (``capacity``): never allocated, the target of a
+        host-read-free step's inactive rows, its values meaningless."""
+        return self.capacity
+
+    def reserve_turn(self) -> None:
+        """Make sure every slot can take one more turn, reading the lengths back only when
+        the host-side bound says the table may be full: once every (turn capacity -
+        longest length) steps at most, never when the table was sized ahead
+        (``turn_capacity``). A step without host reads calls it first."""
+        self.reserve_turns(self._longest_bound + 1)
+
+    def reserve_turns(self, turns: int) -> None:
+        """Grow the turn capacity (doubling) until it holds ``turns`` turns and every
+        slot's next turn, reading the lengths back only when the host-side bound says
+        the table may be too small."""
+        if max(turns, self._longest_bound + 1) <= self.turn_capacity:
+            return
+        self.refresh_bound()
+        capacity = self.turn_capacity
+        while capacity < max(turns, self._longest_bound + 1):
+            capacity *= 2
+        if capacity != self.turn_capacity:
+            self._resize(self.capacity, capacity)
+
+    def refresh_bound(self) -> None:
+        """Set the host-side bound on the lengths to the longest slot's length (one host read)."""
+        self._longest_bound = int(self._tensors["lengths"].max()) if self.capacity else 0
 
     def allocate(self) -> int:
         """A fresh, empty slot (grows the table when full)."""
@@ -278,6 +324,7 @@ class SlotDecoder:
         live = torch.ones(self._allocated, dtype=torch.bool, device=self.device)
         live[self._free] = False
         longest = int(self._tensors["lengths"][: self._allocated][live].max()) if bool(live.any()) else 0
+        self._longest_bound = longest
         target = turns
         while target // 2 >= floor and longest <= target // 4:
             target //= 2
@@ -299,21 +346,23 @@ class SlotDecoder:
             row = self._blank(name, 1, self.turn_capacity)[0]
             row[tuple(slice(0, size) for size in saved.shape)] = saved
             self._tensors[name][slot] = row
+        self._longest_bound = max(self._longest_bound, int(snapshot["lengths"]))
 
-    def payload(self, name: str) -> Tensor:
+    def payload(self, name: str, *, spare_slot: bool = False) -> Tensor:
         """The live ``(C, T, M)`` or ``(C, T)`` payload tensor ``name`` (read it, do not write
         it: writes go through :meth:`advance` and :meth:`put_rows`, which can be undone).
         Growth and shrinking replace the tensor, so a reference taken now keeps the values
-        it had, except in slots released and allocated again."""
-        return self._tensors[f"payload.{name}"]
+        it had, except in slots released and allocated again. With ``spare_slot``, C + 1
+        rows: the :attr:`spare_slot` too (for reads indexed by a host-read-free step's slots)."""
+        return (self._storage if spare_slot else self._tensors)[f"payload.{name}"]
 
     def put_rows(self, name: str, slots: Tensor, values: Tensor) -> None:
         """Write ``(S, T')`` values into the leading turns of a per-turn payload for S
-        distinct slots (T' at most the turn capacity); part of the last step for
-        :meth:`undo_last` (call it after the step)."""
+        distinct slots (T' at most the turn capacity; the :attr:`spare_slot` may repeat);
+        part of the last step for :meth:`undo_last` (call it after the step)."""
         key = f"payload.{name}"
         where = (slots.to(self.device).unsqueeze(1), torch.arange(values.shape[1], device=self.device).unsqueeze(0))
-        old = _exchange(self._tensors[key], where, values.to(self.device))
+        old = _exchange(self._storage[key], where, values.to(self.device))
         if self._undo is not None:
             self._undo[0].append((key, where, old))
 
@@ -323,7 +372,7 @@ class SlotDecoder:
 
     def lengths(self, slots: Tensor) -> Tensor:
         """(S,) long: number of turns decoded in each of ``slots`` (no synchronization)."""
-        return self._tensors["lengths"][slots.to(self.device)].clone()
+        return self._storage["lengths"][slots.to(self.device)].clone()
 
     # ------------------------------------------------------------------- a step
 
@@ -334,6 +383,7 @@ class SlotDecoder:
         mask: Tensor,
         distances: Optional[Tensor] = None,
         payload: Optional[Dict[str, Tensor]] = None,
+        active: Optional[Tensor] = None,
     ) -> SlotStep:
         """Add one turn to each of S distinct slots, weighting it with lambda and beta.
 
@@ -345,7 +395,9 @@ class SlotDecoder:
                 slot's previous turn to the new one (None when beta = 0 or when no slot
                 has a previous turn); beta is applied by
                 :func:`~mapmatched_torch.kernels.transitions.weighted_transitions`.
-            payload: as for :meth:`advance`.
+            payload, active: as for :meth:`advance` (with ``active``, no host read; the
+                outputs are the turn capacity wide, and the rows not active are
+                meaningless).
 
         Returns:
             A :class:`SlotStep`. Slots whose scores overflowed are left unchanged.
@@ -354,8 +406,13 @@ class SlotDecoder:
         weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
         if distances is None or not self.mode.uses_distances:
             distances = None
-        ok = self.advance(slots, weighted, mask, None, distances, payload=payload, weigh=distances is not None)
+        ok = self.advance(
+            slots, weighted, mask, None, distances, payload=payload, weigh=distances is not None, active=active
+        )
         try:  # all or nothing: the decode after the write failing (even KeyboardInterrupt) takes the write back
+            if active is not None:
+                read = torch.where(active.to(self.device), slots.to(self.device), self.spare_slot)
+                return self.current(read, synchronize=False)._replace(ok=ok)
             return self.current(slots)._replace(ok=ok)
         except BaseException:
             self.undo_last()
@@ -372,6 +429,7 @@ class SlotDecoder:
         transactional: bool = True,
         payload: Optional[Dict[str, Tensor]] = None,
         weigh: bool = False,
+        active: Optional[Tensor] = None,
     ) -> Tensor:
         """Add one turn to each of S distinct slots, from inputs already weighted.
 
@@ -398,24 +456,40 @@ class SlotDecoder:
                 of ``distances`` with the table's beta (``transitions`` must be None);
                 with full decoding the fused step weighs them itself, without an
                 (S, M, M) temporary.
+            active: (S,) bool, or None. Given, the step makes no host read: rows not
+                active are computed on the :attr:`spare_slot` and written nowhere (their
+                slots may be anything, their masks empty), overflowing rows likewise,
+                and growth is decided by :meth:`reserve_turn` (no read unless the table
+                may be full). ``ok`` is then False for inactive rows too.
 
         Returns:
             ``ok``: (S,) bool, False where a forward score overflowed.
 
         Cost: O(S (L+1) M^2) time; a few host-device synchronizations (input checks,
-        table growth, the rows written).
+        table growth, the rows written), none with ``active``.
         """
-        state = self._tensors
-        slots = slots.to(self.device)
         count = slots.shape[0]
         if count == 0:
             raise MapMatchedValueError("step needs at least one slot")
-        if not bool(mask.any(dim=1).all()):
-            raise MapMatchedValueError("every stepping conversation needs at least one candidate")
-        lengths = state["lengths"][slots]
-        if int(lengths.max()) + 1 > self.turn_capacity:
-            self._resize(self.capacity, 2 * self.turn_capacity)
+        if active is not None:
+            self.reserve_turn()
+            state = self._storage
+            spare = self.spare_slot
+            state["lengths"][spare] = 0  # the spare slot's rows are always a first turn
+            active = active.to(self.device)
+            slots = torch.where(active, slots.to(self.device), spare)
+        else:
             state = self._tensors
+            slots = slots.to(self.device)
+            if not bool(mask.any(dim=1).all()):
+                raise MapMatchedValueError("every stepping conversation needs at least one candidate")
+        lengths = state["lengths"][slots]
+        if active is None:
+            longest = int(lengths.max())
+            self._longest_bound = max(self._longest_bound, longest + 1)
+            if longest + 1 > self.turn_capacity:
+                self._resize(self.capacity, 2 * self.turn_capacity)
+                state = self._tensors
         # shape: (S, M)
         weighted = torch.where(mask, emissions.to(self.device, self.dtype), 0.0)
         started = lengths > 0
@@ -472,25 +546,34 @@ class SlotDecoder:
                 new["alpha"] = torch.where(keep, new["alpha"], -_INF)
                 new["allowed"] = mask & keep
         elif self.fixed_lag is not None:
-            nonfinite = nonfinite | self._commit(slots, lengths, weighted, transitions, distances, new, updates)
+            nonfinite = nonfinite | self._commit(slots, lengths, weighted, transitions, distances, new, updates, state)
         ok = ~nonfinite
+        new["payload"] = dict(payload or {})
+        if active is not None:  # every row written: the inactive and overflowing ones to the spare slot
+            ok = ok & active
+            written = ok if transactional else active
+            window = (transitions, distances) if self.fixed_lag else None
+            self._write(torch.where(written, slots, self.spare_slot), lengths, new, updates, None, window, argmax)
+            self._longest_bound += 1
+            return ok
         written = ok if transactional else torch.ones_like(ok)
         window = (transitions[written], distances[written]) if self.fixed_lag else None
-        new["payload"] = dict(payload or {})
         self._write(slots[written], lengths[written], new, updates, written, window, argmax)
         return ok
 
-    def current(self, slots: Tensor) -> SlotStep:
+    def current(self, slots: Tensor, *, synchronize: bool = True) -> SlotStep:
         """The decode of each slot's turns so far, without a step.
 
         Args:
             slots: (S,) long allocated slots (S may be 0; a slot may have no turns).
+            synchronize: False: no host read; the outputs are the table's turn capacity
+                wide, and ``slots`` may name the :attr:`spare_slot` (its row meaningless).
 
         Returns:
             A :class:`SlotStep` (``ok`` all True); a slot without turns has an all -1
             path and -inf final scores.
         """
-        state = self._tensors
+        state = self._tensors if synchronize else self._storage
         slots = slots.to(self.device)
         lengths = state["lengths"][slots]
         last = (lengths - 1).clamp_min(0)
@@ -498,7 +581,10 @@ class SlotDecoder:
         final = torch.where(state["allowed"][slots, last], state["alphas"][slots, last], -_INF)
         # the columns the slots use, not the table's turn capacity: a step's cost must
         # not depend on the longest session the table ever held (one synchronization)
-        turns = max(1, int(lengths.max())) if lengths.numel() else 1
+        if not synchronize:
+            turns = self.turn_capacity
+        else:
+            turns = max(1, int(lengths.max())) if lengths.numel() else 1
         # shape: (S, T)
         advanced = torch.arange(turns, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)
         if self.mode is DecodingMode.POINTWISE:
@@ -518,9 +604,9 @@ class SlotDecoder:
                 distances[:, 0] = 0.0
         return SlotStep(torch.ones_like(advanced[:, 0]), paths, distances, final, lengths)
 
-    def _commit(self, slots, lengths, weighted, transitions, distances, new, updates) -> Tensor:
+    def _commit(self, slots, lengths, weighted, transitions, distances, new, updates, state) -> Tensor:
         """Fixed lag: commit turn ``n - L`` and recompute turns ``n-L+1..n`` under the lock."""
-        state, lag = self._tensors, self.fixed_lag
+        lag = self.fixed_lag
         assert lag is not None
         commit = lengths >= lag  # the new turn n = lengths has index >= lag
         window_turns = [(lengths - lag + s).clamp_min(0) for s in range(lag + 1)]
@@ -576,17 +662,19 @@ class SlotDecoder:
 
     def _replay(self, undo: List[tuple]) -> None:
         """Put back the old values of an undo log, newest first."""
-        state = self._tensors
+        state = self._storage  # (a host-read-free step's undo log names the spare slot too)
         for name, where, values in reversed(undo):
             state[name][where] = values
 
     def _write_cells(self, undo, slots, turn, new, updates, ok, window, argmax) -> None:
-        state = self._tensors
+        """``ok`` None: every row is written (a host-read-free step has sent the rows not
+        to be written to the spare slot)."""
+        state = self._storage
 
         def put(name: str, where: tuple, values: Tensor) -> None:
             undo.append((name, where, _exchange(state[name], where, values)))
 
-        every = bool(ok.all())  # the usual case: no (S, ...) copies of the written rows
+        every = ok is None or bool(ok.all())  # the usual case: no (S, ...) copies of the written rows
 
         def written(values: Tensor) -> Tensor:
             return values if every else values[ok]
@@ -601,8 +689,18 @@ class SlotDecoder:
         for name, values in new["payload"].items():
             put(f"payload.{name}", (slots, turn), written(values.to(self.device)))
         committing = updates.pop("rows", None)
+        if ok is None and committing is not None:  # the others' older turns go to the spare slot
+            targets = torch.where(committing, slots, self.spare_slot)
+            for turns, alpha, backpointers, links, allowed in updates.values():
+                put("alphas", (targets, turns), alpha)
+                put("backpointers", (targets, turns), backpointers)
+                if links is not None:
+                    put("link_distances", (targets, turns), links)
+                if allowed is not None:
+                    put("allowed", (targets, turns), allowed)
+            updates = {}
         # only conversations that committed rewrite older turns (others gathered clamped copies)
-        rows = committing[ok] if committing is not None else None
+        rows = committing[ok] if committing is not None and ok is not None else None
         for turns, alpha, backpointers, links, allowed in updates.values():
             where = (slots[rows], turns[ok][rows])
             put("alphas", where, alpha[ok][rows])
@@ -653,7 +751,7 @@ class SlotDecoder:
         undo, turns = self._undo
         if turns != self.turn_capacity:
             raise MapMatchedValueError("cannot undo the last step: the table was resized since")
-        state, targets = self._tensors, slots.to(self.device).view(-1)
+        state, targets = self._storage, slots.to(self.device).view(-1)
         for name, where, values in reversed(undo):
             rows = torch.isin(where[0].reshape(-1), targets)
             if bool(rows.any()):
@@ -728,7 +826,12 @@ class SlotDecoder:
         if also_check is not None:
             also_check(state)
         # copies: two decoders loaded from one state must not write into each other
-        self._tensors = {name: tensor.to(self.device, copy=True) for name, tensor in state["tensors"].items()}
+        turns = int(state["tensors"]["alphas"].shape[1])
+        self._install({
+            name: torch.cat([tensor.to(self.device), self._blank(name, 1, turns)])
+            for name, tensor in state["tensors"].items()
+        })
+        self._longest_bound = int(self._tensors["lengths"].max()) if self._tensors["lengths"].numel() else 0
         self._free = list(state["free"])
         self._allocated = int(state["allocated"])
         self._undo = None

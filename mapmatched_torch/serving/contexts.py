@@ -90,16 +90,30 @@ class ContextTable:
         self._graph_device = graph.device if tensor_graph else None
         self._table = torch.full((0, 1), -1, dtype=torch.int32, device=self._device)
         self._filled = torch.zeros(0, dtype=torch.bool, device=self._device)
+        #: every node of a tensor graph has its row (a precompute over all of them): the
+        #: other codes are unknown IDs, whose neighbourhoods are empty, so nothing is
+        #: ever searched again and rows are a gather (:meth:`rows` without host reads)
+        self.complete = False
         # a fill replaces the table when it grows or widens: a row written into the old one
         # meanwhile (another thread's fill) would be lost but marked filled
         self._lock = threading.RLock()
 
-    def rows(self, chunks: Tensor) -> Tensor:
+    @property
+    def width(self) -> int:
+        """W, the widest neighbourhood kept so far."""
+        return int(self._table.shape[1])
+
+    def rows(self, chunks: Tensor, *, synchronize: bool = True) -> Tensor:
         """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);
-        rows not filled yet are asked of the graph in one batched call."""
+        rows not filled yet are asked of the graph in one batched call. With
+        ``synchronize`` False and a :attr:`complete` table: a gather, no host read."""
         with self._lock:
-            self._fill(chunks)
-            return self._table[chunks].long()
+            if synchronize or not self.complete:
+                self._fill(chunks)
+                return self._table[chunks].long()
+            known = chunks < self._table.shape[0]
+            found = self._table[torch.where(known, chunks, 0)].long()
+            return torch.where(known.unsqueeze(1), found, -1)
 
     def check_keepable(self) -> None:
         """Raise unless rows are kept (:meth:`precompute` needs that)."""
@@ -142,6 +156,10 @@ class ContextTable:
                 with self._lock:  # per batch: result reads in other threads wait one batch at most
                     self._fill(batch)
                 bar.update(batch.numel())
+        if self._indexed is not None:
+            nodes = self._codes.graph_nodes
+            with self._lock:
+                self.complete = self.complete or bool(self._filled[:nodes].all()) and self._filled.shape[0] >= nodes
         return int(self._table.shape[1])
 
     def renumbered(self, codes: ChunkCodes) -> "ContextTable":
@@ -155,6 +173,7 @@ class ContextTable:
                 kept = min(codes.graph_nodes, self._table.shape[0])
                 table._table = self._table[:kept].clone()
                 table._filled = self._filled[:kept].clone()
+                table.complete = self.complete and kept >= codes.graph_nodes
         return table
 
     def _fill(self, chunks: Tensor) -> None:

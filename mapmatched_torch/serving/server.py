@@ -27,11 +27,12 @@ import threading
 import weakref
 from functools import wraps
 from operator import attrgetter
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..core.checks import check_chunk_id, check_finite, check_positive_int, check_sequence, describe
+from ..core.checks import (check_chunk_id, check_finite, check_nonnegative_int, check_positive_int, check_sequence,
+                           describe)
 from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
                            out_of_memory)
 from ..core.files import atomic_path
@@ -50,6 +51,9 @@ from ..retrieval.session import (
 from ..retrieval.trellis import packed_rows
 from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults
+
+if TYPE_CHECKING:  # the capture module loads on first use
+    from .capture import CapturedStep  # noqa: F401
 
 __all__ = ["MapMatchedServer"]
 
@@ -345,7 +349,10 @@ class MapMatchedServer:
     # ----------------------------------------------------------------- a step
 
     @_serialized
-    def step_slots(self, slots: torch.Tensor, codes: torch.Tensor, scores: torch.Tensor, *, contexts: bool = True) -> TensorStep:
+    def step_slots(
+        self, slots: torch.Tensor, codes: torch.Tensor, scores: torch.Tensor, *, contexts: bool = True,
+        synchronize: bool = True,
+    ) -> TensorStep:
         """The tensor step: one new turn for each of S sessions given by slot, nothing
         made per session.
 
@@ -358,6 +365,22 @@ class MapMatchedServer:
                 numbers any chunk ID. Columns past ``candidate_limit`` are cut (but checked).
             scores: ``(S, K)`` floating raw scores (padding ignored).
             contexts: also compute the ``(S, C)`` context codes.
+            synchronize: False: the device step. Nothing in it reads a value back to
+                the host, so a GPU runs it ahead of the host and it can be captured
+                (:meth:`capture`); tensors on the server's device are expected. Every
+                row goes through one batched step (failed rows on a spare slot, written
+                nowhere); the outputs have fixed shapes (paths as wide as the turn
+                capacity, contexts :meth:`~mapmatched_torch.serving.session_store.SessionStore.context_width`
+                wide); the rows' values equal the synchronizing step's. It needs a tensor
+                graph with a dense table (:meth:`~mapmatched_torch.graph.TensorCorpusGraph.precompute_dense`)
+                and, with contexts, :meth:`precompute_contexts` (otherwise the distance
+                cache and first-visit searches read the host), and z-scores or no
+                normalization of large scores (the trace-overflow check reads the host).
+                A row whose normalization the device cannot certify gets
+                ``StepCode.EXACT_SUM_ON_HOST`` (never in ordinary data): step it again
+                with ``synchronize=True``. The table grows outside the step: the step
+                reads the lengths back only when the table may be full
+                (``turn_capacity`` sizes it ahead).
 
         Returns:
             A :class:`~mapmatched_torch.serving.session_store.TensorStep` on the server's
@@ -370,14 +393,46 @@ class MapMatchedServer:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
         """
         slots, codes, scores = _check_step_tensors(slots, codes, scores)
-        step = self._store.step(slots, codes, scores, contexts=contexts)
+        step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
         try:  # all or nothing, as in step()
             self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
         except BaseException:
-            if bool((step.status == 0).any()):
+            if bool((step.status == 0).any()):  # (a host read on the way out of a failure only)
                 self._store.decoder.undo_last()
             raise
         return step
+
+    @_serialized
+    def capture(
+        self, batch_size: int, *, candidates: Optional[int] = None, turns: int = 64, contexts: bool = True,
+        warmup: int = 3,
+    ) -> "CapturedStep":
+        """Capture the device step (:meth:`step_slots` with ``synchronize=False``) for
+        batches of exactly ``batch_size`` rows in a CUDA graph (see
+        :mod:`mapmatched_torch.serving.capture`): each later step is one replay.
+
+        Args:
+            batch_size: S, the rows of every replayed step (unused rows: slot -1).
+            candidates: K, the candidate columns (default: ``candidate_limit``).
+            turns: turns per session reserved in the slot table (it cannot grow in a replay).
+            contexts: also compute the contexts (needs :meth:`precompute_contexts`).
+            warmup: device steps run on a side stream before the capture (every row
+                inactive: nothing is written).
+
+        Returns:
+            A :class:`~mapmatched_torch.serving.capture.CapturedStep`.
+
+        Raises:
+            ValueError: the server is not on a CUDA device, its graph has no dense table,
+                contexts are asked without :meth:`precompute_contexts`, or the
+                normalization is not z-scores.
+        """
+        from .capture import capture_step
+
+        batch_size = check_positive_int(batch_size, "batch_size")
+        candidates = self.candidate_limit if candidates is None else check_positive_int(candidates, "candidates")
+        return capture_step(self, batch_size, candidates, check_positive_int(turns, "turns"), contexts,
+                            check_nonnegative_int(warmup, "warmup"))
 
     @_serialized
     def step(self, turns: Mapping[SessionId, Any]) -> Tuple[StepResults, Dict[SessionId, Exception]]:

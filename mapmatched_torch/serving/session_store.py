@@ -31,7 +31,7 @@ from ..core.protocols import CorpusGraph, implements
 from ..core.settings import DecodeSettings
 from ..graph.protocols import TensorGraph
 from ..kernels import fused_step
-from ..kernels.normalization import normalize_score_rows
+from ..kernels.normalization import normalize_score_rows, normalize_score_rows_on_device
 from ..kernels.slot_decoder import PayloadSpec, SlotDecoder
 from ..retrieval.streaming import step_distances
 from .codes import ChunkCodes
@@ -57,6 +57,11 @@ class StepCode(IntEnum):
     #: the decoded path's trace overflows (a margin or an entropy, with scores beyond
     #: 2**990 and no z-scores): a session refuses the turn (checked by the server)
     TRACE_OVERFLOW = 10
+    #: a step without host reads (``synchronize=False``) could not certify the exact sum
+    #: of the row's score normalization on the device (heavy cancellation at a rounding
+    #: midpoint, or scores near overflow): the turn is not taken; step it again with
+    #: ``synchronize=True``, which sums it on the host
+    EXACT_SUM_ON_HOST = 11
 
 
 #: The row checks' status codes in the order they are checked (the first that fails is reported).
@@ -184,7 +189,9 @@ class SessionStore:
 
     # ------------------------------------------------------------------- a step
 
-    def step(self, slots: Tensor, codes: Tensor, raw: Tensor, *, contexts: bool = False) -> TensorStep:
+    def step(
+        self, slots: Tensor, codes: Tensor, raw: Tensor, *, contexts: bool = False, synchronize: bool = True
+    ) -> TensorStep:
         """Decode one new turn for each of S sessions (see :class:`TensorStep`).
 
         Args:
@@ -193,6 +200,8 @@ class SessionStore:
                 candidates; columns past the width are cut (but still checked).
             raw: (S, K) floating raw scores (padding ignored).
             contexts: also compute the contexts.
+            synchronize: False: no host read from the tensors given to the result
+                returned (:meth:`_step_on_device`).
 
         Returns:
             A :class:`TensorStep`; rows that fail change nothing.
@@ -201,6 +210,8 @@ class SessionStore:
         slots, codes = slots.to(device), codes.to(device)
         raw = raw.to(device, torch.float64)
         count = slots.shape[0]
+        if not synchronize:
+            return self._step_on_device(slots, codes, raw, contexts)
         checked = fused_step.checked_rows(slots, self._live, codes, raw, len(self.codes), width, _CHECK_ORDER)
         if checked is None:  # the torch checks (any device; the reference)
             checked = self._checked_rows(slots, codes, raw)
@@ -222,6 +233,62 @@ class SessionStore:
             if self.decoder.steps_written != written and self.decoder.can_undo:  # (not taken back already)
                 self.decoder.undo_last()
             raise
+
+    def _step_on_device(self, slots: Tensor, codes: Tensor, raw: Tensor, contexts: bool) -> TensorStep:
+        """:meth:`step` with no host read: every row goes through the one batched step, the
+        failed ones computed on the decoder's spare slot and written nowhere
+        (:meth:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder.advance`'s ``active``),
+        and the outputs have fixed shapes: the turn capacity wide (paths), and
+        :meth:`context_width` wide (contexts). Rows stepped here equal :meth:`step`'s
+        (their values; the widths differ). A row whose normalization the device cannot
+        certify gets :attr:`StepCode.EXACT_SUM_ON_HOST`. With contexts, the context
+        table must hold every chunk's row ahead (:meth:`ContextTable.precompute`, a
+        tensor graph): a row not filled yet is searched, which reads the host.
+        """
+        count, width, device = slots.shape[0], self.width, self.device
+        if count == 0:  # (known on the host: no step)
+            empty = _blank_step(0, width, device, torch.zeros(0, dtype=torch.long, device=device),
+                                self.decoder.turn_capacity)
+            return empty._replace(contexts=torch.zeros((0, self.context_width()), dtype=torch.long, device=device)
+                                  if contexts else None)
+        status, kept, kept_raw, counts = self._checked_rows(slots, codes, raw)
+        real = kept >= 0
+        clean = status == 0
+        normalized, host = normalize_score_rows_on_device(
+            torch.where(real & clean.unsqueeze(1), kept_raw, 0.0), torch.where(clean, counts, 0),
+            self.settings.score_normalization,
+        )
+        status.masked_fill_(clean & host, int(StepCode.EXACT_SUM_ON_HOST))
+        clean = status == 0
+        status.masked_fill_(clean & ~torch.isfinite(normalized).all(1), int(StepCode.NORMALIZATION_OVERFLOW))
+        clean = status == 0
+        written = self.decoder.steps_written
+        try:  # all or nothing, as in step()
+            stepped = self._decode(slots, kept, kept_raw, normalized, real, active=clean)
+            status.masked_fill_(clean & ~stepped.pop("ok"), int(StepCode.DECODE_OVERFLOW))
+            done = status == 0
+            blank = _blank_step(count, width, device, status, stepped["path"].shape[1])
+            fields = {
+                name: torch.where(done.view((-1,) + (1,) * (values.dim() - 1)), values, getattr(blank, name))
+                for name, values in stepped.items()
+            }
+            out = TensorStep(status=status, contexts=None, **fields)
+            if contexts:
+                out = out._replace(contexts=context_codes(
+                    self.contexts, self.context_limit, out.chunks, out.candidates, done, fixed=True
+                ))
+            return out
+        except BaseException:
+            if self.decoder.steps_written != written and self.decoder.can_undo:
+                self.decoder.undo_last()
+            raise
+
+    def context_width(self) -> int:
+        """The contexts' width in a step without host reads (with a complete context
+        table): the decoded chunk, the widest neighbourhood in the table and the
+        candidates, at most the limit."""
+        widest = 1 + self.contexts.width + self.width
+        return widest if self.context_limit is None else min(self.context_limit, widest)
 
     def _stepped(self, rows, count, status, slots, kept, kept_raw, normalized, real, contexts) -> TensorStep:
         """The rest of :meth:`step` for its clean ``rows``: decode them, assemble the output."""
@@ -284,23 +351,41 @@ class SessionStore:
         flag(StepCode.EMPTY, counts == 0)
         return status, kept, kept_raw, torch.where(status == 0, counts, 0)
 
-    def _decode(self, slots: Tensor, codes: Tensor, raw: Tensor, normalized: Tensor, real: Tensor) -> Dict[str, Tensor]:
-        """The decoding step of clean rows; returns the TensorStep fields for them (and ``ok``)."""
+    def _decode(
+        self, slots: Tensor, codes: Tensor, raw: Tensor, normalized: Tensor, real: Tensor,
+        active: Optional[Tensor] = None,
+    ) -> Dict[str, Tensor]:
+        """The decoding step of clean rows; returns the TensorStep fields for them (and
+        ``ok``). With ``active``, every row, the others on the decoder's spare slot, and
+        no host read."""
         decoder = self.decoder
+        spare = active is not None
+        if spare:
+            decoder.reserve_turn()  # (growth first: the spare slot's index is the capacity)
+            slots = torch.where(active, slots, decoder.spare_slot)
         lengths = decoder.lengths(slots)
         distances = None
-        if decoder.mode.uses_distances and bool((lengths > 0).any()):
-            distances = self._distances(slots, lengths, codes)
-        previous = decoder.payload("path")[slots].clone()
+        if decoder.mode.uses_distances and (spare or bool((lengths > 0).any())):
+            # a first turn has no move into it: zeros, whatever else the batch holds (so a
+            # slot's saved links never depend on its batch-mates)
+            distances = torch.where((lengths > 0).view(-1, 1, 1),
+                                    self._distances(slots, lengths, codes, synchronize=not spare), 0.0)
+        previous = decoder.payload("path", spare_slot=spare)[slots].clone()
         step = decoder.step(
-            slots, normalized, real, distances, payload={"codes": codes, "raw": raw, "normalized": normalized}
+            slots, normalized, real, distances, payload={"codes": codes, "raw": raw, "normalized": normalized},
+            active=active,
         )
         ok = step.ok
         # shape: (S, T) the path before this step (the table may have grown its turns)
         before = _widened(previous, step.paths.shape[1])
-        decoder.put_rows("previous_path", slots[ok], before[ok])
-        decoder.put_rows("path", slots[ok], step.paths[ok])
-        fields = self._fields(slots, step, before)
+        if spare:
+            targets = torch.where(ok, slots, decoder.spare_slot)
+            decoder.put_rows("previous_path", targets, before)
+            decoder.put_rows("path", targets, step.paths)
+        else:
+            decoder.put_rows("previous_path", slots[ok], before[ok])
+            decoder.put_rows("path", slots[ok], step.paths[ok])
+        fields = self._fields(slots, step, before, spare_slot=spare)
         fields["ok"] = ok
         return fields
 
@@ -317,16 +402,18 @@ class SessionStore:
                           step.paths.shape[1])
         return out._replace(**fields)
 
-    def _fields(self, slots: Tensor, step, before: Tensor) -> Dict[str, Tensor]:
+    def _fields(self, slots: Tensor, step, before: Tensor, *, spare_slot: bool = False) -> Dict[str, Tensor]:
         """The :class:`TensorStep` fields of slots decoded as ``step`` (a
         :class:`~mapmatched_torch.kernels.slot_decoder.SlotStep`), ``before``: their
-        ``(S, T)`` paths before the step (-1 where none)."""
+        ``(S, T)`` paths before the step (-1 where none); ``spare_slot``: ``slots`` may
+        name the decoder's spare slot."""
         decoder = self.decoder
         turns = step.paths.shape[1]
         advanced = step.paths >= 0
+        codes = decoder.payload("codes", spare_slot=spare_slot)
         # shape: (S, T) the decoded candidate's code and normalized score at every turn
-        stored = _along_paths(decoder.payload("codes"), slots, step.paths)
-        scores = _along_paths(decoder.payload("normalized"), slots, step.paths)
+        stored = _along_paths(codes, slots, step.paths)
+        scores = _along_paths(decoder.payload("normalized", spare_slot=spare_slot), slots, step.paths)
         path = torch.where(advanced, stored, -1)
         last = (step.lengths - 1).clamp_min(0)
         revised = advanced & (before >= 0) & (before != step.paths)
@@ -335,7 +422,7 @@ class SessionStore:
         committed = (step.lengths - lag - 1).clamp_min(-1) if lag is not None else torch.full_like(step.lengths, -1)
         emissions = torch.where(advanced, decoder.emission_weight * scores, 0.0)
         transitions = torch.where(advanced, decoder.settings.transition_cost(step.path_distances), 0.0)
-        newest = decoder.payload("codes")[slots, last]
+        newest = codes[slots, last]
         return {
             "chunks": torch.where(step.lengths > 0, path.gather(1, last.unsqueeze(1)).squeeze(1), -1),
             "path": path,
@@ -350,15 +437,17 @@ class SessionStore:
             "candidates": torch.where((step.lengths > 0).unsqueeze(1), newest, -1),
         }
 
-    def _distances(self, slots: Tensor, lengths: Tensor, codes: Tensor) -> Tensor:
-        """(S, M, M) float64 distances from each slot's last turn to the new one."""
+    def _distances(self, slots: Tensor, lengths: Tensor, codes: Tensor, *, synchronize: bool = True) -> Tensor:
+        """(S, M, M) float64 distances from each slot's last turn to the new one
+        (``synchronize`` False: ``slots`` may name the spare slot, and a tensor graph with
+        a dense table answers without a host read)."""
         decoder = self.decoder
-        previous = decoder.payload("codes")[slots, (lengths - 1).clamp_min(0)]
+        previous = decoder.payload("codes", spare_slot=not synchronize)[slots, (lengths - 1).clamp_min(0)]
         previous = torch.where((lengths > 0).unsqueeze(1), previous, -1)
         if self._tensor_graph:
             # shape: (S, 2, M) the last and the new turn -> (S, M, M)
             pair = self.codes.graph_codes(torch.stack([previous, codes], 1)).to(self.graph.device)
-            return self.graph.trellis_distances(pair)[:, 0].to(self.device)
+            return self.graph.trellis_distances(pair, validate=synchronize)[:, 0].to(self.device)
         names = self.codes.names
         before = [[name for name in names(row) if name is not None] for row in previous.tolist()]
         after = [[name for name in names(row) if name is not None] for row in codes.tolist()]
@@ -468,12 +557,21 @@ def _widened(paths: Tensor, turns: int) -> Tensor:
 
 
 def context_codes(
-    table: ContextTable, limit: Optional[int], chunks: Tensor, candidates: Tensor, rows: Tensor
+    table: ContextTable, limit: Optional[int], chunks: Tensor, candidates: Tensor, rows: Tensor,
+    fixed: bool = False,
 ) -> Tensor:
     """``(S, C)`` long context codes of S decoded chunks (``(S,)`` codes) and their turns'
     ``(S, M)`` candidate codes, for the ``(S,)`` bool ``rows`` (others: all -1): the
     chunk, its neighbourhood (``table``), then the candidates, first occurrences in that
-    order, cut at ``limit`` (None: none), -1 padded."""
+    order, cut at ``limit`` (None: none), -1 padded. ``fixed``: C is 1 + the table's
+    width + M (at most ``limit``) and nothing is read back to the host (with a
+    :attr:`~ContextTable.complete` table), else C is the widest row's."""
+    if fixed:
+        # shape: (S, 1 + W + M) everything in order, -1 for nothing and for the rows not wanted
+        listed = torch.cat([chunks.unsqueeze(1), table.rows(chunks.clamp_min(0), synchronize=False), candidates], 1)
+        listed = torch.where(rows.unsqueeze(1), listed, -1)
+        width = listed.shape[1] if limit is None else min(limit, listed.shape[1])
+        return _first_occurrences_in(listed, width)
     count = chunks.shape[0]
     picked = rows.nonzero().view(-1)
     if picked.numel() == 0:
@@ -492,18 +590,30 @@ def _first_occurrences(chunks: Tensor, neighbours: Tensor, candidates: Tensor, l
     fused = fused_step.first_occurrences(listed, limit)  # one pass on the CPU
     if fused is not None:
         return fused
-    count, length = listed.shape
-    positions = torch.arange(length, device=listed.device).expand(count, length)
+    count = listed.shape[0]
+    width = int(_kept(listed).sum(1).max()) if count else 0
+    if limit is not None:
+        width = min(width, limit)
+    return _first_occurrences_in(listed, width)
+
+
+def _kept(listed: Tensor) -> Tensor:
+    """(S, L) bool: each code's first occurrence in its row (not -1)."""
     # a stable sort by code puts each code's first occurrence first among its copies
     by_code, order = listed.sort(dim=1, stable=True)
     repeat = torch.zeros_like(by_code, dtype=torch.bool)
     repeat[:, 1:] = by_code[:, 1:] == by_code[:, :-1]
     duplicate = torch.zeros_like(repeat).scatter(1, order, repeat)
-    keep = (listed >= 0) & ~duplicate
+    return (listed >= 0) & ~duplicate
+
+
+def _first_occurrences_in(listed: Tensor, width: int) -> Tensor:
+    """(S, width): each row's first occurrences of its codes (:func:`_kept`), in order, -1 padded."""
+    count, length = listed.shape
+    positions = torch.arange(length, device=listed.device).expand(count, length)
     # shape: (S, L) the kept entries first, in their order
-    moved = torch.where(keep, positions, length).sort(1).values
-    width = int(keep.sum(1).max()) if count else 0
-    if limit is not None:
-        width = min(width, limit)
+    moved = torch.where(_kept(listed), positions, length).sort(1).values
+    if width > length:  # (a fixed width beyond every entry: padding)
+        moved = torch.cat([moved, moved.new_full((count, width - length), length)], 1)
     moved = moved[:, :width]
     return torch.where(moved < length, listed.gather(1, moved.clamp_max(length - 1)), -1)

@@ -249,3 +249,28 @@ def test_the_compiled_certified_sum_is_fsum_wherever_it_is_certain():
     generator = torch.Generator().manual_seed(5)
     typical = (torch.randn(2000, 32, generator=generator, dtype=torch.float64) * 0.1 + 0.5).numpy()
     assert all(kernels.certified_sum(row, 32)[1] for row in typical)  # scores as providers return them
+
+
+@pytest.mark.parametrize("method", ["zscore", "center", "none"])
+def test_the_device_normalization_equals_the_exact_one_where_it_certifies(method, normalization_path):
+    """normalize_score_rows_on_device (no host read) on the adversarial rows: every row it
+    does not flag for the host is normalize_score_rows' bit for bit (NaN rows included);
+    it flags only rows near overflow, and none of the ordinary ones."""
+    from mapmatched_torch.kernels.normalization import normalize_score_rows_on_device
+    from mapmatched_torch.testing import record_host_reads
+
+    rng = random.Random(method + "device")
+    width = 9
+    rows = [random_row(rng, width) for _ in range(400)] + [[2.5], [-0.0], []]
+    padded = torch.tensor([row + [rng.choice([0.0, 7.0])] * (width - len(row)) for row in rows], dtype=torch.float64)
+    counts = torch.tensor([len(row) for row in rows])
+    expected = normalize_score_rows(padded, counts, method)
+    with record_host_reads() as reads:
+        got, host = normalize_score_rows_on_device(padded, counts, method)
+    assert not reads, str(reads)
+    same = (got.view(torch.int64) == expected.view(torch.int64)).all(1)
+    assert bool((same | host).all())
+    magnitude = padded.abs().amax(1) * width
+    assert bool((~host | (magnitude >= 2.0**1020) | (magnitude * magnitude >= 2.0**1020)).all())
+    ordinary = torch.randn(200, width, dtype=torch.float64)
+    assert not bool(normalize_score_rows_on_device(ordinary, torch.full((200,), width), method)[1].any())

@@ -524,3 +524,50 @@ def test_exchange_writes_and_returns_what_advanced_indexing_does():
         old = _exchange(table, where, values)
         assert torch.equal(old, expected_old) and old.dtype == table.dtype
         assert torch.equal(table, expected)
+
+
+@pytest.mark.parametrize("lag, beta", [(None, 1.0), (0, 1.0), (2, 0.5), (None, 0.0)])
+def test_a_step_with_active_rows_equals_stepping_the_active_slots_alone(lag, beta):
+    """advance(active=...) (no host read): the rows not active (any slot: out of range,
+    negative, or an active row's slot again; empty masks) and the rows that overflow
+    write nowhere; the active ones equal a plain step of those slots alone, and the two
+    tables end equal bit for bit."""
+    import random
+
+    from mapmatched_torch.kernels.backend import use_backend
+    from mapmatched_torch.testing import record_host_reads
+
+    rng, generator = random.Random(7), torch.Generator().manual_seed(7)
+    width = 4
+    plain = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=8, turn_capacity=16)
+    spared = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=8, turn_capacity=16)
+    table = [plain.allocate() for _ in range(6)]
+    assert [spared.allocate() for _ in range(6)] == table
+    with use_backend("torch"):
+        for _ in range(7):
+            picked = sorted(rng.sample(table, rng.randint(1, 6)))
+            count = len(picked)
+            scores = torch.randn(count, width, generator=generator, dtype=torch.float64)
+            mask = torch.rand(count, width, generator=generator) < 0.7
+            mask[:, 0] |= ~mask.any(1)
+            distances = torch.randint(0, 3, (count, width, width), generator=generator).double()
+            if rng.random() < 0.3:
+                scores[0] = 1e308  # overflows: written nowhere in both
+            expected = plain.step(torch.tensor(picked), scores, mask, distances)
+            junk = [rng.choice([-3, 99, picked[0]]) for _ in range(3)]
+            slots = torch.tensor(picked + junk)
+            every = torch.cat([scores, torch.randn(3, width, generator=generator, dtype=torch.float64)])
+            masks = torch.cat([mask, torch.zeros(3, width, dtype=torch.bool)])
+            moves = torch.cat([distances, torch.rand(3, width, width, generator=generator, dtype=torch.float64)])
+            active = torch.arange(count + 3) < count
+            with record_host_reads() as reads:
+                got = spared.step(slots, every, masks, moves, active=active)
+            assert not reads, str(reads)
+            assert torch.equal(got.ok[:count], expected.ok) and not bool(got.ok[count:].any())
+            turns = expected.paths.shape[1]
+            rows = expected.ok
+            assert torch.equal(got.paths[:count][rows, :turns], expected.paths[rows])
+            assert bool((got.paths[:count][rows, turns:] == -1).all())
+            assert torch.equal(got.final_scores[:count][rows], expected.final_scores[rows])
+    for name, value in plain.state_dict()["tensors"].items():
+        assert torch.equal(spared.state_dict()["tensors"][name], value), name
