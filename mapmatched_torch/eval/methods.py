@@ -884,6 +884,7 @@ def _fit_gated_model(cands: Candidates, normalized: Tensor, distances: Tensor, r
         The fitted :class:`~mapmatched_torch.fit.model.MapMatchedModel` (no gradients).
     """
     from ..fit.model import MapMatchedModel
+    from ..fit.threads import one_thread
     from ..kernels.transitions import GatedTransitions
 
     calibrate = bool(options.extra.get("gated_calibrate", False))
@@ -909,7 +910,8 @@ def _fit_gated_model(cands: Candidates, normalized: Tensor, distances: Tensor, r
         loss.backward()
         return loss
 
-    optimizer.step(closure)
+    with one_thread():  # the same fit bit for bit whatever the thread count (torchrun: one per process)
+        optimizer.step(closure)
     model.project_()
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
         raise MethodUnavailable(f"{what} diverged (a parameter is not finite)")
