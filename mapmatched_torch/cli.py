@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--maximal-marginal-relevance-lambda", type=_unit_interval, default=0.7,
                       dest="relevance_weight", help="Maximal Marginal Relevance lambda (1 = pure relevance)")
     grid.add_argument("--fit-folds", type=_positive_int, default=2,
-                      help="cross-fitting folds of the fitted and gated methods and of the headline selection")
+                      help="cross-fitting folds of the learned methods (fitted, gated, mixed, mixed+gated)")
+    grid.add_argument("--selection-folds", type=_positive_int, default=5,
+                      help="folds of the headline's cross-fitted selection (each ranked by the method best on the "
+                           "others; at most one per conversation)")
     grid.add_argument("--fold-repeats", type=_positive_int, default=1, metavar="R",
                       help="fold splits (seeds seed..seed+R-1): report each cross-fitted method's mean and range "
                            "over them beside the bootstrap interval")
@@ -341,6 +344,8 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
     if args.fit_folds < 2:
         parser.error(f"--fit-folds must be >= 2, got {args.fit_folds}")
+    if args.selection_folds < 2:
+        parser.error(f"--selection-folds must be >= 2, got {args.selection_folds}")
     if args.entropy_threshold is not None and not math.isfinite(args.entropy_threshold):
         parser.error("--entropy-threshold must be finite")
     from .eval.methods import METHODS
@@ -495,7 +500,7 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
         relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
         seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
-        fold_repeats=args.fold_repeats, method_options=_method_options(args),
+        selection_folds=args.selection_folds, fold_repeats=args.fold_repeats, method_options=_method_options(args),
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )
