@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--maximal-marginal-relevance-lambda", type=_unit_interval, default=0.7,
                       dest="relevance_weight", help="Maximal Marginal Relevance lambda (1 = pure relevance)")
     grid.add_argument("--fit-folds", type=_positive_int, default=2,
-                      help="cross-fitting folds of the fitted and gated methods and of the headline selection")
+                      help="cross-fitting folds of the learned methods (fitted, gated, mixed, mixed+gated)")
+    grid.add_argument("--selection-folds", type=_positive_int, default=5,
+                      help="folds of the headline's cross-fitted selection (each ranked by the method best on the "
+                           "others; at most one per conversation)")
     grid.add_argument("--fold-repeats", type=_positive_int, default=1, metavar="R",
                       help="fold splits (seeds seed..seed+R-1): report each cross-fitted method's mean and range "
                            "over them beside the bootstrap interval")
@@ -237,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``fit``'s default validation split: 0.2 from this many conversations on (40 held out), else none.
+_FIT_VALIDATION_MINIMUM = 200
+
+
 def _add_fit_parser(commands: Any) -> None:
     """``mapmatched-torch fit``: the data options of ``eval``, fit_weights' main options, a JSON output."""
     fit = commands.add_parser(
@@ -252,8 +259,12 @@ def _add_fit_parser(commands: Any) -> None:
     options = fit.add_argument_group("fitting")
     options.add_argument("--optimizer", choices=("lbfgs", "adam"), default="lbfgs", help="optimizer")
     options.add_argument("--max-iterations", type=_positive_int, default=100, help="LBFGS steps or Adam epochs")
-    options.add_argument("--validation-fraction", type=float, default=0.2,
-                         help="share of conversations held out for early stopping, in [0, 1)")
+    options.add_argument("--validation-fraction", type=float, default=None,
+                         help="share of conversations held out for early stopping, in [0, 1) (default: 0.2 with at "
+                              f"least {_FIT_VALIDATION_MINIMUM} conversations, else 0: no early stopping, since a "
+                              "validation set of a few conversations is too noisy to stop on)")
+    options.add_argument("--patience", type=_positive_int, default=10,
+                         help="iterations without a validation-loss improvement before early stopping")
     options.add_argument("--score-normalization", choices=("zscore", "center", "none"), default="zscore",
                          help="normalization of the candidate scores per turn")
     options.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the validation split")
@@ -326,13 +337,15 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if not math.isfinite(args.maximum_distance) or args.maximum_distance <= 0:
         parser.error(f"--maximum-distance must be finite and > 0, got {args.maximum_distance}")
     if args.command == "fit":
-        if not 0.0 <= args.validation_fraction < 1.0:
+        if args.validation_fraction is not None and not 0.0 <= args.validation_fraction < 1.0:
             parser.error(f"--validation-fraction must be in [0, 1), got {args.validation_fraction}")
         return
     if not 0.0 < args.confidence < 1.0:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
     if args.fit_folds < 2:
         parser.error(f"--fit-folds must be >= 2, got {args.fit_folds}")
+    if args.selection_folds < 2:
+        parser.error(f"--selection-folds must be >= 2, got {args.selection_folds}")
     if args.entropy_threshold is not None and not math.isfinite(args.entropy_threshold):
         parser.error("--entropy-threshold must be finite")
     from .eval.methods import METHODS
@@ -487,7 +500,7 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
         relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
         seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
-        fold_repeats=args.fold_repeats, method_options=_method_options(args),
+        selection_folds=args.selection_folds, fold_repeats=args.fold_repeats, method_options=_method_options(args),
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )
@@ -549,21 +562,32 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
         _status(args, f"{PROG} fit: sharding the batches over {world_size()} processes ({_backend()})")
     inputs = _inputs(args, device)
     conversations = labelled_conversations(inputs)
-    _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer})")
+    fraction = args.validation_fraction
+    if fraction is None:  # a handful of validation conversations stops on noise: fit to convergence instead
+        fraction = 0.2 if len(conversations) >= _FIT_VALIDATION_MINIMUM else 0.0
+    _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer}, "
+                  + (f"{fraction:g} held out for early stopping)" if fraction else
+                     "no validation split: fitted to convergence)"))
     result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
                          optimizer=args.optimizer, max_iterations=args.max_iterations,
-                         validation_fraction=args.validation_fraction, seed=args.seed, device=device,
+                         validation_fraction=fraction, patience=args.patience, seed=args.seed, device=device,
                          progress=False if args.quiet else None)
+    notes = _fit_notes(result, args.patience)
+    gold = (inputs.info.get("gold_missing") or {}).get("labelled_turns_without_gold_in_corpus", 0)
     payload = sanitize({
         "lambda": result.emission_weight,
         "beta": result.transition_weight,
         "data": inputs.name,
         "info": dict(inputs.info),
         "options": {"optimizer": args.optimizer, "max_iterations": args.max_iterations,
-                    "validation_fraction": args.validation_fraction,
+                    "validation_fraction": fraction, "patience": args.patience,
                     "score_normalization": args.score_normalization, "seed": args.seed},
         "n_conversations": result.n_conversations, "n_turns": result.n_turns,
-        "n_labelled_turns": result.n_labelled_turns, "n_gold_missing": result.n_gold_missing,
+        "n_labelled_turns": result.n_labelled_turns,
+        # one name per count: gold outside the candidates (the fit cannot use the turn), of which gold outside
+        # the corpus (info.gold_missing, what --qrels in-corpus drops)
+        "n_gold_not_among_candidates": result.n_gold_missing, "n_gold_not_in_corpus": gold,
+        "kept_starting_point": result.best_iteration == 0, "warnings": list(notes),
         "n_train_conversations": result.n_train_conversations,
         "n_validation_conversations": result.n_validation_conversations,
         "validation_ndcg_before": result.validation_ndcg_before,
@@ -573,10 +597,25 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     })
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
         return 0
+    for note in notes:  # also with --quiet: the weights are not fitted
+        print(f"{PROG} fit: warning: {note}", file=sys.stderr, flush=True)
     path = write_text_atomic(args.json, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
-    _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}")
+    kept = " (the starting point: early stopping kept iteration 0)" if result.best_iteration == 0 else ""
+    _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}{kept}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _fit_notes(result: Any, patience: int) -> Tuple[str, ...]:
+    """What ``fit`` warns about: a fit that returned its starting point (best iteration 0)."""
+    if result.best_iteration != 0:
+        return ()
+    how = (f"the validation loss of the {result.n_validation_conversations} held-out conversations never improved "
+           f"on the starting point's within --patience {patience} iterations" if result.stopped == "early_stopping"
+           else f"the fit stopped at once ({result.stopped})")
+    return (f"the fitted weights are the starting point (lambda={result.emission_weight:g}, "
+            f"beta={result.transition_weight:g}): {how}; nothing was learned. Try --validation-fraction 0 (fit to "
+            "convergence on every conversation), a larger --patience, or more conversations",)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -52,6 +52,8 @@ TESTED_ELSEWHERE = {
     "serving/contexts.py": ("tests/serving/test_session_store.py", "tests/serving/test_step_results.py"),
     # fit/: the synthetic sampler is checked with the path sampler it draws from
     "fit/sampling.py": ("tests/kernels/test_sampling.py", "tests/fit/test_fitting.py"),
+    # fit/threads.py: its doctest, and the byte-for-byte torchrun report it exists for
+    "fit/threads.py": ("tests/test_doctests.py", "tests/eval/test_distributed.py"),
     # eval/: the harness's inputs and plots, tested with the methods and the report
     "eval/candidates.py": ("tests/eval/test_methods.py",),
     "eval/distances.py": ("tests/eval/test_methods.py",),

@@ -43,9 +43,9 @@ Example:
     >>> config = EvalConfig(methods=("pointwise", "map-matched"), betas=(0.5,), n_bootstrap=10, progress=False)
     >>> result = evaluate(inputs_from_synthetic(bench), config)
     >>> [method.key for method in result.methods]
-    ['pointwise', 'map-matched lambda=1 beta=0.5 full', 'cross-fitted primary (2-fold selection)']
+    ['pointwise', 'map-matched lambda=1 beta=0.5 full', 'cross-fitted primary (5-fold selection)']
     >>> result.primary, result.primary_selected_on_data
-    ('cross-fitted primary (2-fold selection)', False)
+    ('cross-fitted primary (5-fold selection)', False)
     >>> result.per_turn["pointwise"]["ndcg@3"].shape
     torch.Size([24])
 """
@@ -433,6 +433,11 @@ class EvalConfig:
         score_normalization: ``"zscore"``, ``"center"`` or ``"none"``.
         exact_normalization: bit-exact (Python) normalization, else tensor sums.
         fit_folds: cross-fitting folds of the fitted method (>= 2).
+        selection_folds: folds of the headline's cross-fitted selection (>= 2,
+            default 5; at most one per conversation): each is ranked by the method
+            best on the other selection folds. More folds than ``fit_folds`` make each
+            choice on most of the data, so the folds agree on small sets
+            (:mod:`~mapmatched_torch.eval.selection`).
         fold_repeats: R >= 1 fold splits (seeds ``seed .. seed + R - 1``): with R > 1
             the cross-fitted rankings' slice means are also reported as a mean and
             range over R splits (:attr:`EvalResult.repeats`; the extra runs skip the bootstrap).
@@ -465,6 +470,7 @@ class EvalConfig:
     score_normalization: str = "zscore"
     exact_normalization: bool = True
     fit_folds: int = 2
+    selection_folds: int = 5
     fold_repeats: int = 1
     method_options: Mapping[str, Any] = field(default_factory=dict)
     primary: Optional[Setting] = None
@@ -508,6 +514,9 @@ class EvalConfig:
         check_positive_int(self.memory_budget, "memory_budget")
         if isinstance(self.fit_folds, bool) or not isinstance(self.fit_folds, int) or self.fit_folds < 2:
             raise MapMatchedValueError(f"fit_folds must be an int >= 2, got {self.fit_folds!r}")
+        if isinstance(self.selection_folds, bool) or not isinstance(self.selection_folds, int) \
+                or self.selection_folds < 2:
+            raise MapMatchedValueError(f"selection_folds must be an int >= 2, got {self.selection_folds!r}")
         if isinstance(self.fold_repeats, bool) or not isinstance(self.fold_repeats, int) or self.fold_repeats < 1:
             raise MapMatchedValueError(f"fold_repeats must be an int >= 1 (1 = one fold split), got {self.fold_repeats!r}")
         return self
@@ -521,7 +530,7 @@ class EvalConfig:
             "seed": self.seed, "tolerance": self.tolerance, "entropy_threshold": self.entropy_threshold,
             "slice_emission_weight": self.slice_emission_weight, "score_normalization": self.score_normalization,
             "exact_normalization": self.exact_normalization, "fit_folds": self.fit_folds,
-            "fold_repeats": self.fold_repeats, "method_options": dict(self.method_options),
+            "selection_folds": self.selection_folds, "fold_repeats": self.fold_repeats, "method_options": dict(self.method_options),
             "primary": None if self.primary is None else self.primary.to_dict(),
             "device": None if self.device is None else str(self.device),
         }
@@ -962,10 +971,11 @@ def _select_headline(scored: _Scored, eligible: Tensor, conversation: Tensor, ba
     """
     if config.primary is not None or batch < config.fit_folds:
         return None
-    fold = cross_fitting_folds(batch, config.fit_folds, config.seed).to(conversation.device)
+    folds = min(config.selection_folds, batch)
+    fold = cross_fitting_folds(batch, folds, config.seed).to(conversation.device)
     chosen = cross_fitted_selection(scored.metrics, selection_candidates(scored.described), conversation, eligible,
                                     fold, PRIMARY_METRIC)
-    key = SELECTION_KEY_FORMAT.format(folds=config.fit_folds)
+    key = SELECTION_KEY_FORMAT.format(folds=folds)
     scored.metrics.add(key, chosen.metrics)
     scored.described[key] = (SELECTION_METHOD, chosen.params(PRIMARY_METRIC))
     return key

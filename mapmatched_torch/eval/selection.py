@@ -1,9 +1,13 @@
 """The report's headline method, chosen without the test data, and repeated cross-fitting.
 
 **Cross-fitted selection** (:func:`cross_fitted_selection`). The conversations are split
-into the cross-fitting folds of the fitted and gated methods
-(:func:`~mapmatched_torch.eval.methods.cross_fitting_folds`, same seed, so the same
-conversations are held out). For each fold, the candidate method with the best mean
+into selection folds (:func:`~mapmatched_torch.eval.methods.cross_fitting_folds`, the
+run's seed; ``EvalConfig.selection_folds``, default 5, at most one per conversation).
+Using more folds than the learned methods' 2 is what keeps the headline stable on small
+sets: with 2 folds each choice was made on half the conversations, the folds of a
+60-conversation set often picked different near-tied methods, and each fold tended to
+get the one that was worse on it (``benchmarks/headline_stability.py``). With 5 folds
+each choice reads 80% of the data. For each fold, the candidate method with the best mean
 of the selection metric (nDCG@3) over the labelled turns of the *other* folds is
 chosen, and the fold's turns are scored with that method's rankings. The result is one
 more ranking, ``cross-fitted primary``: no conversation is scored by a choice its own

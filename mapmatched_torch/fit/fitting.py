@@ -72,6 +72,7 @@ from ..kernels import decode
 from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
 from ..retrieval.trellis import consecutive_distances, pack_trellises
 from .model import MapMatchedModel
+from .threads import one_thread
 
 __all__ = [
     "OPTIMIZERS",
@@ -838,38 +839,39 @@ def fit_weights(
     counts = sum((c.counts() for c in split.train + split.validation), TurnCounts())
     _check_labels(counts, sum((c.counts() for c in split.train), TurnCounts()))
 
-    train = _Sharded(_groups(split.train, batch_size, _has_usable), ranks, graph, dtype, device, keep_packed)
-    held_out = _Sharded(_groups(split.validation, batch_size, _has_labelled), ranks, graph, dtype, device,
-                        keep_packed)
-    model = MapMatchedModel(*init, dtype=dtype, device=device)
-    objective = _Objective(model, l2, center)
-    ndcg_before = _mean_ndcg(model, held_out)
-    history, stopped, best = _optimize(
-        objective, _make_optimizer(optimizer, model, lr), _ITERATIONS[optimizer], train, held_out,
-        max_iterations, patience, tolerance, generator,
-        _progress_bar(progress, max_iterations, "step" if optimizer == "lbfgs" else "epoch", ranks[0]),
-    )
-    with torch.no_grad():
-        model.emission_weight.fill_(best.emission_weight)
-        model.transition_weight.fill_(best.transition_weight)
-    return FitResult(
-        emission_weight=best.emission_weight,
-        transition_weight=best.transition_weight,
-        history=tuple(history),
-        validation_ndcg_before=ndcg_before,
-        validation_ndcg_after=_mean_ndcg(model, held_out),
-        n_conversations=counts.conversations,
-        n_turns=counts.turns,
-        n_labelled_turns=counts.labelled,
-        n_gold_missing=counts.gold_missing,
-        n_unlabelled=counts.unlabelled,
-        n_train_conversations=len(split.train),
-        n_validation_conversations=len(split.validation),
-        best_iteration=best.iteration,
-        stopped=stopped,
-        options={"optimizer": optimizer, "lr": lr, "l2": l2, "l2_center": l2_center, "batch_size": batch_size,
-                 "score_normalization": method, "seed": seed, "dtype": str(dtype), "device": str(device)},
-    )
+    with one_thread():  # sums independent of the thread count (see .threads)
+        train = _Sharded(_groups(split.train, batch_size, _has_usable), ranks, graph, dtype, device, keep_packed)
+        held_out = _Sharded(_groups(split.validation, batch_size, _has_labelled), ranks, graph, dtype, device,
+                            keep_packed)
+        model = MapMatchedModel(*init, dtype=dtype, device=device)
+        objective = _Objective(model, l2, center)
+        ndcg_before = _mean_ndcg(model, held_out)
+        history, stopped, best = _optimize(
+            objective, _make_optimizer(optimizer, model, lr), _ITERATIONS[optimizer], train, held_out,
+            max_iterations, patience, tolerance, generator,
+            _progress_bar(progress, max_iterations, "step" if optimizer == "lbfgs" else "epoch", ranks[0]),
+        )
+        with torch.no_grad():
+            model.emission_weight.fill_(best.emission_weight)
+            model.transition_weight.fill_(best.transition_weight)
+        return FitResult(
+            emission_weight=best.emission_weight,
+            transition_weight=best.transition_weight,
+            history=tuple(history),
+            validation_ndcg_before=ndcg_before,
+            validation_ndcg_after=_mean_ndcg(model, held_out),
+            n_conversations=counts.conversations,
+            n_turns=counts.turns,
+            n_labelled_turns=counts.labelled,
+            n_gold_missing=counts.gold_missing,
+            n_unlabelled=counts.unlabelled,
+            n_train_conversations=len(split.train),
+            n_validation_conversations=len(split.validation),
+            best_iteration=best.iteration,
+            stopped=stopped,
+            options={"optimizer": optimizer, "lr": lr, "l2": l2, "l2_center": l2_center, "batch_size": batch_size,
+                     "score_normalization": method, "seed": seed, "dtype": str(dtype), "device": str(device)},
+        )
 
 
 def _as_list(conversations: Any, name: str) -> List[Any]:

@@ -50,6 +50,7 @@ from ..core.checks import check_nonnegative_int, check_positive_finite, check_we
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..kernels.ragged import padded_rows
 from ..providers.query_mixing import QueryMixing, mixed_queries
+from .threads import one_thread
 
 __all__ = ["QueryMixingFit", "query_mixing_loss", "gold_indices", "cosine_statistics", "source_weights",
            "fit_query_mixing", "LOGIT_BLOCK"]
@@ -308,17 +309,18 @@ def fit_query_mixing(
             penalty.backward()
         return total + penalty.detach()
 
-    with torch.no_grad():
-        initial_loss = float(objective(backward=False))
     optimizer = torch.optim.LBFGS([parameters], lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe")
 
     def closure() -> Tensor:
         optimizer.zero_grad()
         return objective(backward=True)
 
-    optimizer.step(closure)
-    with torch.no_grad():
-        loss = float(objective(backward=False))
+    with one_thread():  # the same fit bit for bit whatever the thread count (torchrun: one per process)
+        with torch.no_grad():
+            initial_loss = float(objective(backward=False))
+        optimizer.step(closure)
+        with torch.no_grad():
+            loss = float(objective(backward=False))
         weights = source_weights(parameters.detach()[:-1].reshape(count, 3)[:, 0]).tolist()
     values = parameters.detach().tolist()
     if not all(math.isfinite(v) for v in values) or not math.isfinite(loss):

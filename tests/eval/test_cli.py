@@ -248,10 +248,52 @@ def test_fit_writes_the_weights_of_fit_weights(tmp_path, capsys, monkeypatch):
     written = json.loads(out.read_text())
     inputs = inputs_from_synthetic(make_synthetic(12, 3, 6, 3))
     expected = fit_weights(labelled_conversations(inputs), inputs.graph, validation_fraction=0.25, seed=3,
-                           progress=False)
+                           patience=10, progress=False)
     assert (written["lambda"], written["beta"]) == (expected.emission_weight, expected.transition_weight)
     assert written["n_conversations"] == 12 and written["stopped"] == expected.stopped
     assert written["world_size"] == 1 and written["options"]["seed"] == 3
+
+
+def test_fit_that_keeps_its_starting_point_says_so_and_what_to_try(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import mapmatched_torch.fit as fit
+
+    _unset_torchrun(monkeypatch)
+    real = fit.fit_weights
+
+    def stopped_at_once(*args, **kwargs):  # what a noisy validation split of a small set does
+        result = real(*args, **kwargs)
+        start = result.history[0]
+        return dataclasses.replace(result, best_iteration=0, stopped="early_stopping",
+                                   emission_weight=start.emission_weight, transition_weight=start.transition_weight)
+
+    monkeypatch.setattr(fit, "fit_weights", stopped_at_once)
+    out = tmp_path / "w.json"
+    assert main([*FIT, "--validation-fraction", "0.25", "--output", str(out)]) == 0
+    err = capsys.readouterr().err  # --quiet, and still the warning
+    assert "warning: the fitted weights are the starting point (lambda=1, beta=1)" in err
+    assert "--validation-fraction 0" in err and "--patience" in err
+    written = json.loads(out.read_text())
+    assert written["kept_starting_point"] is True and len(written["warnings"]) == 1
+    assert main([*FIT[:-1], "--validation-fraction", "0.25", "--output", str(out)]) == 0
+    assert "(the starting point: early stopping kept iteration 0)" in capsys.readouterr().err  # the summary line
+
+
+def test_fit_defaults_suit_small_sets_and_name_each_gold_count(fixtures, tmp_path, monkeypatch):
+    _unset_torchrun(monkeypatch)
+    out = tmp_path / "w.json"
+    assert main([*FIT, "--output", str(out)]) == 0
+    written = json.loads(out.read_text())
+    # 12 conversations: no validation split by default (fitted to convergence), so no early stopping at iteration 0
+    assert written["options"]["validation_fraction"] == 0.0 and written["n_validation_conversations"] == 0
+    assert written["options"]["patience"] == 10 and written["kept_starting_point"] is False
+    assert main(["fit", "--data", str(fixtures / "normalized"), "--embedder", "hash", "--k", "2", "--candidates", "1",
+                 "--quiet", "--output", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert "n_gold_missing" not in written  # it counted gold outside the candidates, not outside the corpus
+    assert written["n_gold_not_in_corpus"] == written["info"]["gold_missing"]["labelled_turns_without_gold_in_corpus"]
+    assert written["n_gold_not_among_candidates"] >= written["n_gold_not_in_corpus"]
 
 
 def test_fit_takes_the_data_options_of_eval(fixtures, tmp_path, monkeypatch):

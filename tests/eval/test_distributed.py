@@ -75,13 +75,25 @@ def _without_timings(path: Path) -> dict:
     return report
 
 
+def _report_text(path: Path) -> str:
+    """The JSON report's text without its timings and world size (sorted keys, as written)."""
+    return json.dumps(_without_timings(path), sort_keys=True, indent=2)
+
+
 def test_two_gloo_processes_write_the_one_process_report(tmp_path, monkeypatch):
-    # 41 conversations: an odd split (20 + 21) across the chunk loop
-    small = ["eval", "--conversations", "41", "--turns", "3", "--candidates", "6", "--bootstrap", "40", "--quiet",
+    # 81 conversations: an odd split (40 + 41) across the chunk loop; 5 turns x 16 candidates make
+    # the fits' gradient reductions (40 x 4 x 16 x 16 moves and more) larger than torch's grain size,
+    # so they would be split over this process's threads (the ranks run on one thread each)
+    small = ["eval", "--conversations", "81", "--turns", "5", "--candidates", "16", "--bootstrap", "40", "--quiet",
              "--betas", "0,0.5,2", "--lags", "full,1"]
     for name in TORCHRUN:
         monkeypatch.delenv(name, raising=False)
-    assert main([*small, "--json", str(tmp_path / "one.json"), "--markdown", str(tmp_path / "one.md")]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))  # the one-process run on more than one thread
+    try:
+        assert main([*small, "--json", str(tmp_path / "one.json"), "--markdown", str(tmp_path / "one.md")]) == 0
+    finally:
+        torch.set_num_threads(threads)
 
     outputs = run_ranks(lambda rank: [sys.executable, "-m", "mapmatched_torch", *small, "--json",
                                        str(tmp_path / "two.json"), "--markdown", str(tmp_path / "two.md")])
@@ -91,7 +103,7 @@ def test_two_gloo_processes_write_the_one_process_report(tmp_path, monkeypatch):
     two = json.loads((tmp_path / "two.json").read_text())
     assert two["world_size"] == 2 and "gather" in two["timings"]  # the shards really travelled
     assert json.loads((tmp_path / "one.json").read_text())["world_size"] == 1
-    assert _without_timings(tmp_path / "two.json") == _without_timings(tmp_path / "one.json")
+    assert _report_text(tmp_path / "two.json") == _report_text(tmp_path / "one.json")  # byte for byte
 
 
 def test_without_a_group_gather_to_all_returns_the_value_alone():

@@ -75,8 +75,8 @@ def test_relevant_candidates_are_the_positive_graded_real_candidates():
     assert relevant.tolist() == [[[False, False, True], [False, True, False], [False, False, False]]]
 
 
-def test_gated_is_registered_but_not_a_default_method():
-    assert "gated" in METHODS and "gated" not in DEFAULT_METHODS
+def test_gated_is_registered_and_a_default_method():
+    assert "gated" in METHODS and "gated" in DEFAULT_METHODS
     assert METHODS["gated"].needs_distances
 
 

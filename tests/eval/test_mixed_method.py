@@ -78,9 +78,9 @@ def _options() -> MethodOptions:
     return MethodOptions(settings_grid((1.0,), (0.5,)), extra={"mixing_iterations": 30, "gated_iterations": 20})
 
 
-def test_mixed_methods_are_registered_but_not_defaults():
+def test_mixed_methods_are_registered_defaults_that_skip_themselves_without_embeddings():
     for name in ("mixed", "mixed+gated"):
-        assert name in METHODS and name not in DEFAULT_METHODS
+        assert name in METHODS and name in DEFAULT_METHODS
         assert METHODS[name].prepare is not None
 
 

@@ -92,7 +92,7 @@ def test_result_structure_slices_and_threshold(small_inputs):
     assert beta0.slices["all"].means == pointwise.slices["all"].means
     assert beta0.slices["all"].lift.mean == 0.0
     # the headline is the cross-fitted selection, not a setting chosen on the data
-    assert result.primary == keys[-1] == "cross-fitted primary (2-fold selection)"
+    assert result.primary == keys[-1] == "cross-fitted primary (5-fold selection)"
     assert not result.primary_selected_on_data
     assert result.split is not None and len(result.split.chunk_ids) == 5
 
@@ -155,7 +155,7 @@ def test_dataset_inputs_retrieve_query_history_and_rewrites(fixtures):
 def test_oracle_is_skipped_without_rewrites(small_inputs):
     result = evaluate(small_inputs, _config(methods=("pointwise", "resolved-query-oracle")))
     assert "rewrites" in result.skipped["resolved-query-oracle"]
-    assert [m.key for m in result.methods] == ["pointwise", "cross-fitted primary (2-fold selection)"]
+    assert [m.key for m in result.methods] == ["pointwise", "cross-fitted primary (5-fold selection)"]
 
 
 def test_bad_config_is_rejected(small_inputs):

@@ -20,7 +20,7 @@ from mapmatched_torch.eval.selection import (
 )
 from mapmatched_torch.eval.synthetic import make_synthetic
 
-KEY = "cross-fitted primary (2-fold selection)"
+KEY = "cross-fitted primary (5-fold selection)"
 
 
 def _values(*rows):
@@ -82,7 +82,7 @@ def test_the_headline_is_cross_fitted_not_chosen_on_the_data(inputs):
     row = result.method(KEY)
     assert row.verdict is not None and row.slices["follow-up"].lift is not None
     # recompute: each fold's choice is the best candidate on the other folds' labelled turns
-    fold = cross_fitting_folds(16, 2, 0)[result.conversation]
+    fold = cross_fitting_folds(16, 5, 0)[result.conversation]  # the selection folds
     eligible = result.slice_masks["all"]
     candidates = [m.key for m in result.methods if m.key != KEY]
     for choice in row.params["choices"]:
