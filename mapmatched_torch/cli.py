@@ -27,6 +27,11 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
 
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
+``mapmatched-torch serve`` (extra ``[ray]``) serves a ``--data`` folder over HTTP with
+Ray Serve (:mod:`mapmatched_torch.integrations.ray_serve`) until SIGINT or SIGTERM::
+
+    mapmatched-torch serve --data ../shared/data/inscit_dev --embedder hash --shards 2 --port 8000
+
 Every output file is written into a temporary file beside it and renamed over it
 (:mod:`mapmatched_torch.core.files`); ``eval``'s reports are renamed together at the
 end, so an interrupted run leaves the old reports, never a mix of old and new.

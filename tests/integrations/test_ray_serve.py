@@ -336,3 +336,17 @@ def test_every_bad_input_gets_its_4xx(app):
         client.turn("handle-1", vector=[float("nan")] * 64)
     assert refused.value.status == 422 and refused.value.body["error"] == "nonfinite"
     assert client.turn("handle-1", candidates=[{"chunk_id": "topic1:2", "score": 1.0}])["turn"] == 1
+
+
+def test_the_serve_command_names_the_extra_without_ray(monkeypatch, tmp_path, capsys):
+    from mapmatched_torch.cli import main
+
+    assert main(["serve", "--help"]) == 0
+    assert "--shards" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "ray", None)
+    clear_cache("ray")
+    try:
+        assert main(["serve", "--data", str(tmp_path), "--quiet"]) == 2
+    finally:
+        clear_cache("ray")
+    assert "mapmatched-torch[ray]" in capsys.readouterr().err
