@@ -403,7 +403,14 @@ class ShardCore:
                 parsed[position] = turn
             except RequestError as error:
                 answers[position] = error
-        candidates = self._search(parsed, answers)
+        try:
+            candidates = self._search(parsed, answers)
+        except Exception as error:  # the embedder or provider failed: its turns fail, candidate turns go on
+            failed = RequestError(500, "retrieval_failed", f"embedding or search failed: {type(error).__name__}: {error}")
+            for position, turn in parsed.items():
+                if turn.kind != "candidates" and answers[position] is None:
+                    answers[position] = failed
+            candidates = {p: t.value for p, t in sorted(parsed.items()) if t.kind == "candidates"}
         rounds: List[Dict[str, int]] = []
         for position in candidates:
             session_id = requests[position][0]

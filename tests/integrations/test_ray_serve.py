@@ -190,9 +190,13 @@ def test_bad_turns_are_refused_alone_with_their_status(tmp_path):
     assert answers[0]["turn"] == 0 and answers[-1]["turn"] == 1
     with pytest.raises(RequestError, match="already open"):
         core.open("a")
+    core.embedder = lambda texts: (_ for _ in ()).throw(RuntimeError("embedder down"))
+    broken = core.turns([("a", {"query": "cheese"}), ("a", {"candidates": [{"chunk_id": "topic0:1", "score": 1.0}]})])
+    assert broken[0].status == 500 and "embedder down" in broken[0].message and broken[1]["turn"] == 2
     text = render_metrics([({"shard": "0"}, core.state())])
     assert 'mapmatched_errors_total{shard="0",kind="unknown_session"} 1' in text
-    assert 'mapmatched_batch_size_bucket{shard="0",le="16"} 1' in text and 'mapmatched_open_sessions{shard="0"} 1' in text
+    assert 'mapmatched_errors_total{shard="0",kind="retrieval_failed"} 1' in text
+    assert 'mapmatched_batch_size_bucket{shard="0",le="16"} 2' in text and 'mapmatched_open_sessions{shard="0"} 1' in text
 
 
 def test_without_ray_the_module_names_the_extra(monkeypatch):
