@@ -27,6 +27,11 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
 
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
+``mapmatched-torch serve`` (extra ``[ray]``) serves a ``--data`` folder over HTTP with
+Ray Serve (:mod:`mapmatched_torch.integrations.ray_serve`) until SIGINT or SIGTERM::
+
+    mapmatched-torch serve --data ../shared/data/inscit_dev --embedder hash --shards 2 --port 8000
+
 Every output file is written into a temporary file beside it and renamed over it
 (:mod:`mapmatched_torch.core.files`); ``eval``'s reports are renamed together at the
 end, so an interrupted run leaves the old reports, never a mix of old and new.
@@ -237,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines (the table and "
                      "warnings are printed)")
     _add_fit_parser(commands)
+    _add_serve_parser(commands)
     return parser
 
 
@@ -273,6 +279,103 @@ def _add_fit_parser(commands: Any) -> None:
     run.add_argument("--json", "--output", dest="json", metavar="PATH", required=True,
                      help="write the fitted weights (JSON) here; --output is the old name, still accepted")
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
+
+
+def _add_serve_parser(commands: Any) -> None:
+    """``mapmatched-torch serve``: a ``--data`` folder served over Ray Serve (the ``[ray]`` extra)."""
+    from .eval.embedders import EMBEDDERS
+
+    serve = commands.add_parser(
+        "serve", help="serve map-matched retrieval over HTTP with Ray Serve (extra [ray])",
+        description="Serve a --data folder's corpus (dense retrieval + kNN graph) over HTTP with Ray Serve: "
+                    "sessions sharded by ID, turns batched, snapshots and a write-ahead log in --state-dir. "
+                    "Starts a local Ray cluster unless --address joins one; Ctrl-C or SIGTERM stops it.",
+        formatter_class=_HelpFormatter,
+    )
+    serve.add_argument("--data", metavar="DIR", required=True, help="a directory with one *.passages.jsonl "
+                       "(and one *.conversations.jsonl), the normalized format")
+    serve.add_argument("--embedder", choices=EMBEDDERS, default="hash", help="query and passage embedder")
+    serve.add_argument("--model", metavar="PATH", help="sentence-transformers model (with --embedder sentence-transformers)")
+    serve.add_argument("--embedding-dim", type=_positive_int, default=None, help="hash/wordllama dimension")
+    serve.add_argument("--k", type=_positive_int, default=10, help="kNN neighbours per passage")
+    serve.add_argument("--maximum-distance", type=_positive_float, default=10.0, help="graph distance bound")
+    serve.add_argument("--candidates", type=_positive_int, default=20, metavar="M", help="candidates per turn")
+    serve.add_argument("--transition-weight", type=_nonnegative_float, default=1.0, help="beta")
+    serve.add_argument("--fixed-lag", type=_nonnegative_int, default=None, help="fixed lag (default: full decoding)")
+    serve.add_argument("--shards", type=_positive_int, default=2, help="shard deployments (sessions by ID hash)")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    serve.add_argument("--port", type=_positive_int, default=8000, help="HTTP port")
+    serve.add_argument("--address", default=None, help="join this Ray cluster (default: start a local one)")
+    serve.add_argument("--state-dir", metavar="DIR", default=None,
+                       help="snapshots and write-ahead logs (default: none, a restart forgets the sessions)")
+    serve.add_argument("--max-batch-size", type=_positive_int, default=64, help="turns per batched step")
+    serve.add_argument("--quiet", action="store_true", help="no status lines")
+
+
+def _serve_parts(data: str, embedder: str, dim: Optional[int], model: Optional[str], k: int,
+                 maximum_distance: float, candidates: int, transition_weight: float, fixed_lag: Optional[int]) -> Any:
+    """A shard's :class:`~mapmatched_torch.integrations.ray_serve.ShardParts` for a ``--data``
+    folder (built in each replica): hash/other embedder, dense provider, kNN graph, server."""
+    import hashlib
+
+    from .eval.candidates import passage_embedding_text
+    from .eval.data import load_directory
+    from .eval.distances import build_corpus_graph
+    from .eval.embedders import make_embedder
+    from .integrations.ray_serve import ShardParts
+    from .providers.dense import DenseProvider
+    from .serving import MapMatchedServer
+
+    dataset = load_directory(data)
+    encoder = make_embedder(embedder, dim=dim, model=model, device="cpu", progress=False)
+    embeddings = encoder.encode([passage_embedding_text(p) for p in dataset.passages])
+    provider = DenseProvider(embeddings, dataset.passage_ids, metric="inner_product")
+    graph = build_corpus_graph("knn", dataset.passages, embeddings, k=k, maximum_distance=maximum_distance, progress=False)
+    server = MapMatchedServer(graph, candidate_limit=candidates, transition_weight=transition_weight, fixed_lag=fixed_lag)
+    digest = hashlib.sha256(repr((encoder, k, maximum_distance, candidates, transition_weight, fixed_lag)).encode())
+    digest.update(embeddings.numpy().tobytes())
+    digest.update("\x1f".join(dataset.passage_ids).encode())
+    return ShardParts(server=server, provider=provider, embedder=encoder, fingerprint=digest.hexdigest())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """``serve``: deploy, print the URL, wait for SIGINT / SIGTERM, shut down."""
+    import functools
+    import signal
+    import threading
+
+    from .core.optional import import_optional
+
+    ray = import_optional("ray", "ray", "mapmatched-torch serve")
+    from ray import serve
+
+    from .integrations.ray_serve import run
+
+    factory = functools.partial(_serve_parts, str(Path(args.data).resolve()), args.embedder, args.embedding_dim,
+                                args.model, args.k, args.maximum_distance, args.candidates, args.transition_weight,
+                                args.fixed_lag)
+    factory()  # the data and options fail here, before Ray starts
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    started = not ray.is_initialized()
+    if args.address:
+        ray.init(address=args.address)
+    elif started:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        state_dir = str(Path(args.state_dir).resolve()) if args.state_dir else None
+        _, url = run(factory, host=args.host, port=args.port, shards=args.shards, state_dir=state_dir,
+                     max_batch_size=args.max_batch_size)
+        print(f"{PROG} serve: {url} ({args.shards} shards; POST {url}/v1/sessions; Ctrl-C stops)", flush=True)
+        while not stop.wait(0.5):
+            pass
+        _status(args, f"{PROG} serve: stopping")
+    finally:
+        serve.shutdown()
+        if started:
+            ray.shutdown()
+    return 0
 
 
 # --------------------------------------------------------------------------- running
@@ -630,11 +733,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        _check_sources(parser, args)  # also the eval- or fit-only options
-        _check_outputs(parser, args)
+        if args.command != "serve":
+            _check_sources(parser, args)  # also the eval- or fit-only options
+            _check_outputs(parser, args)
     except SystemExit as stop:  # argparse's usage errors (2) and --help (0), as a return value
         return stop.code if isinstance(stop.code, int) else 2
     try:
+        if args.command == "serve":
+            return _serve(args)
         return _fit(args) if args.command == "fit" else _run(args)
     except (MemoryError, RuntimeError) as error:  # MapMatchedResourceError, torch's allocation failures
         if not out_of_memory(error):
