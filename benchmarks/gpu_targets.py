@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -37,29 +35,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.decode import _seconds as seconds  # noqa: E402  (median of repeats after a warm-up call)
 from mapmatched_torch.kernels import decode, use_backend  # noqa: E402
 from mapmatched_torch.testing import random_trellis  # noqa: E402
 
 TARGETS = {"viterbi": 20e6, "log_partition_fwd_bwd": 5e6}
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def seconds(call: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median wall time of ``repeats`` calls after one warm-up call (compiles)."""
-    call()
-    _synchronize(device)
-    times: List[float] = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def calls(emissions, transitions, mask) -> Dict[str, Callable[[], object]]:

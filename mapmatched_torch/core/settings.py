@@ -165,3 +165,31 @@ class DecodeSettings:
         :func:`~mapmatched_torch.kernels.transitions.weighted_transitions` bit for bit.
         """
         return self.transition_weight * distance
+
+
+class HoldsSettings:
+    """The options of a held :class:`DecodeSettings` (``self.settings``) as read-only
+    attributes: what the retriever, the slot decoder and the server expose, so that
+    ``retriever.transition_weight`` keeps working and the value lives in one place."""
+
+    settings: DecodeSettings
+
+    @property
+    def emission_weight(self) -> float:
+        """lambda (of :attr:`settings`)."""
+        return self.settings.emission_weight
+
+    @property
+    def transition_weight(self) -> float:
+        """beta (of :attr:`settings`)."""
+        return self.settings.transition_weight
+
+    @property
+    def fixed_lag(self) -> Optional[int]:
+        """None (full decoding) or the lag L >= 0 (of :attr:`settings`)."""
+        return self.settings.fixed_lag
+
+    @property
+    def score_normalization(self) -> str:
+        """``"zscore"``, ``"center"`` or ``"none"`` (of :attr:`settings`)."""
+        return self.settings.score_normalization

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .backend import INVALID, OK
-from ._triton_max_plus import _is_finite, launch_checks
+from ._triton_max_plus import _is_finite, _load_turn, launch_checks
 from .triton_runtime import block_for, check_device, import_triton, warps_for
 
 triton = import_triton()
@@ -58,16 +58,14 @@ def _forward_kernel(
     moves = b * (T - 1) * M * M
     bad = tl.zeros((BLOCK_M,), dtype=tl.int1)
     over = tl.zeros((BLOCK_M,), dtype=tl.int1)
-    real = (tl.load(mask_ptr + row + offs, mask=inside, other=0) != 0) & inside
-    emission = tl.load(em_ptr + row + offs, mask=inside, other=0.0)
+    real, emission = _load_turn(mask_ptr, em_ptr, row, offs, inside)
     bad = bad | (real & (_is_finite(emission) == 0))
     alpha = tl.where(real, emission, float("-inf"))
     if KEEP:
         tl.store(alpha_ptr + row + offs, alpha, mask=inside)
     for t in range(1, length):
         real_prev = real
-        real = (tl.load(mask_ptr + row + t * M + offs, mask=inside, other=0) != 0) & inside
-        emission = tl.load(em_ptr + row + t * M + offs, mask=inside, other=0.0)
+        real, emission = _load_turn(mask_ptr, em_ptr, row + t * M, offs, inside)
         tile = tl.load(tr_ptr + moves + (t - 1) * M * M + offs[:, None] * M + offs[None, :], mask=tile_mask,
                        other=0.0)
         vals = tl.where(real_prev[:, None], alpha[:, None] + tile, float("-inf"))

@@ -78,6 +78,32 @@ def _step(alpha_prev, real_prev, tr_ptr, offs, inside, M, BLOCK_M: tl.constexpr)
 
 
 @triton.jit
+def _load_turn(mask_ptr, em_ptr, at, offs, inside):
+    """``(real, emission)``: one turn's mask and emissions, its row starting at ``at``."""
+    real = (tl.load(mask_ptr + at + offs, mask=inside, other=0) != 0) & inside
+    emission = tl.load(em_ptr + at + offs, mask=inside, other=0.0)
+    return real, emission
+
+
+@triton.jit
+def _advance(alpha, real_prev, lock, mask_ptr, em_ptr, tr_ptr, alpha_ptr, bp_ptr, row, moves, t, offs, inside, M,
+             BLOCK_M: tl.constexpr):
+    """Turn t from turn t-1's scores ``alpha``, only ``lock`` allowed when it is >= 0:
+    ``(real, alpha, invalid, overflowed)`` vectors, the scores and back-pointers stored
+    in the workspaces."""
+    real, emission = _load_turn(mask_ptr, em_ptr, row + t * M, offs, inside)
+    best, bp, bad_columns = _step(alpha, real_prev, tr_ptr + moves + (t - 1) * M * M, offs, inside, M, BLOCK_M)
+    invalid = real & ((_is_finite(emission) == 0) | bad_columns)
+    allowed = real & ((lock < 0) | (offs == lock))
+    value = best + emission
+    alpha = tl.where(allowed, value, float("-inf"))
+    overflowed = allowed & (_is_finite(value) == 0)
+    tl.store(alpha_ptr + row + t * M + offs, alpha, mask=inside)
+    tl.store(bp_ptr + row + t * M + offs, bp, mask=inside)
+    return real, alpha, invalid, overflowed
+
+
+@triton.jit
 def _max_plus_kernel(
     em_ptr, tr_ptr, mask_ptr, length_ptr, given_ptr,
     paths_ptr, scores_ptr, locks_ptr, status_ptr, out_ptr,
@@ -95,8 +121,7 @@ def _max_plus_kernel(
     over = tl.zeros((BLOCK_M,), dtype=tl.int1)
     if length > 0:
         # turn 0
-        real = (tl.load(mask_ptr + row + offs, mask=inside, other=0) != 0) & inside
-        emission = tl.load(em_ptr + row + offs, mask=inside, other=0.0)
+        real, emission = _load_turn(mask_ptr, em_ptr, row, offs, inside)
         bad = bad | (real & (_is_finite(emission) == 0))
         alpha = tl.where(real, emission, float("-inf"))
         if GIVEN:
@@ -113,22 +138,15 @@ def _max_plus_kernel(
         if WRITES:
             tl.store(out_ptr + row + offs, alpha, mask=inside)
         for t in range(1, length):
-            real_prev = real
-            real = (tl.load(mask_ptr + row + t * M + offs, mask=inside, other=0) != 0) & inside
-            emission = tl.load(em_ptr + row + t * M + offs, mask=inside, other=0.0)
-            best, bp, bad_columns = _step(
-                alpha, real_prev, tr_ptr + moves + (t - 1) * M * M, offs, inside, M, BLOCK_M
-            )
-            bad = bad | (real & ((_is_finite(emission) == 0) | bad_columns))
-            allowed = real
             if GIVEN:
                 lock = tl.load(given_ptr + b * T + t)
-                allowed = real & ((lock < 0) | (offs == lock))
-            value = best + emission
-            alpha = tl.where(allowed, value, float("-inf"))
-            over = over | (allowed & (_is_finite(value) == 0))
-            tl.store(alpha_ptr + row + t * M + offs, alpha, mask=inside)
-            tl.store(bp_ptr + row + t * M + offs, bp, mask=inside)
+            else:
+                lock = -1
+            real, alpha, invalid, overflowed = _advance(
+                alpha, real, lock, mask_ptr, em_ptr, tr_ptr, alpha_ptr, bp_ptr, row, moves, t, offs, inside, M, BLOCK_M
+            )
+            bad = bad | invalid
+            over = over | overflowed
             if LAGGED:
                 if t >= lag:
                     # commit turn t - lag to the prefix decode's choice, recompute the tail
@@ -141,19 +159,13 @@ def _max_plus_kernel(
                     alpha = tl.load(alpha_ptr + row + first * M + offs, mask=inside, other=float("-inf"))
                     alpha = tl.where(offs == chosen, alpha, float("-inf"))
                     tl.store(alpha_ptr + row + first * M + offs, alpha, mask=inside)
-                    real = (tl.load(mask_ptr + row + first * M + offs, mask=inside, other=0) != 0) & inside
+                    real, _ = _load_turn(mask_ptr, em_ptr, row + first * M, offs, inside)
                     for s in range(first + 1, t + 1):
-                        real_prev = real
-                        real = (tl.load(mask_ptr + row + s * M + offs, mask=inside, other=0) != 0) & inside
-                        emission = tl.load(em_ptr + row + s * M + offs, mask=inside, other=0.0)
-                        best, bp, bad_columns = _step(
-                            alpha, real_prev, tr_ptr + moves + (s - 1) * M * M, offs, inside, M, BLOCK_M
+                        real, alpha, _, overflowed = _advance(
+                            alpha, real, -1, mask_ptr, em_ptr, tr_ptr, alpha_ptr, bp_ptr, row, moves, s, offs, inside,
+                            M, BLOCK_M
                         )
-                        value = best + emission
-                        alpha = tl.where(real, value, float("-inf"))
-                        over = over | (real & (_is_finite(value) == 0))
-                        tl.store(alpha_ptr + row + s * M + offs, alpha, mask=inside)
-                        tl.store(bp_ptr + row + s * M + offs, bp, mask=inside)
+                        over = over | overflowed
             if WRITES:
                 tl.store(out_ptr + row + t * M + offs, alpha, mask=inside)
         if DECODES:

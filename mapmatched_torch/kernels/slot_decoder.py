@@ -49,7 +49,7 @@ from ..core.errors import MapMatchedValueError
 from . import chain, fused_step
 from .checks import first_true_index
 from .semiring import MAX_PLUS
-from ..core.settings import DecodeSettings, DecodingMode
+from ..core.settings import DecodeSettings, DecodingMode, HoldsSettings
 from .transitions import weighted_transitions
 
 __all__ = ["SlotDecoder", "SlotStep", "PayloadSpec"]
@@ -129,7 +129,7 @@ def _links(distances: Tensor, backpointers: Tensor) -> Tensor:
     return distances.gather(1, backpointers.unsqueeze(1)).squeeze(1)
 
 
-class SlotDecoder:
+class SlotDecoder(HoldsSettings):
     """A slot table of incremental max-plus decoders (full or fixed-lag).
 
     Args:
@@ -196,21 +196,6 @@ class SlotDecoder:
         #: the turn capacity a table starts with and never shrinks below
         self.initial_turn_capacity = check_positive_int(turn_capacity, "turn_capacity")
         self._resize(check_positive_int(capacity, "capacity"), self.initial_turn_capacity)
-
-    @property
-    def emission_weight(self) -> float:
-        """lambda (of :attr:`settings`)."""
-        return self.settings.emission_weight
-
-    @property
-    def transition_weight(self) -> float:
-        """beta (of :attr:`settings`)."""
-        return self.settings.transition_weight
-
-    @property
-    def fixed_lag(self) -> Optional[int]:
-        """The lag (of :attr:`settings`): None or L >= 0."""
-        return self.settings.fixed_lag
 
     # ------------------------------------------------------------------ storage
 

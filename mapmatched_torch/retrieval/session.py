@@ -34,7 +34,7 @@ from ..core.protocols import (
     provider_answer,
 )
 from ..core.scoring import normalize_candidates
-from ..core.settings import DecodeSettings
+from ..core.settings import DecodeSettings, HoldsSettings
 from ..core.trace import build_trace
 
 __all__ = [
@@ -160,7 +160,7 @@ def _check_graph(graph: object) -> CorpusGraph:
     return graph
 
 
-class MapMatchedRetriever:
+class MapMatchedRetriever(HoldsSettings):
     """Map-matched retrieval over any candidate provider (docs/spec.md section 6).
 
     Args:
@@ -221,26 +221,6 @@ class MapMatchedRetriever:
             context_radius,
             context_limit,
         )
-
-    @property
-    def emission_weight(self) -> float:
-        """lambda (of :attr:`settings`)."""
-        return self.settings.emission_weight
-
-    @property
-    def transition_weight(self) -> float:
-        """beta (of :attr:`settings`)."""
-        return self.settings.transition_weight
-
-    @property
-    def fixed_lag(self) -> Optional[int]:
-        """None (full decoding) or the lag L (of :attr:`settings`)."""
-        return self.settings.fixed_lag
-
-    @property
-    def score_normalization(self) -> str:
-        """``"zscore"``, ``"center"`` or ``"none"`` (of :attr:`settings`)."""
-        return self.settings.score_normalization
 
     def session(self) -> "MapMatchedSession":
         """Open a new conversation."""
