@@ -23,7 +23,7 @@ written (no device was lent).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 
@@ -35,7 +35,7 @@ from .session_store import TensorStep
 if TYPE_CHECKING:  # pragma: no cover
     from .server import MapMatchedServer
 
-__all__ = ["CapturedStep", "capture_step"]
+__all__ = ["CapturedStep", "capture_step", "cuda_graph_recorder", "Recorder"]
 
 
 class CapturedStep:
@@ -48,9 +48,9 @@ class CapturedStep:
     tensors each time, overwritten by the next replay: copy what you keep.
     """
 
-    def __init__(self, server: "MapMatchedServer", graph: "torch.cuda.CUDAGraph", inputs: tuple, output: TensorStep,
+    def __init__(self, server: "MapMatchedServer", replay: Callable[[], None], inputs: tuple, output: TensorStep,
                  turns: int, memory: tuple) -> None:
-        self._server, self._graph, self._inputs, self.output = server, graph, inputs, output
+        self._server, self._replay, self._inputs, self.output = server, replay, inputs, output
         self._turns, self._memory = turns, memory
 
     @property
@@ -83,18 +83,50 @@ class CapturedStep:
             static_slots.copy_(slots)
             static_codes.copy_(codes)
             static_scores.copy_(scores)
-            self._graph.replay()
+            self._replay()
             decoder._longest_bound += 1
             decoder._undo = None
         return self.output
 
 
+#: records a step: ``record(step, warmup)`` runs ``step()`` ``warmup`` times, then
+#: records it, and returns ``(replay, output)``: ``replay()`` runs the recorded step
+#: again, writing into the same ``output`` tensors
+Recorder = Callable[[Callable[[], TensorStep], int], Tuple[Callable[[], None], TensorStep]]
+
+
+def cuda_graph_recorder(device: torch.device) -> Recorder:
+    """A :data:`Recorder` that captures the step in a CUDA graph on ``device`` (the
+    warm-up runs on a side stream, as ``torch.cuda.graph`` wants)."""
+
+    def record(step: Callable[[], TensorStep], warmup: int) -> Tuple[Callable[[], None], TensorStep]:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = step()
+        return graph.replay, output
+
+    return record
+
+
 def capture_step(server: "MapMatchedServer", batch_size: int, candidates: int, turns: int,
-                 contexts: bool, warmup: int) -> CapturedStep:
-    """:meth:`MapMatchedServer.capture`'s work (the server's lock held by the caller)."""
+                 contexts: bool, warmup: int, recorder: Optional[Recorder] = None) -> CapturedStep:
+    """:meth:`MapMatchedServer.capture`'s work (the server's lock held by the caller).
+
+    ``recorder``: how the step is recorded and replayed (default: a CUDA graph, which
+    needs the server on a CUDA device). The tests pass one that replays by running the
+    step again into the recorded output tensors, so the bookkeeping around a graph
+    (static inputs and outputs, the refusals) is proven without a GPU."""
     store = server._store
-    if server.device.type != "cuda" or not torch.cuda.is_available():
-        raise MapMatchedValueError(f"capture needs a server on a CUDA device; this one is on {server.device}")
+    if recorder is None:
+        if server.device.type != "cuda" or not torch.cuda.is_available():
+            raise MapMatchedValueError(f"capture needs a server on a CUDA device; this one is on {server.device}")
+        recorder = cuda_graph_recorder(server.device)
     if not (implements(store.graph, TensorGraph) and getattr(store.graph, "dense_table", None) is not None):
         raise MapMatchedValueError(
             "capture needs a tensor graph with a dense distance table (graph.precompute_dense()): other distance "
@@ -113,17 +145,10 @@ def capture_step(server: "MapMatchedServer", batch_size: int, candidates: int, t
     static_codes = torch.full((batch_size, candidates), -1, dtype=torch.long, device=device)
     static_scores = torch.zeros((batch_size, candidates), dtype=torch.float64, device=device)
     inputs = (static_slots, static_codes, static_scores)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):  # warm-up (every row inactive: only the spare slot is written)
-        for _ in range(warmup):
-            store.step(*inputs, contexts=contexts, synchronize=False)
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = store.step(*inputs, contexts=contexts, synchronize=False)
+    # every row inactive while recording (slots -1): only the spare slot is written
+    replay, output = recorder(lambda: store.step(*inputs, contexts=contexts, synchronize=False), warmup)
     decoder._undo = None
-    return CapturedStep(server, graph, inputs, output, turns, _memory(server))
+    return CapturedStep(server, replay, inputs, output, turns, _memory(server))
 
 
 def _memory(server: "MapMatchedServer") -> tuple:

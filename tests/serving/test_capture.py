@@ -151,3 +151,73 @@ def test_a_captured_step_replays_the_device_step():
         for index in range(64):  # past the capacity: the slot table grows
             fast.open(f"new-{index}")
         captured(rows, codes, scores)
+
+
+def rerunning_recorder(step, warmup):
+    """A Recorder without a GPU: it runs the step once to get the output tensors, and a
+    replay runs it again and copies the result into them, as a graph replay overwrites
+    its static outputs."""
+    for _ in range(warmup):
+        step()
+    output = step()
+
+    def replay():
+        again = step()
+        for mine, new in zip(output, again):
+            if mine is not None:
+                mine.copy_(new)
+
+    return replay, output
+
+
+def test_a_captured_step_keeps_its_static_tensors_and_refuses_a_replaced_table():
+    """The bookkeeping around a graph, on the CPU: static inputs copied in, the same
+    output tensors each time, the sessions' answers those of a synchronizing server;
+    a replay refused once the slot table was replaced."""
+    from mapmatched_torch.serving.capture import capture_step
+
+    device = torch.device("cpu")
+    sessions = 5
+    fast, reference = servers(device, 2, True, sessions)
+    with use_backend("torch"), fast._lock:
+        captured = capture_step(fast, sessions + 1, 5, 16, True, 2, recorder=rerunning_recorder)
+    assert captured.batch_size == sessions + 1
+    slots = fast.slots([f"s{index}" for index in range(sessions)])
+    generator = torch.Generator().manual_seed(5)
+    first = None
+    with use_backend("torch"):
+        for _ in range(6):
+            rows, codes, scores = turn(generator, device, sessions, slots)
+            step = captured(rows, codes, scores)
+            first = first or step
+            assert step.path is first.path  # the same tensors, overwritten
+            expected = reference.step_slots(rows, codes, scores)
+            assert torch.equal(step.status, expected.status)
+            assert torch.equal(step.chunks, expected.chunks)
+            assert torch.equal(step.path[:, : expected.path.shape[1]], expected.path)
+    for index in range(sessions):
+        assert fast.path(f"s{index}") == reference.path(f"s{index}")
+    with pytest.raises(MapMatchedValueError, match="takes"):
+        captured(rows[:2], codes, scores)
+    for index in range(64):  # past the slot capacity: the table grows, its tensors are replaced
+        fast.open(f"new-{index}")
+    with pytest.raises(MapMatchedValueError, match="capture again"):
+        captured(rows, codes, scores)
+
+
+def test_a_captured_step_refuses_a_turn_past_the_turns_captured():
+    from mapmatched_torch.serving.capture import capture_step
+
+    device = torch.device("cpu")
+    fast, _ = servers(device, None, False, 2)
+    slots = fast.slots(["s0", "s1"])
+    with use_backend("torch"), fast._lock:
+        captured = capture_step(fast, 2, 5, 16, False, 0, recorder=rerunning_recorder)
+    codes = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    scores = torch.zeros(2, 5, dtype=torch.float64)
+    with use_backend("torch"):
+        for _ in range(fast._store.decoder.turn_capacity):
+            assert captured(slots, codes, scores).status.tolist() == [0, 0]
+        with pytest.raises(MapMatchedValueError, match="used up"):
+            captured(slots, codes, scores)
+    assert fast.turn_count("s0") == fast._store.decoder.turn_capacity
