@@ -10,7 +10,11 @@ latency, turns per second and the shards' batch-size distribution:
   embed + search + step for all S), no Ray, no HTTP: the floor;
 - ``in-process one at a time``: the same turns, one call per request;
 - ``ray N shard(s)``: the Ray Serve application over HTTP with C clients;
-- ``ray 1 shard, C=1``: one request at a time over HTTP.
+- ``ray 1 shard, C=1``: one request at a time over HTTP;
+- ``recovery`` (``--recovery``): a 1-shard app with a state directory: 8 sessions take
+  two turns, the shard's replica is killed (``ray.kill``), and the seconds until the
+  next turn is answered are measured, with every session's turn count checked (no
+  acknowledged turn lost).
 
 Every configuration first serves 4 warm-up sessions x 1 turn (counted in the batch sizes).
 
@@ -95,6 +99,37 @@ async def http_load(url, texts, clients, prefix):
     return result
 
 
+def recovery(url, texts):
+    """Seconds from killing the only shard's replica to the next answered turn, and
+    whether every session's turn count survived."""
+    import httpx
+    import ray
+
+    sessions = list(texts)[:8]
+    with httpx.Client(timeout=60) as client:
+        for session_id in sessions:
+            assert client.post(f"{url}/v1/sessions", json={"session_id": "r-" + session_id}).status_code == 201
+            for t in range(2):
+                reply = client.post(f"{url}/v1/sessions/r-{session_id}/turns", json={"query": texts[session_id][t]})
+                assert reply.status_code == 200, reply.text
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "mapmatched-shard-0" in a["name"]]
+        killed = time.perf_counter()
+        for name in names:
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        answered, kept = None, False
+        while time.perf_counter() - killed < 120:
+            reply = client.post(f"{url}/v1/sessions/r-{sessions[0]}/turns", json={"query": texts[sessions[0]][2]})
+            if reply.status_code == 200:
+                answered = time.perf_counter() - killed
+                kept = reply.json()["turn"] == 2
+                break
+            time.sleep(0.05)
+        for session_id in sessions[1:]:
+            reply = client.post(f"{url}/v1/sessions/r-{session_id}/turns", json={"query": texts[session_id][2]})
+            kept = kept and reply.status_code == 200 and reply.json()["turn"] == 2
+    return {"seconds_to_serve_again": answered, "no_turn_lost": bool(answered is not None and kept)}
+
+
 def batch_sizes(metrics):
     """Batches per size bucket, summed over the shards (from /metrics)."""
     counts = {}
@@ -114,6 +149,7 @@ def main():
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--shards", default="1,2")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--recovery", action="store_true", help="also measure a killed shard's recovery")
     args = parser.parse_args()
     import ray
     from ray import serve
@@ -140,6 +176,13 @@ def main():
             label = f"ray {shards} shard{'s' if shards > 1 else ''}, C={clients}"
             rows[label] = asyncio.run(http_load(url, texts, clients, f"run{number}-"))
             serve.delete(f"load{number}")
+        if args.recovery:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as state:
+                serve.run(build_app(factory, shards=1, state_dir=state), name="recovery", route_prefix="/")
+                recovered = recovery(url, texts)
+                serve.delete("recovery")
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -147,6 +190,10 @@ def main():
     print(f"{'configuration':32} {'p50 ms':>9} {'p99 ms':>9} {'turns/s':>9}  batch sizes")
     for label, row in rows.items():
         print(f"{label:32} {row['p50_ms']:9.1f} {row['p99_ms']:9.1f} {row['turns_per_s']:9.1f}  {row.get('batch_sizes', '')}")
+    if args.recovery:
+        print(f"recovery: served again {recovered['seconds_to_serve_again']:.2f} s after the kill; "
+              f"no acknowledged turn lost: {recovered['no_turn_lost']}")
+        rows["recovery"] = recovered
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 
