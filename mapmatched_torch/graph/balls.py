@@ -302,8 +302,9 @@ def ball_distances(
         non-padding codes, the ball entry ``<= maximum_distance`` between two nodes,
         else ``maximum_distance``.
 
-    Cost: ``ceil(log2(widest ball + 1))`` vectorized gather-and-compare passes over
-    the pairs (a binary search per pair in its source's row).
+    Cost: a binary search per pair in its source's row, O(log ball): one compiled
+    pass on the CPU with numba, else ``ceil(log2(widest ball + 1))`` vectorized
+    gather-and-compare passes (any device).
     """
     if table.bound < maximum_distance:
         raise MapMatchedValueError(
@@ -311,6 +312,15 @@ def ball_distances(
         )
     device = sources.device
     shape = torch.broadcast_shapes(sources.shape, targets.shape)
+    if table.indptr.device.type == "cpu" and _compiled_lookup() is not None:
+        # shape: (Q,) contiguous int64 codes (the broadcast made real once)
+        flat_sources = sources.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
+        flat_targets = targets.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
+        values = _compiled_lookup()(
+            flat_sources, flat_targets, table.indptr.numpy(), table.neighbors.numpy(), table.distances.numpy(),
+            maximum_distance,
+        )
+        return torch.from_numpy(values).view(shape).to(device)
     # shape: (Q,) the pairs on the table's device
     flat_sources = sources.expand(shape).reshape(-1).to(table.indptr.device)
     flat_targets = targets.expand(shape).reshape(-1).to(table.indptr.device)
@@ -339,6 +349,17 @@ def ball_distances(
     unequal = torch.where(flat_targets == -1, torch.iinfo(torch.long).min, flat_targets)
     values = values.masked_fill(flat_sources == unequal, 0.0)
     return values.view(shape).to(device)
+
+
+def _compiled_lookup() -> Any:
+    """The numba lookup, or None without numba (the torch binary search answers then)."""
+    from .engines.compiled import available
+
+    if not available():
+        return None
+    from ._ball_kernels import lookup
+
+    return lookup
 
 
 # ---------------------------------------------------------------------- calibration

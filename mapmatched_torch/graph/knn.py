@@ -72,6 +72,8 @@ __all__ = ["knn_neighbors_tensor", "knn_edges", "knn_graph"]
 
 #: The ``backend=`` choices: this module's exact search, or FAISS candidates (:mod:`.knn_faiss`).
 KNN_BACKENDS = ("exact", "faiss")
+#: The edge clamp of ``maximum_distance="auto"``: the largest cosine distance.
+AUTO_EDGE_BOUND = 2.0
 #: ``progress=None`` shows a bar from this many rows on.
 PROGRESS_THRESHOLD = 50_000
 
@@ -224,7 +226,7 @@ def knn_graph(
     chunk_ids: Sequence[str],
     k: int = 10,
     *,
-    maximum_distance: float = 10.0,
+    maximum_distance: Union[float, str] = 10.0,
     minimum_edge_distance: float = 1e-6,
     device: Union[torch.device, str, None] = None,
     block_size: Optional[int] = None,
@@ -241,6 +243,12 @@ def knn_graph(
     Args:
         embeddings, chunk_ids, k, maximum_distance, minimum_edge_distance: as for
             :func:`knn_edges` (the search runs on the embeddings' device).
+            ``maximum_distance="auto"``: a calibrated bound,
+            :func:`~.balls.calibrate_bound` with its defaults (the median over 1,000
+            sampled chunks of the distance to their 64th nearest chunk in the graph),
+            so a typical chunk's ball holds 64 chunks; the edges are then clamped at
+            2.0, the largest cosine distance (an edge longer than the bound costs the
+            bound either way).
         device: where the graph lives (default: the embeddings' device).
         block_size, candidate_dtype, progress: search options of
             :func:`knn_neighbors_tensor`.
@@ -256,6 +264,9 @@ def knn_graph(
     Raises:
         ValueError: as :func:`knn_edges`.
     """
+    auto = isinstance(maximum_distance, str) and maximum_distance == "auto"
+    if auto:
+        maximum_distance = AUTO_EDGE_BOUND
     _check_distances(maximum_distance, minimum_edge_distance)
     check_positive_int(k, "k")
     ids = check_embedding_ids(chunk_ids)  # a tuple: chunk_ids may be a one-shot iterable
@@ -273,9 +284,14 @@ def knn_graph(
     )
     if device is not None:
         edge_index, edge_weight = edge_index.to(device), edge_weight.to(device)
-    return TensorCorpusGraph.from_edge_index(
+    graph = TensorCorpusGraph.from_edge_index(
         edge_index, edge_weight, chunk_ids=ids, num_nodes=len(ids), directed=False, maximum_distance=maximum_distance
     )
+    if not auto:
+        return graph
+    from .balls import calibrate_bound
+
+    return TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=calibrate_bound(graph.adjacency))
 
 
 # ---------------------------------------------------------------------- options

@@ -133,3 +133,19 @@ def test_calibrated_bound_and_summary():
         calibrate_bound(graph.adjacency, quantile=0.0)
     summary = ball_size_summary(np.array([0, 2, 4]))
     assert summary["max"] == 4.0 and summary["empty_share"] == pytest.approx(1 / 3)
+
+
+def test_the_torch_lookup_equals_the_compiled_one(monkeypatch):
+    from mapmatched_torch.graph import balls
+
+    reference = random_reference(2, "float", False, nodes=24)
+    graph = TensorCorpusGraph.from_graph(reference).precompute_balls()
+    ids = _all_ids(graph)
+    codes = graph.index(ids, distinct_unknown=True)
+    codes = torch.cat([codes, torch.tensor([-1])])
+    sources, targets = codes[:, None], codes[None, :]
+    compiled = ball_distances(graph.ball_table, sources, targets, reference.maximum_distance)
+    monkeypatch.setattr(balls, "_compiled_lookup", lambda: None)
+    plain = ball_distances(graph.ball_table, sources, targets, reference.maximum_distance)
+    assert torch.equal(plain, compiled)
+    assert plain[-1, -1] == reference.maximum_distance  # padding is never 0 from itself
