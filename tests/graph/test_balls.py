@@ -149,3 +149,15 @@ def test_the_torch_lookup_equals_the_compiled_one(monkeypatch):
     plain = ball_distances(graph.ball_table, sources, targets, reference.maximum_distance)
     assert torch.equal(plain, compiled)
     assert plain[-1, -1] == reference.maximum_distance  # padding is never 0 from itself
+
+
+def test_knn_graph_auto_bound_is_the_calibrated_one():
+    from mapmatched_torch.graph import knn_graph
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(80, 6))
+    ids = [f"c{i:03d}" for i in range(80)]
+    auto = knn_graph(x, ids, 3, maximum_distance="auto")
+    wide = knn_graph(x, ids, 3, maximum_distance=2.0)
+    assert auto.maximum_distance == calibrate_bound(wide.adjacency) < 2.0
+    assert torch.equal(auto.weights, wide.weights)
