@@ -19,6 +19,9 @@ Conventions:
   negative code. Padding gets ``maximum_distance`` everywhere (the decoder masks it).
 - Single-pair :meth:`TensorCorpusGraph.distance` always reads the source's row (never
   the target's), so values never depend on the cache.
+- A ball table (:meth:`TensorCorpusGraph.precompute_balls`, :mod:`.balls`) stores those
+  source rows cut at the bound: with one attached, every distance is a binary search in
+  the source's ball, with the same values.
 """
 
 from __future__ import annotations
@@ -473,10 +476,11 @@ class TensorCorpusGraph:
         Args:
             sources: int64 index codes (any shape) on the graph's device.
             targets: int64 index codes, the same shape.
-            engine: ``"auto"`` (the dense table if present, else ``"torch"`` on an
-                accelerator, and on CPU ``"compiled"`` when numba is installed, else
-                ``"hybrid"``), ``"torch"``, ``"scipy"``, ``"hybrid"``, ``"compiled"``
-                or ``"dense"`` (see :mod:`.shortest_paths`).
+            engine: ``"auto"`` (the dense table if present, else the ball table if
+                attached, else ``"torch"`` on an accelerator, and on CPU ``"compiled"``
+                when numba is installed, else ``"hybrid"``), ``"torch"``, ``"scipy"``,
+                ``"hybrid"``, ``"compiled"``, ``"dense"`` (see :mod:`.shortest_paths`)
+                or ``"balls"`` (:meth:`precompute_balls`; the same values).
             target_aware: stop searches once their targets are exact (same values).
             use_cache: answer from / feed the graph's distance cache.
             groups: int64, the pairs' shape: pairs of one group have targets close
