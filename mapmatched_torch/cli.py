@@ -20,6 +20,13 @@ report (``--output``, its old name, is still accepted)::
 
     mapmatched-torch fit --data ../shared/data/inscit_dev --json /tmp/inscit-weights.json
 
+``mapmatched-torch graph build`` writes a graph artifact (kNN graph, calibrated bound,
+ball table; :mod:`mapmatched_torch.eval.graph_command`) that ``eval`` and ``fit`` read
+with ``--graph-dir``::
+
+    mapmatched-torch graph build --passages corpus.passages.jsonl --out /tmp/corpus-graph
+    mapmatched-torch eval --data ../shared/data/inscit_dev --graph-dir /tmp/corpus-graph
+
 Under ``torchrun`` (its environment present), ``eval`` shards the conversations over
 the processes (gloo on CPU, NCCL on CUDA; :mod:`mapmatched_torch.eval.distributed`)
 and rank 0 alone prints and writes; ``fit`` shards its batches the same way and
@@ -167,7 +174,13 @@ def _add_data_options(command: argparse.ArgumentParser) -> None:
     retrieval.add_argument("--graph", choices=("knn", "section"), default=None,
                            help="corpus graph (default: knn for data, the topic graph for the synthetic benchmark)")
     retrieval.add_argument("--k", type=_positive_int, default=10, help="kNN neighbours per passage")
-    retrieval.add_argument("--maximum-distance", type=float, default=10.0, help="graph distance bound")
+    from .eval.graph_command import parse_bound
+
+    retrieval.add_argument("--maximum-distance", type=parse_bound, default=None,
+                           help="graph distance bound: a number > 0, or auto (calibrated); with --graph-dir the "
+                                "saved bound unless given (default: 10)")
+    retrieval.add_argument("--graph-dir", metavar="DIR", help="a graph artifact (mapmatched-torch graph build) built "
+                           "for this corpus, loaded memory-mapped instead of building a graph")
     retrieval.add_argument("--candidates", type=_positive_int, default=None, metavar="M",
                            help="candidates per turn (default: 20 for data, 16 for the synthetic benchmark)")
 
@@ -243,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "warnings are printed)")
     _add_fit_parser(commands)
     _add_serve_parser(commands)
+    from .eval.graph_command import add_graph_parser
+
+    add_graph_parser(commands, _HelpFormatter)
     return parser
 
 
@@ -437,8 +453,8 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--cast-topics needs --cast-passages (the corpus to retrieve from)")
     if args.embedder == "sentence-transformers" and not args.model:
         parser.error("--embedder sentence-transformers needs --model PATH")
-    if not math.isfinite(args.maximum_distance) or args.maximum_distance <= 0:
-        parser.error(f"--maximum-distance must be finite and > 0, got {args.maximum_distance}")
+    if args.graph_dir and args.graph:
+        parser.error("--graph-dir loads a saved graph: leave --graph out")
     if args.command == "fit":
         if args.validation_fraction is not None and not 0.0 <= args.validation_fraction < 1.0:
             parser.error(f"--validation-fraction must be in [0, 1), got {args.validation_fraction}")
@@ -534,8 +550,9 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
         _status(args, f"{PROG} {args.command}: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
         return inputs_from_dataset(
-            dataset, make(), graph=args.graph or "knn", k=args.k, candidates=args.candidates or 20,
-            maximum_distance=args.maximum_distance, device=device, progress=progress, qrels=args.qrels,
+            dataset, make(), graph=_saved_graph(args, dataset.passage_ids, device) or args.graph or "knn", k=args.k,
+            candidates=args.candidates or 20, maximum_distance=_bound(args), device=device, progress=progress,
+            qrels=args.qrels,
         )
     from .eval.candidates import passage_embedding_text
     from .eval.distances import build_corpus_graph
@@ -545,17 +562,41 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
                   + (", drawn chunk by chunk" if stream else ""))
     bench = (synthetic_stream if stream else make_synthetic)(args.conversations, args.turns, args.candidates or 16,
                                                              args.seed)
-    graph = None
-    if args.graph is not None:
+    graph = _saved_graph(args, bench.dataset.passage_ids, device)
+    if graph is None and args.graph is not None:
         texts = [passage_embedding_text(p) for p in bench.dataset.passages]
         _status(args, f"{PROG} {args.command}: building the {args.graph} graph of {len(texts)} passages")
         embeddings = make().encode(texts).to(device) if args.graph == "knn" else None
         graph = build_corpus_graph(args.graph, bench.dataset.passages, embeddings, k=args.k,
-                                   maximum_distance=args.maximum_distance, device=device, progress=progress)
-    else:
+                                   maximum_distance=_bound(args), device=device, progress=progress)
+    elif graph is None:
         _status(args, f"{PROG} {args.command}: building the topic graph and its distance table")
         _compile_notice(args, device)
-    return inputs_from_synthetic(bench, graph=graph, device=device, maximum_distance=args.maximum_distance)
+        if args.maximum_distance == "auto":
+            from .eval.distances import synthetic_graph
+            from .graph import TensorCorpusGraph, calibrate_bound
+
+            topic = synthetic_graph(bench, device=device, dense=False)
+            graph = TensorCorpusGraph(topic.adjacency, topic.vocabulary, maximum_distance=calibrate_bound(topic.adjacency))
+    return inputs_from_synthetic(bench, graph=graph, device=device, maximum_distance=_bound(args, 10.0))
+
+
+def _bound(args: argparse.Namespace, auto: Any = "auto") -> Any:
+    """``--maximum-distance``: 10.0 when not given; ``auto`` as ``auto`` (or its stand-in)."""
+    if args.maximum_distance is None:
+        return 10.0
+    return auto if args.maximum_distance == "auto" else args.maximum_distance
+
+
+def _saved_graph(args: argparse.Namespace, passage_ids: Any, device: Any) -> Any:
+    """``--graph-dir``'s graph (refused unless built for these passages), or None."""
+    if not args.graph_dir:
+        return None
+    from .eval.graph_command import load_graph_for
+
+    _status(args, f"{PROG} {args.command}: loading the graph artifact {args.graph_dir}")
+    bound = args.maximum_distance if args.maximum_distance not in (None, "auto") else None
+    return load_graph_for(args.graph_dir, passage_ids, maximum_distance=bound, device=device)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -733,6 +774,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "graph":
+            from .eval.graph_command import run_graph_command
+
+            return _graph(run_graph_command, args)
         if args.command != "serve":
             _check_sources(parser, args)  # also the eval- or fit-only options
             _check_outputs(parser, args)
@@ -755,6 +800,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; the outputs are all old or all new
         print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _graph(run: Any, args: argparse.Namespace) -> int:
+    """``graph ...``: input errors as one line (exit 2), like eval and fit."""
+    from .core.errors import MapMatchedError
+
+    try:
+        return run(args)
+    except (MapMatchedError, OSError) as error:
+        print(f"{PROG} graph {args.graph_command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG} graph {args.graph_command}: interrupted (a ball table build resumes where it stopped)",
+              file=sys.stderr)
         return 130
 
 

@@ -46,7 +46,7 @@ def build_corpus_graph(
     embeddings: Optional[Tensor] = None,
     *,
     k: int = 10,
-    maximum_distance: float = 10.0,
+    maximum_distance: Union[float, str] = 10.0,
     device: Device = None,
     progress: Optional[bool] = None,
 ) -> Any:
@@ -60,7 +60,8 @@ def build_corpus_graph(
         passages: the corpus :class:`~mapmatched_torch.eval.data.Passage` objects.
         embeddings: (P, D) passage embeddings (``"knn"`` only).
         k: kNN neighbours per passage.
-        maximum_distance: the graph's distance bound.
+        maximum_distance: the graph's distance bound, or ``"auto"``: calibrated by
+            :func:`~mapmatched_torch.graph.calibrate_bound` (a typical ball of 64 passages).
         device: where the graph lives.
         progress: kNN progress bar (None: automatic for large corpora).
 
@@ -76,7 +77,12 @@ def build_corpus_graph(
         if embeddings is None:
             raise MapMatchedValueError("a kNN graph needs passage embeddings (choose an embedder)")
         return knn_graph(embeddings, ids, k, maximum_distance=maximum_distance, device=device, progress=progress)
-    return section_graph(passages, maximum_distance=maximum_distance, device=device)
+    if maximum_distance != "auto":
+        return section_graph(passages, maximum_distance=maximum_distance, device=device)
+    from ..graph import TensorCorpusGraph, calibrate_bound
+
+    graph = section_graph(passages, device=device)
+    return TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=calibrate_bound(graph.adjacency))
 
 
 def synthetic_graph(bench: Any, *, maximum_distance: float = 10.0, device: Device = None, dense: bool = True) -> Any:

@@ -18,14 +18,23 @@ Public names (import them from here; the modules behind them are implementation)
   the engines' one validated set of tuning options.
 - :class:`DistanceCache`: the LRU of exact distance rows.
 - :func:`build_dense_table` and its size helpers: the optional ``(N, N)`` table.
+- :class:`BallTable`, :func:`build_ball_table`, :func:`ball_distances`,
+  :func:`calibrate_bound`: every node's bounded ball, precomputed (distances whose
+  cost does not grow with N); :func:`save_graph` / :func:`load_graph`: graph
+  artifacts (a checked, memory-mapped directory).
+- :func:`faiss_knn_neighbors`, :func:`knn_recall`: approximate kNN picks through FAISS
+  (``knn_graph(..., backend="faiss")``) and their measured recall.
 """
 
 from __future__ import annotations
 
 from ._csr import CSRAdjacency, build_csr
+from .artifacts import graph_fingerprint, load_graph, read_manifest, save_graph
+from .balls import BallTable, ball_distances, ball_size_summary, build_ball_table, calibrate_bound
 from .cache import CacheInfo, DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table, dense_table_bytes, max_dense_nodes
 from .knn import knn_edges, knn_graph, knn_neighbors_tensor
+from .knn_faiss import faiss_knn_neighbors, knn_recall
 from .sections import SectionPassage, section_edges, section_graph
 from .shortest_paths import (
     DEFAULT_MEMORY_BUDGET,
@@ -71,4 +80,15 @@ __all__ = [
     "SectionPassage",
     "section_edges",
     "section_graph",
+    "faiss_knn_neighbors",
+    "knn_recall",
+    "BallTable",
+    "build_ball_table",
+    "ball_distances",
+    "ball_size_summary",
+    "calibrate_bound",
+    "save_graph",
+    "load_graph",
+    "read_manifest",
+    "graph_fingerprint",
 ]

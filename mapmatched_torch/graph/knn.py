@@ -47,13 +47,13 @@ non-finite value, then a zero norm, then an overflowing norm).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..core.progress import progress_bar
-from ..core.checks import check_positive_int
+from ..core.checks import check_choice, check_positive_int
 from ..core.embeddings import (
     check_embedding_ids,
     check_knn_options,
@@ -70,6 +70,10 @@ from .vocabulary import ChunkVocabulary
 
 __all__ = ["knn_neighbors_tensor", "knn_edges", "knn_graph"]
 
+#: The ``backend=`` choices: this module's exact search, or FAISS candidates (:mod:`.knn_faiss`).
+KNN_BACKENDS = ("exact", "faiss")
+#: The edge clamp of ``maximum_distance="auto"``: the largest cosine distance.
+AUTO_EDGE_BOUND = 2.0
 #: ``progress=None`` shows a bar from this many rows on.
 PROGRESS_THRESHOLD = 50_000
 
@@ -91,6 +95,8 @@ def knn_neighbors_tensor(
     block_size: Optional[int] = None,
     candidate_dtype: Optional[torch.dtype] = None,
     progress: Optional[bool] = None,
+    backend: str = "exact",
+    faiss_options: Optional[Dict[str, Any]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Every chunk's k nearest neighbours, bit-identical to ``standalone.knn.knn_neighbors``.
 
@@ -108,6 +114,12 @@ def knn_neighbors_tensor(
             rows need a wider second search.
         progress: tqdm bars (coarse tiles, then exact rows): True, False, or None
             (default: shown when N >= 50,000).
+        backend: ``"exact"`` (default: this module's search, exact per docs/spec.md)
+            or ``"faiss"`` (approximate candidates from a FAISS index, re-scored and
+            tie-ordered by the same rules, rows read in chunks, embeddings may be a
+            memory-mapped ``.npy``; see :mod:`.knn_faiss`; CPU results).
+        faiss_options: keyword options of :func:`.knn_faiss.faiss_knn_neighbors`
+            (``index``, ``nlist``, ``nprobe``, ``seed``, ``chunk_rows``, ``info``, ...).
 
     Returns:
         ``(neighbors, distances)``: (N, k') int64 row indices and (N, k') float64 raw
@@ -127,6 +139,11 @@ def knn_neighbors_tensor(
         >>> neighbors.tolist(), distances.tolist()
         ([[1], [0], [0]], [[0.0], [0.0], [1.0]])
     """
+    check_choice("kNN backend", backend, KNN_BACKENDS)
+    if backend == "faiss":
+        from .knn_faiss import faiss_knn_neighbors
+
+        return faiss_knn_neighbors(embeddings, chunk_ids, k, progress=progress, **(faiss_options or {}))
     count = check_positive_int(k, "k")
     block = _check_optional_size(block_size, "block_size")
     _check_candidate_dtype(candidate_dtype)
@@ -155,6 +172,8 @@ def knn_edges(
     block_size: Optional[int] = None,
     candidate_dtype: Optional[torch.dtype] = None,
     progress: Optional[bool] = None,
+    backend: str = "exact",
+    faiss_options: Optional[Dict[str, Any]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The kNN graph's edges (docs/spec.md section 4): the undirected min-union of all picks.
 
@@ -167,6 +186,8 @@ def knn_edges(
             (default 1e-6): identical vectors get exactly this, never 0.
         block_size, candidate_dtype, progress: search options of
             :func:`knn_neighbors_tensor` (they never change the result).
+        backend, faiss_options: as for :func:`knn_neighbors_tensor` (``"faiss"``:
+            approximate picks).
 
     Returns:
         ``(edge_index, edge_weight)``: (2, E) int64 and (E,) float64 on the
@@ -194,6 +215,8 @@ def knn_edges(
         block_size=block_size,
         candidate_dtype=candidate_dtype,
         progress=progress,
+        backend=backend,
+        faiss_options=faiss_options,
     )
     return _union_edges(neighbors, distances, minimum, maximum)
 
@@ -203,12 +226,14 @@ def knn_graph(
     chunk_ids: Sequence[str],
     k: int = 10,
     *,
-    maximum_distance: float = 10.0,
+    maximum_distance: Union[float, str] = 10.0,
     minimum_edge_distance: float = 1e-6,
     device: Union[torch.device, str, None] = None,
     block_size: Optional[int] = None,
     candidate_dtype: Optional[torch.dtype] = None,
     progress: Optional[bool] = None,
+    backend: str = "exact",
+    faiss_options: Optional[Dict[str, Any]] = None,
 ) -> TensorCorpusGraph:
     """The kNN corpus graph as a :class:`~mapmatched_torch.graph.TensorCorpusGraph`.
 
@@ -218,9 +243,19 @@ def knn_graph(
     Args:
         embeddings, chunk_ids, k, maximum_distance, minimum_edge_distance: as for
             :func:`knn_edges` (the search runs on the embeddings' device).
+            ``maximum_distance="auto"``: a calibrated bound,
+            :func:`~.balls.calibrate_bound` with its defaults (the median over 1,000
+            sampled chunks of the distance to their 64th nearest chunk in the graph),
+            so a typical chunk's ball holds 64 chunks; the edges are then clamped at
+            2.0, the largest cosine distance (an edge longer than the bound costs the
+            bound either way).
         device: where the graph lives (default: the embeddings' device).
         block_size, candidate_dtype, progress: search options of
             :func:`knn_neighbors_tensor`.
+        backend: ``"exact"`` (default) or ``"faiss"`` (approximate neighbours for
+            corpora of millions of chunks: :mod:`.knn_faiss`; recall measured by
+            :func:`~.knn_faiss.knn_recall`).
+        faiss_options: options of :func:`~.knn_faiss.faiss_knn_neighbors`.
 
     Returns:
         An undirected :class:`~mapmatched_torch.graph.TensorCorpusGraph` with
@@ -229,6 +264,9 @@ def knn_graph(
     Raises:
         ValueError: as :func:`knn_edges`.
     """
+    auto = isinstance(maximum_distance, str) and maximum_distance == "auto"
+    if auto:
+        maximum_distance = AUTO_EDGE_BOUND
     _check_distances(maximum_distance, minimum_edge_distance)
     check_positive_int(k, "k")
     ids = check_embedding_ids(chunk_ids)  # a tuple: chunk_ids may be a one-shot iterable
@@ -241,12 +279,19 @@ def knn_graph(
         block_size=block_size,
         candidate_dtype=candidate_dtype,
         progress=progress,
+        backend=backend,
+        faiss_options=faiss_options,
     )
     if device is not None:
         edge_index, edge_weight = edge_index.to(device), edge_weight.to(device)
-    return TensorCorpusGraph.from_edge_index(
+    graph = TensorCorpusGraph.from_edge_index(
         edge_index, edge_weight, chunk_ids=ids, num_nodes=len(ids), directed=False, maximum_distance=maximum_distance
     )
+    if not auto:
+        return graph
+    from .balls import calibrate_bound
+
+    return TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=calibrate_bound(graph.adjacency))
 
 
 # ---------------------------------------------------------------------- options

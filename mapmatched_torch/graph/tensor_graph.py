@@ -19,6 +19,9 @@ Conventions:
   negative code. Padding gets ``maximum_distance`` everywhere (the decoder masks it).
 - Single-pair :meth:`TensorCorpusGraph.distance` always reads the source's row (never
   the target's), so values never depend on the cache.
+- A ball table (:meth:`TensorCorpusGraph.precompute_balls`, :mod:`.balls`) stores those
+  source rows cut at the bound: with one attached, every distance is a binary search in
+  the source's ball, with the same values.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from ..standalone.graph import InMemoryCorpusGraph
 from ._csr import CSRAdjacency, build_csr, infer_num_nodes
 from ._memory import rows_per_chunk
 from .cache import DistanceCache
+from .balls import BallTable, ball_distances, build_ball_table
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
 from .engines.compiled import compiled_balls
 from .shortest_paths import _check_code_tensors, bounded_rows, grid_distances, pair_distances, resolve_engine
@@ -118,6 +122,7 @@ class TensorCorpusGraph:
             device=adjacency.device,
         )
         self._table: Optional[torch.Tensor] = None
+        self._ball_table: Optional[BallTable] = None
 
     # ------------------------------------------------------------------ constructors
 
@@ -372,6 +377,7 @@ class TensorCorpusGraph:
             distance_cache_entries=self._cache.max_entries, memory_budget=self._memory_budget,
         )
         moved._table = None if self._table is None else self._table.to(device)
+        moved._ball_table = self._ball_table  # stays on the CPU; lookups move the codes and results
         return moved
 
     # ------------------------------------------------------------------ interop
@@ -470,10 +476,11 @@ class TensorCorpusGraph:
         Args:
             sources: int64 index codes (any shape) on the graph's device.
             targets: int64 index codes, the same shape.
-            engine: ``"auto"`` (the dense table if present, else ``"torch"`` on an
-                accelerator, and on CPU ``"compiled"`` when numba is installed, else
-                ``"hybrid"``), ``"torch"``, ``"scipy"``, ``"hybrid"``, ``"compiled"``
-                or ``"dense"`` (see :mod:`.shortest_paths`).
+            engine: ``"auto"`` (the dense table if present, else the ball table if
+                attached, else ``"torch"`` on an accelerator, and on CPU ``"compiled"``
+                when numba is installed, else ``"hybrid"``), ``"torch"``, ``"scipy"``,
+                ``"hybrid"``, ``"compiled"``, ``"dense"`` (see :mod:`.shortest_paths`)
+                or ``"balls"`` (:meth:`precompute_balls`; the same values).
             target_aware: stop searches once their targets are exact (same values).
             use_cache: answer from / feed the graph's distance cache.
             groups: int64, the pairs' shape: pairs of one group have targets close
@@ -484,8 +491,18 @@ class TensorCorpusGraph:
             float64 of the same shape on the graph's device (see the module docstring
             for codes).
 
-        Cost: one bounded search per distinct source not answered by the cache.
+        Cost: one bounded search per distinct source not answered by the cache; with a
+        ball table (:meth:`attach_balls`, ``engine="auto"`` or ``"balls"``) a binary
+        search per pair instead.
         """
+        if self._use_balls(engine):
+            _check_code_tensors(self._adjacency, sources=sources, targets=targets)
+            if sources.shape != targets.shape:
+                raise MapMatchedValueError(
+                    f"sources and targets must have the same shape, got {tuple(sources.shape)} and "
+                    f"{tuple(targets.shape)}"
+                )
+            return ball_distances(self._ball_table, sources, targets, self._maximum_distance)
         return pair_distances(
             self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
             cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
@@ -536,6 +553,9 @@ class TensorCorpusGraph:
         # shape: (B * (T-1), M) the codes of each turn pair, one group each
         sources = chunk_index[:, :-1].reshape(batch * steps, width)
         targets = chunk_index[:, 1:].reshape(batch * steps, width)
+        if self._use_balls(engine):
+            distances = ball_distances(self._ball_table, sources[:, :, None], targets[:, None, :], self._maximum_distance)
+            return distances.view(batch, steps, width, width)
         distances = grid_distances(
             self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
             cache=self._cache if use_cache else None, table=self._table, target_aware=target_aware,
@@ -575,6 +595,71 @@ class TensorCorpusGraph:
         """Free the dense table."""
         self._table = None
 
+    def precompute_balls(
+        self, bound: Optional[float] = None, *, directory: Any = None, batch_size: int = 1 << 16,
+        progress: Optional[bool] = None,
+    ) -> "TensorCorpusGraph":
+        """Build and attach a :class:`~.balls.BallTable` (every node's ball within ``bound``).
+
+        Afterwards ``engine="auto"`` (without a dense table) and ``engine="balls"``
+        answer every pair by a binary search in its source's ball: the same values as
+        the searches, at a cost that does not grow with N (see :mod:`.balls`).
+
+        Args:
+            bound: the balls' bound (default: ``maximum_distance``); >= ``maximum_distance``.
+            directory: build resumably there and memory-map the result (None: in memory).
+            batch_size: centres per batch.
+            progress: progress lines (None: from 100,000 nodes on).
+
+        Returns:
+            ``self``.
+        """
+        from .artifacts import graph_fingerprint
+
+        bound = self._maximum_distance if bound is None else check_positive_finite(bound, "bound")
+        table = build_ball_table(
+            self._adjacency, bound, directory=directory, batch_size=batch_size,
+            fingerprint=graph_fingerprint(self) if directory is not None else "", memory_budget=self._memory_budget,
+            progress=progress,
+        )
+        return self.attach_balls(table)
+
+    def attach_balls(self, table: BallTable) -> "TensorCorpusGraph":
+        """Use ``table`` (built from this graph, with ``bound >= maximum_distance``) for distances.
+
+        Raises:
+            ValueError: a table of another size or a smaller bound.
+        """
+        if table.num_nodes != self.num_nodes:
+            raise MapMatchedValueError(
+                f"the ball table has {table.num_nodes} nodes but the graph has {self.num_nodes}"
+            )
+        if table.bound < self._maximum_distance:
+            raise MapMatchedValueError(
+                f"the ball table was built for bound {table.bound!r}, below maximum_distance {self._maximum_distance!r}"
+            )
+        self._ball_table = table
+        return self
+
+    def drop_balls(self) -> None:
+        """Stop using the ball table."""
+        self._ball_table = None
+
+    @property
+    def ball_table(self) -> Optional[BallTable]:
+        """The attached :class:`~.balls.BallTable`, or None."""
+        return self._ball_table
+
+    def _use_balls(self, engine: str) -> bool:
+        """Whether ``engine`` is answered by the ball table (``"balls"`` needs one)."""
+        if engine == "balls":
+            if self._ball_table is None:
+                raise MapMatchedValueError(
+                    "engine 'balls' needs a ball table: call TensorCorpusGraph.precompute_balls() or attach_balls()"
+                )
+            return True
+        return engine == "auto" and self._ball_table is not None and self._table is None
+
     # ------------------------------------------------------------------ CorpusGraph protocol
 
     def distance(self, source_chunk_id: str, target_chunk_id: str) -> float:
@@ -604,6 +689,9 @@ class TensorCorpusGraph:
             return self._maximum_distance
         if self._table is not None:
             value = float(self._table[source, target])
+        elif self._ball_table is not None:
+            codes = torch.tensor([source, target], dtype=torch.long)
+            return float(ball_distances(self._ball_table, codes[:1], codes[1:], self._maximum_distance)[0])
         else:
             value = float(self._row_value(source, target))
         return self._maximum_distance if math.isinf(value) else value
@@ -733,6 +821,10 @@ class TensorCorpusGraph:
     def _balls(self, known: np.ndarray, limit: float, engine: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each centre's ball within ``limit`` (the centre included): ``(counts (K,),
         nodes, distances)``, the balls one after another, each in nondecreasing distance (numpy)."""
+        if known.size and self._ball_table is not None and engine in ("auto", "balls") and self._table is None:
+            return self._table_balls(known, limit)
+        if engine == "balls":
+            self._use_balls(engine)  # raises: no table
         if known.size and resolve_engine(engine, self.device) == "compiled":
             # O(ball) per centre instead of O(N) (a table row is O(N) too)
             return compiled_balls(self._adjacency, torch.from_numpy(known), limit, self._memory_budget)
@@ -756,6 +848,20 @@ class TensorCorpusGraph:
             nodes.append(node[order])
             distances.append(value[order])
         return np.concatenate(counts), np.concatenate(nodes), np.concatenate(distances)
+
+    def _table_balls(self, known: np.ndarray, limit: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_balls` from the ball table: rows cut at ``limit``, by distance (centre left out)."""
+        table = self._ball_table
+        starts, stops = table.indptr[known].numpy(), table.indptr[known + 1].numpy()
+        lengths = stops - starts
+        places = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        owner = np.repeat(np.arange(known.size), lengths)
+        nodes = table.neighbors.numpy()[places].astype(np.int64)
+        values = table.distances.numpy()[places]
+        keep = values <= limit
+        owner, nodes, values = owner[keep], nodes[keep], values[keep]
+        order = np.lexsort((values, owner))
+        return np.bincount(owner, minlength=known.size).astype(np.int64), nodes[order], values[order]
 
     # ------------------------------------------------------------------ cache
 
