@@ -109,6 +109,18 @@ class BallTable:
             self._rows = int(self.ball_sizes().max()) if self.num_nodes else 0
         return self._rows
 
+    def to(self, device: Any) -> "BallTable":
+        """The table on ``device`` (``self`` when already there; a memory-mapped table
+        stays mapped on the CPU), its widest ball counted now (one host read, here, so
+        that lookups need none)."""
+        device = torch.device(device)
+        if self.indptr.device == device:
+            self.widest_row()
+            return self
+        moved = BallTable(self.indptr.to(device), self.neighbors.to(device), self.distances.to(device), self.bound)
+        moved._rows = self.widest_row()
+        return moved
+
     def row(self, node: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(members, distances)`` of one node's ball, sorted by member."""
         start, stop = int(self.indptr[node]), int(self.indptr[node + 1])
@@ -287,7 +299,8 @@ def _assemble(folder: Path, parts_dir: Path, batches: int, nodes: int, bound: fl
 
 
 def ball_distances(
-    table: BallTable, sources: torch.Tensor, targets: torch.Tensor, maximum_distance: float
+    table: BallTable, sources: torch.Tensor, targets: torch.Tensor, maximum_distance: float, *,
+    synchronize: bool = True,
 ) -> torch.Tensor:
     """docs/spec.md distances of index codes from a :class:`BallTable`, elementwise.
 
@@ -296,6 +309,9 @@ def ball_distances(
         sources, targets: int64 index codes of broadcastable shapes (``>= 0`` a node,
             ``-1`` padding, ``<= -2`` an unknown ID).
         maximum_distance: the graph's bound.
+        synchronize: False: nothing is read back to the host (the torch binary search,
+            all of its passes; a table on the codes' device, its widest ball counted
+            ahead by :meth:`BallTable.to`), for a step that runs ahead of the host.
 
     Returns:
         float64 of the broadcast shape on the sources' device: 0.0 for equal
@@ -312,7 +328,7 @@ def ball_distances(
         )
     device = sources.device
     shape = torch.broadcast_shapes(sources.shape, targets.shape)
-    if table.indptr.device.type == "cpu" and _compiled_lookup() is not None:
+    if synchronize and table.indptr.device.type == "cpu" and _compiled_lookup() is not None:
         # shape: (Q,) contiguous int64 codes (the broadcast made real once)
         flat_sources = sources.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
         flat_targets = targets.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
@@ -331,7 +347,7 @@ def ball_distances(
     end = high.clone()
     for _ in range(max(1, int(math.ceil(math.log2(table.widest_row() + 1))) + 1)):
         active = low < high
-        if not bool(active.any()):
+        if synchronize and not bool(active.any()):
             break
         middle = torch.div(low + high, 2, rounding_mode="floor")
         member = table.neighbors[middle.clamp_max(max(table.neighbors.numel() - 1, 0))].long()
@@ -342,7 +358,7 @@ def ball_distances(
     hit = nodes & (low < end)
     if table.neighbors.numel():
         hit &= table.neighbors[place].long() == target
-    values = torch.full(shape, maximum_distance, dtype=torch.float64).reshape(-1).to(table.indptr.device)
+    values = torch.full(shape, maximum_distance, dtype=torch.float64, device=table.indptr.device).reshape(-1)
     if table.neighbors.numel():
         found = table.distances[place]
         values = torch.where(hit & (found <= maximum_distance), found, values)

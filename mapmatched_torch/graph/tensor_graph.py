@@ -377,7 +377,7 @@ class TensorCorpusGraph:
             distance_cache_entries=self._cache.max_entries, memory_budget=self._memory_budget,
         )
         moved._table = None if self._table is None else self._table.to(device)
-        moved._ball_table = self._ball_table  # stays on the CPU; lookups move the codes and results
+        moved._ball_table = None if self._ball_table is None else self._ball_table.to(device)
         return moved
 
     # ------------------------------------------------------------------ interop
@@ -525,8 +525,10 @@ class TensorCorpusGraph:
                 padding, ``<= -2`` unknown IDs; :meth:`index_trellis` makes them).
             engine, target_aware, use_cache: as for :meth:`pair_distances`.
             validate: False: the caller guarantees the codes (< N), which are then not
-                read back to check them; with a dense table (:meth:`precompute_dense`) the
-                answer is then one gather, with no host read.
+                read back to check them; with a dense table (:meth:`precompute_dense`) or
+                a ball table (:meth:`precompute_balls`) on the graph's device the answer
+                then reads nothing back to the host (a gather; a binary search of fixed
+                depth).
 
         Returns:
             ``(B, T-1, M, M)`` float64 on the graph's device, indexed
@@ -554,7 +556,8 @@ class TensorCorpusGraph:
         sources = chunk_index[:, :-1].reshape(batch * steps, width)
         targets = chunk_index[:, 1:].reshape(batch * steps, width)
         if self._use_balls(engine):
-            distances = ball_distances(self._ball_table, sources[:, :, None], targets[:, None, :], self._maximum_distance)
+            distances = ball_distances(self._ball_table, sources[:, :, None], targets[:, None, :], self._maximum_distance,
+                                       synchronize=validate)
             return distances.view(batch, steps, width, width)
         distances = grid_distances(
             self._adjacency, sources, targets, maximum_distance=self._maximum_distance, engine=engine,
@@ -638,7 +641,7 @@ class TensorCorpusGraph:
             raise MapMatchedValueError(
                 f"the ball table was built for bound {table.bound!r}, below maximum_distance {self._maximum_distance!r}"
             )
-        self._ball_table = table
+        self._ball_table = table.to(self.device)
         return self
 
     def drop_balls(self) -> None:

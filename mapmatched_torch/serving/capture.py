@@ -127,10 +127,11 @@ def capture_step(server: "MapMatchedServer", batch_size: int, candidates: int, t
         if server.device.type != "cuda" or not torch.cuda.is_available():
             raise MapMatchedValueError(f"capture needs a server on a CUDA device; this one is on {server.device}")
         recorder = cuda_graph_recorder(server.device)
-    if not (implements(store.graph, TensorGraph) and getattr(store.graph, "dense_table", None) is not None):
+    if not (implements(store.graph, TensorGraph) and (getattr(store.graph, "dense_table", None) is not None
+                                                       or getattr(store.graph, "ball_table", None) is not None)):
         raise MapMatchedValueError(
-            "capture needs a tensor graph with a dense distance table (graph.precompute_dense()): other distance "
-            "engines search on the host"
+            "capture needs a tensor graph with a dense distance table (graph.precompute_dense()) or a ball table "
+            "(graph.precompute_balls()): other distance engines search on the host"
         )
     if contexts and not store.contexts.complete:
         raise MapMatchedValueError("capture with contexts needs server.precompute_contexts() first")
@@ -154,4 +155,6 @@ def capture_step(server: "MapMatchedServer", batch_size: int, candidates: int, t
 def _memory(server: "MapMatchedServer") -> tuple:
     """The tensors a captured graph reads and writes in place: growth replaces them."""
     store = server._store
-    return (store.decoder._storage["alphas"], store.contexts._table, store.graph.dense_table)
+    graph = store.graph
+    return (store.decoder._storage["alphas"], store.contexts._table, graph.dense_table,
+            None if graph.ball_table is None else graph.ball_table.neighbors)

@@ -24,20 +24,21 @@ from mapmatched_torch.testing import record_host_reads
 NODES = 30
 
 
-def graph_on(device):
+def graph_on(device, distances="dense"):
+    """A 30-node graph on ``device`` whose distances come from a dense table or a ball table."""
     names = [f"n{i}" for i in range(NODES)]
     edges = [(names[i], names[(i + 1) % NODES]) for i in range(NODES)]
-    edges += [(names[i], names[(i + 7) % NODES]) for i in range(NODES)]
-    graph = TensorCorpusGraph.from_edges(edges, maximum_distance=4.0).to(device)
-    graph.precompute_dense()
+    edges += [(names[i], names[(i + 7) % NODES], 0.5 + (i % 3) * 0.5) for i in range(NODES)]
+    graph = TensorCorpusGraph.from_edges(edges, maximum_distance=2.5).to(device)
+    graph.precompute_dense() if distances == "dense" else graph.precompute_balls()
     return graph
 
 
-def servers(device, lag, contexts, sessions=5, **options):
+def servers(device, lag, contexts, sessions=5, distances="dense", **options):
     made = []
     for _ in range(2):
-        server = MapMatchedServer(graph_on(device), candidate_limit=5, fixed_lag=lag, turn_capacity=16, device=device,
-                                  **options)
+        server = MapMatchedServer(graph_on(device, distances), candidate_limit=5, fixed_lag=lag, turn_capacity=16,
+                                  device=device, **options)
         for index in range(sessions):
             server.open(f"s{index}")
         if contexts:
@@ -66,9 +67,12 @@ def kernels_for(device):
 
 @pytest.mark.parametrize("lag", [None, 0, 2])
 @pytest.mark.parametrize("contexts", [False, True])
-def test_the_device_step_reads_nothing_back_and_equals_the_synchronizing_step(device, lag, contexts):
+@pytest.mark.parametrize("distances", ["dense", "balls"])
+def test_the_device_step_reads_nothing_back_and_equals_the_synchronizing_step(device, lag, contexts, distances):
+    """Distances from the dense table, or from the ball table (every node's bounded
+    ball: the table whose size does not grow with N squared)."""
     sessions = 5
-    fast, reference = servers(device, lag, contexts, sessions)
+    fast, reference = servers(device, lag, contexts, sessions, distances)
     slots = fast.slots([f"s{index}" for index in range(sessions)])
     generator = torch.Generator().manual_seed(3 + (lag or 0))
     with kernels_for(device):
