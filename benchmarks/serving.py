@@ -21,6 +21,7 @@ Run:  python benchmarks/serving.py                  (sessions 1, 64, 1024, 4096)
       python benchmarks/serving.py --input captured --device cuda  (the device step replayed from a CUDA graph)
       python benchmarks/serving.py --distances dense  (every distance in a precomputed dense table)
       python benchmarks/serving.py --distances cold   (nothing cached: the step's pairs are searched)
+      python benchmarks/serving.py --distances balls  (every node's bounded ball precomputed: a binary search per pair)
       python benchmarks/serving.py --read contexts  (read only the contexts after each step)
       python benchmarks/serving.py --gc-freeze      (gc.freeze() after the warm-up)
       python benchmarks/serving.py --precompute-contexts  (every context neighbourhood searched before the steps)
@@ -209,9 +210,9 @@ def main() -> None:
                              "lists to step, or slots + tensors to step_slots (the tensor step: its contexts "
                              "come with the step, as codes); device: step_slots(synchronize=False); captured: "
                              "that step replayed from a CUDA graph (server.capture)")
-    parser.add_argument("--distances", choices=["cache", "dense", "cold"], default="cache",
+    parser.add_argument("--distances", choices=["cache", "dense", "cold", "balls"], default="cache",
                         help="cache (default): every timed step's pairs in the graph's LRU distance cache first; "
-                             "dense: a precomputed dense table; cold: nothing cached")
+                             "dense: a precomputed dense table; cold: nothing cached; balls: a precomputed ball table")
     parser.add_argument("--gc-freeze", action="store_true",
                         help="gc.freeze() after the warm-up steps (what latency-sensitive Python servers do)")
     parser.add_argument("--read", choices=["all", "contexts"], default="all",
@@ -236,6 +237,12 @@ def main() -> None:
         start = time.perf_counter()
         graph.precompute_dense(memory_budget=8 * args.nodes ** 2)
         print(f"dense table built in {time.perf_counter() - start:.1f} s")
+    elif args.distances == "balls":
+        start = time.perf_counter()
+        graph.precompute_balls()
+        table = graph.ball_table
+        print(f"ball table built in {time.perf_counter() - start:.1f} s: {table.nbytes / 2**20:.0f} MiB, "
+              f"{table.nbytes / len(graph):.0f} bytes per node, widest ball {table.widest_row()}")
     per_turn = None if args.no_standalone else standalone_per_turn(
         graph, args.width, args.warmup + args.steps, args.lag, args.seed
     )
