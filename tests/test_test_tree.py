@@ -61,6 +61,11 @@ TESTED_ELSEWHERE = {
     "eval/candidates.py": ("tests/eval/test_methods.py",),
     "eval/distances.py": ("tests/eval/test_methods.py",),
     "eval/plots.py": ("tests/eval/test_report.py",),
+    # the harness's config, inputs and summary, split out of runner.py: tested through
+    # evaluate() in the harness's tests (the files predate the split)
+    "eval/config.py": ("tests/eval/test_runner.py",),
+    "eval/inputs.py": ("tests/eval/test_runner.py", "tests/eval/test_data.py"),
+    "eval/summary.py": ("tests/eval/test_runner.py", "tests/eval/test_report.py"),
     # eval/methods/: one module per family of methods, tested per method through the
     # registry and the harness (the files predate the split of methods.py)
     "eval/methods/registry.py": ("tests/eval/test_methods.py",),

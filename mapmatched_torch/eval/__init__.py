@@ -19,7 +19,10 @@
 - :mod:`~mapmatched_torch.eval.methods`: the ranking methods (pointwise, map-matched
   grid, history concatenation, Maximal Marginal Relevance, resolved-query oracle,
   geodesic bound, cross-fitted weights) and their registry.
-- :mod:`~mapmatched_torch.eval.runner`: the harness (:func:`evaluate`).
+- :mod:`~mapmatched_torch.eval.runner`: the harness (:func:`evaluate`), with
+  :mod:`~mapmatched_torch.eval.config` (:class:`EvalConfig`), :mod:`~mapmatched_torch.eval.inputs`
+  (:class:`EvalInputs` and its builders) and :mod:`~mapmatched_torch.eval.summary` (the
+  results: slice means, intervals, lifts, verdicts).
 - :mod:`~mapmatched_torch.eval.distributed`: torchrun detection, the process group,
   sharding the conversations by rank and gathering to rank 0.
 - :mod:`~mapmatched_torch.eval.report` and :mod:`~mapmatched_torch.eval.plots`:
@@ -39,7 +42,10 @@ from .embedders import make_embedder
 from .methods import register_method
 from .plots import write_plots
 from .report import to_markdown, write_json, write_markdown
-from .runner import EvalConfig, EvalInputs, EvalResult, evaluate, inputs_from_dataset, inputs_from_synthetic
+from .config import EvalConfig
+from .inputs import EvalInputs, inputs_from_dataset, inputs_from_synthetic
+from .runner import evaluate
+from .summary import EvalResult
 
 __all__ = [
     "evaluate",

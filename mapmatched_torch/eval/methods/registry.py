@@ -159,7 +159,7 @@ class MethodSpec:
         run: ``run(batch, options) -> list of MethodOutput``.
         prepare: optional ``prepare(inputs, options) -> state`` run once before the
             batches (e.g. fitting); it raises :class:`MethodUnavailable` to skip the
-            method. ``inputs`` is the runner's :class:`~mapmatched_torch.eval.runner.EvalInputs`.
+            method. ``inputs`` is the runner's :class:`~mapmatched_torch.eval.inputs.EvalInputs`.
         needs_distances: the runner fills :attr:`MethodBatch.distances`.
         needs_similarity: the runner computes :attr:`MethodBatch.similarity`.
     """
