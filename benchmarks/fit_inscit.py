@@ -46,7 +46,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mapmatched_torch.eval import emission_entropy, entropy_slices, load_directory, make_embedder  # noqa: E402
+from mapmatched_torch.eval import load_directory, make_embedder  # noqa: E402
+from mapmatched_torch.eval.slices import emission_entropy, entropy_slices  # noqa: E402
 from mapmatched_torch.fit import LabelledBatch, decoded_ndcg_per_turn, fit_weights, pack_conversations  # noqa: E402
 from mapmatched_torch.graph import knn_graph  # noqa: E402
 from mapmatched_torch.fit.model import MapMatchedModel  # noqa: E402

@@ -39,7 +39,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from mapmatched_torch import InMemoryCorpusGraph, MapMatchedRetriever
-from mapmatched_torch.providers import LangChainProvider, as_langchain_retriever
+from mapmatched_torch.integrations import LangChainProvider, as_langchain_retriever
 
 HANDBOOK = {
     "language": [

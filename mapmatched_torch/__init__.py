@@ -7,14 +7,20 @@ carried over from GPS tracks to retrieval).
 
 The upstream-compatible names (``MapMatchedRetriever``, ``StandaloneDecoder``,
 ``InMemoryCorpusGraph``, ...) behave exactly like the pure-Python ``mapmatched``
-package: code written for it runs by changing only the import. The tensor API
-(batched decoding, the nn.Module, the tensor graph) is imported lazily, so
-``import mapmatched_torch`` stays cheap.
+package: code written for it runs by changing only the import (or unchanged, after
+:func:`install_mapmatched_alias`). The tensor API (batched decoding, the nn.Module, the
+tensor graph) is imported lazily, so ``import mapmatched_torch`` stays cheap; importing
+it has no side effects (nothing is added to ``sys.meta_path`` or ``sys.modules`` beyond
+its own modules).
+
+The lazily imported names (``_LAZY``) are a convenience path to the tensor API; each
+is documented in the part that defines it (``mapmatched_torch.integrations``,
+``mapmatched_torch.kernels.decode``, ...), and no other part re-exports it.
 """
 
 from __future__ import annotations
 
-from . import _compat
+from ._compat import install_mapmatched_alias
 from ._lazy import lazy_attributes
 from ._version import __version__
 from .core.errors import (
@@ -46,11 +52,9 @@ from .core.scoring import ScoreNormalization, normalize_candidates, normalize_sc
 from .core.settings import DecodeSettings
 from .core.trace import render_trace
 from .retrieval.session import MapMatchedRetriever, MapMatchedSession
-from .standalone import GraphEdge, InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
+from .core.graph_types import GraphEdge
+from .standalone import InMemoryCorpusGraph, KNNGraph, StandaloneDecoder
 from .standalone.cmg import CMGDecoder
-
-_compat.install()  # the flat layout's module paths (mapmatched_torch.decode, ...) keep importing
-install_mapmatched_alias = _compat.install_mapmatched_alias
 
 # name -> module, imported on first access (these pull in torch, faiss, ...).
 _LAZY = {

@@ -1,28 +1,17 @@
-"""Import paths of the flat layout (before the package was grouped by part), kept working.
+"""Upstream ``mapmatched``'s module paths, answered only once asked for.
 
-Until 0.1.x the package root held every module side by side (``mapmatched_torch.decode``,
-``mapmatched_torch.models``, ...). Those paths still import, as aliases: importing an
-old path returns the module at its new home (the *same* module object, so
-``mapmatched_torch.decode is mapmatched_torch.kernels.decode`` and patching either
-patches both). Only public modules are aliased; the old private ones
-(``_validation``, ``_packing``, ...) are not.
+Code written for the pure-Python ``mapmatched`` runs on this package through
+:func:`install_mapmatched_alias`, which makes ``import mapmatched`` give a view of
+``mapmatched_torch`` whose submodules are upstream's: ``mapmatched.decoder``, ``.graph``,
+``.knn``, ``.retrieval``, ``.adapters`` and ``.adapters.faiss`` hold upstream's names
+(:data:`UPSTREAM_VIEWS`: the same objects as ours, re-exported), ``mapmatched.cmg``,
+``.models``, ``.scoring`` and ``.trace`` are our modules themselves
+(:data:`UPSTREAM_PATHS`), and any other ``mapmatched.X`` is ``mapmatched_torch.X``. No
+module file is loaded twice.
 
-Names that moved out of a package that still exists (the LangChain and LlamaIndex
-adapters, once under ``providers``) are lazy attributes of that package.
-
-Upstream ``mapmatched``'s module paths. Code written for the pure-Python
-``mapmatched`` runs on this package through :func:`install_mapmatched_alias`, which
-makes ``import mapmatched`` give a view of ``mapmatched_torch`` whose submodules are
-upstream's: ``mapmatched.decoder``, ``.graph``, ``.knn``, ``.cmg``, ``.retrieval``,
-``.adapters`` and ``.adapters.faiss`` hold upstream's names (:data:`UPSTREAM_VIEWS`:
-the same objects as ours, re-exported), ``mapmatched.models``, ``.scoring`` and
-``.trace`` are our modules themselves, and any other ``mapmatched.X`` is
-``mapmatched_torch.X``. The same finder also answers when the alias is set by hand
-(``sys.modules["mapmatched"] = mapmatched_torch``); then ``mapmatched.graph``,
-``mapmatched.decoder`` and ``mapmatched.retrieval`` *as attributes* stay our own
-modules (so ``mapmatched_torch.graph`` is never replaced), and only ``from
-mapmatched.graph import ...`` / ``importlib.import_module`` see upstream's view.
-Either way no module file is loaded twice.
+Nothing here runs when the package is imported: ``import mapmatched_torch`` leaves
+``sys.meta_path`` and ``sys.modules["mapmatched"]`` alone, and the finder that answers
+``mapmatched.<path>`` is put on ``sys.meta_path`` by :func:`install_mapmatched_alias`.
 """
 
 from __future__ import annotations
@@ -35,34 +24,9 @@ import sys
 from types import ModuleType
 from typing import Any, Dict, Optional, Sequence
 
-__all__ = ["MOVED_MODULES", "UPSTREAM", "UPSTREAM_MODULES", "UPSTREAM_VIEWS", "install", "install_mapmatched_alias", "is_upstream_view"]
+__all__ = ["UPSTREAM", "UPSTREAM_MODULES", "UPSTREAM_PATHS", "UPSTREAM_VIEWS", "install_mapmatched_alias", "is_upstream_view"]
 
 _PACKAGE = __name__.rsplit(".", 1)[0]
-
-#: Old module path (relative to the package) -> its new home.
-MOVED_MODULES: Dict[str, str] = {
-    "errors": "core.errors",
-    "models": "core.models",
-    "scoring": "core.scoring",
-    "trace": "core.trace",
-    "reporting": "core.path_reports",
-    "protocols": "core.protocols",
-    "semiring": "kernels.semiring",
-    "chain": "kernels.chain",
-    "decode": "kernels.decode",
-    "batch_scoring": "kernels.normalization",
-    "sampling": "fit.sampling",
-    "eval.metrics": "kernels.ranking_metrics",
-    "trellis": "retrieval.trellis",
-    "decoder": "retrieval.torch_decoder",
-    "streaming": "retrieval.streaming",
-    "step_results": "serving.step_results",
-    "model": "fit.model",
-    "providers.langchain": "integrations.langchain",
-    "providers.llamaindex": "integrations.llamaindex",
-    # upstream mapmatched's decoder backend, under its upstream path
-    "cmg": "standalone.cmg",
-}
 
 #: The name of upstream's package, which :func:`install_mapmatched_alias` maps onto ours.
 UPSTREAM = "mapmatched"
@@ -70,10 +34,9 @@ UPSTREAM = "mapmatched"
 #: Upstream module path (relative to ``mapmatched``) -> upstream's names in it -> the
 #: module of ours that defines each (relative to this package). The view modules hold
 #: these names (the same objects as ours) and nothing else, plus ``importlib`` for code
-#: that patches it through the module. Those whose path is free in this package
-#: (``knn``, ``adapters``, ``adapters.faiss``) are also ``mapmatched_torch.<path>``;
-#: the others (:data:`_OWN_PATHS`) exist only as ``mapmatched.<path>``. A path not
-#: listed is aliased like ``mapmatched_torch.<path>`` (see :func:`_target`).
+#: that patches it through the module. They exist only as ``mapmatched.<path>``; a
+#: path listed neither here nor in :data:`UPSTREAM_PATHS` is ``mapmatched_torch.<path>``
+#: (see :func:`_target`).
 UPSTREAM_VIEWS: Dict[str, Dict[str, str]] = {
     "decoder": {"Decoder": "core.protocols", "Trellis": "core.protocols", "StandaloneDecoder": "standalone.decoder"},
     "graph": {"CorpusGraph": "core.protocols", "GraphEdge": "core.graph_types", "InMemoryCorpusGraph": "standalone.graph"},
@@ -95,10 +58,14 @@ UPSTREAM_VIEWS: Dict[str, Dict[str, str]] = {
 #: View modules that are packages (they have submodules).
 _VIEW_PACKAGES = ("adapters",)
 
-#: Upstream paths that name a module of our own (``mapmatched_torch.graph`` is the tensor
-#: graph package, ``.decoder`` the TorchDecoder module, ``.retrieval`` the sessions):
-#: their views exist only under ``mapmatched.``.
-_OWN_PATHS = ("decoder", "graph", "retrieval")
+#: Upstream module path (relative to ``mapmatched``) -> the module of ours it is (the
+#: same object), where the two paths differ.
+UPSTREAM_PATHS: Dict[str, str] = {
+    "cmg": "standalone.cmg",
+    "models": "core.models",
+    "scoring": "core.scoring",
+    "trace": "core.trace",
+}
 
 #: Upstream's top-level modules: attributes of the ``mapmatched`` view package.
 UPSTREAM_MODULES = ("adapters", "cmg", "decoder", "eval", "graph", "knn", "models", "retrieval", "scoring", "trace")
@@ -116,7 +83,7 @@ _VIEW_EXTRAS: Dict[str, Dict[str, Any]] = {"knn": {"_load_scipy_sparse": _load_s
 
 
 class _AliasLoader(importlib.abc.Loader):
-    """Loads an old path as the module at its new home."""
+    """Loads ``mapmatched.<path>`` as the module of ours it names."""
 
     def __init__(self, target: str) -> None:
         self._target = target
@@ -130,21 +97,6 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         # the import system stamped the alias's spec on the module: give it its own back
         module.__spec__ = self._spec
-
-
-class _AliasFinder(importlib.abc.MetaPathFinder):
-    """Finds the old paths of :data:`MOVED_MODULES`, and nothing else."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Any = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if not fullname.startswith(_PACKAGE + "."):
-            return None
-        relative = fullname[len(_PACKAGE) + 1 :]
-        if relative in UPSTREAM_VIEWS and relative not in _OWN_PATHS:
-            return _view_spec(fullname, relative)
-        new = MOVED_MODULES.get(relative)
-        if new is None:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(f"{_PACKAGE}.{new}"))
 
 
 def is_upstream_view(value: Any) -> bool:
@@ -178,15 +130,13 @@ def _view_spec(fullname: str, relative: str) -> importlib.machinery.ModuleSpec:
 
 
 def _aliased() -> bool:
-    """Whether ``sys.modules[UPSTREAM]`` is this package (or the view of it)."""
-    package = sys.modules.get(UPSTREAM)
-    return package is not None and (package is sys.modules.get(_PACKAGE) or isinstance(package, _UpstreamPackage))
+    """Whether ``sys.modules[UPSTREAM]`` is the view :func:`install_mapmatched_alias` made."""
+    return isinstance(sys.modules.get(UPSTREAM), _UpstreamPackage)
 
 
 def _target(path: str) -> Optional[str]:
     """The module of ours that ``mapmatched.<path>`` is when it is not a view, if any."""
-    new = MOVED_MODULES.get(path, path)
-    name = f"{_PACKAGE}.{new}"
+    name = f"{_PACKAGE}.{UPSTREAM_PATHS.get(path, path)}"
     try:
         found = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # its parent is no package, or is missing
@@ -195,16 +145,16 @@ def _target(path: str) -> Optional[str]:
 
 
 class _UpstreamFinder(importlib.abc.MetaPathFinder):
-    """Finds ``mapmatched.<path>`` while ``mapmatched`` is this package: a view of
+    """Finds ``mapmatched.<path>`` while ``mapmatched`` is the alias: a view of
     :data:`UPSTREAM_VIEWS`, else our module of that path (the same object)."""
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Any = None) -> Optional[importlib.machinery.ModuleSpec]:
         if not fullname.startswith(UPSTREAM + ".") or not _aliased():
             return None
         relative = fullname[len(UPSTREAM) + 1 :]
-        if relative in _OWN_PATHS:
+        if relative in UPSTREAM_VIEWS:
             return _view_spec(fullname, relative)
-        target_name = f"{_PACKAGE}.{relative}" if relative in UPSTREAM_VIEWS else _target(relative)
+        target_name = _target(relative)
         if target_name is None:
             return None
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(target_name))
@@ -224,31 +174,11 @@ class _UpstreamPackage(ModuleType):
         return sorted(set(dir(sys.modules[_PACKAGE])) | set(UPSTREAM_MODULES))
 
 
-class _GuardedPackage(ModuleType):
-    """The class of ``mapmatched_torch`` itself: when ``sys.modules["mapmatched"]`` is
-    set to it by hand, importing ``mapmatched.graph`` would bind upstream's view over
-    our own ``graph`` attribute; our own module is bound instead."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN_PATHS and is_upstream_view(value):
-            value = importlib.import_module(f"{_PACKAGE}.{name}")
-        super().__setattr__(name, value)
-
-
-def install() -> None:
-    """Put the alias finders on ``sys.meta_path`` (once; the package's ``__init__`` calls it).
-
-    The flat layout's finder goes last (our own paths win); the ``mapmatched`` finder
-    first, before the path finder would load a second copy of a module file under the
-    ``mapmatched.`` name.
-    """
-    if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
-        sys.meta_path.append(_AliasFinder())
+def _install_finder() -> None:
+    """Put the ``mapmatched`` finder first on ``sys.meta_path`` (once), before the path
+    finder would load a second copy of a module file under the ``mapmatched.`` name."""
     if not any(isinstance(finder, _UpstreamFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _UpstreamFinder())
-    package = sys.modules.get(_PACKAGE)
-    if package is not None and type(package) is ModuleType:
-        package.__class__ = _GuardedPackage
 
 
 def install_mapmatched_alias() -> ModuleType:
@@ -258,8 +188,10 @@ def install_mapmatched_alias() -> ModuleType:
     Installs ``sys.modules["mapmatched"]``: a view with every name of
     ``mapmatched_torch`` whose submodules are upstream's (``mapmatched.decoder``,
     ``.graph``, ``.knn``, ``.cmg``, ``.models``, ``.scoring``, ``.trace``,
-    ``.retrieval``, ``.adapters``, ``.adapters.faiss``; see the module docstring).
-    Calling it again is a no-op.
+    ``.retrieval``, ``.adapters``, ``.adapters.faiss``; see the module docstring), and
+    the finder that answers those paths. Importing ``mapmatched_torch`` does neither:
+    this call is the only way in (setting ``sys.modules["mapmatched"]`` by hand is not
+    supported). Calling it again is a no-op.
 
     Returns:
         The ``mapmatched`` module.
@@ -277,7 +209,6 @@ def install_mapmatched_alias() -> ModuleType:
         True
         >>> del sys.modules["mapmatched"], sys.modules["mapmatched.graph"]  # undone, for this example only
     """
-    install()
     current = sys.modules.get(UPSTREAM)
     if current is not None:
         if _aliased():
@@ -292,5 +223,6 @@ def install_mapmatched_alias() -> ModuleType:
     package.__path__ = []  # a package: its submodules come from the finder above
     package.__all__ = list(ours.__all__)
     package.__version__ = ours.__version__
+    _install_finder()
     sys.modules[UPSTREAM] = package
     return package

@@ -37,6 +37,9 @@ TESTED_ELSEWHERE = {
     "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
     # the import mode and device checks of every Triton kernel, through the kernels
     "kernels/triton_runtime.py": ("tests/kernels/test_triton_kernels.py", "tests/kernels/test_backend.py"),
+    # the online dynamic programs the eval methods rank by, tested with them (against
+    # sessions and enumeration) and against the fused kernels that compute them too
+    "kernels/online.py": ("tests/eval/test_methods.py", "tests/kernels/test_fused.py"),
     # graph/engines/: every engine is tested against the others and the standalone graph
     "graph/engines/base.py": ("tests/graph/test_shortest_paths.py",),
     "graph/engines/hybrid.py": ("tests/graph/test_shortest_paths.py",),
@@ -58,6 +61,19 @@ TESTED_ELSEWHERE = {
     "eval/candidates.py": ("tests/eval/test_methods.py",),
     "eval/distances.py": ("tests/eval/test_methods.py",),
     "eval/plots.py": ("tests/eval/test_report.py",),
+    # the harness's config, inputs and summary, split out of runner.py: tested through
+    # evaluate() in the harness's tests (the files predate the split)
+    "eval/config.py": ("tests/eval/test_runner.py",),
+    "eval/inputs.py": ("tests/eval/test_runner.py", "tests/eval/test_data.py"),
+    "eval/summary.py": ("tests/eval/test_runner.py", "tests/eval/test_report.py"),
+    # eval/methods/: one module per family of methods, tested per method through the
+    # registry and the harness (the files predate the split of methods.py)
+    "eval/methods/registry.py": ("tests/eval/test_methods.py",),
+    "eval/methods/map_matched.py": ("tests/eval/test_methods.py", "tests/eval/test_runner.py"),
+    "eval/methods/baselines.py": ("tests/eval/test_methods.py",),
+    "eval/methods/fitted.py": ("tests/eval/test_runner.py", "tests/eval/test_selection.py"),
+    "eval/methods/gated.py": ("tests/eval/test_gated_method.py",),
+    "eval/methods/mixed.py": ("tests/eval/test_mixed_method.py",),
 }
 
 

@@ -8,7 +8,7 @@ touches ``torch.distributed``. :func:`evaluate <mapmatched_torch.eval.runner.eva
 then decodes and scores only :func:`shard` of the conversations on each rank and
 :func:`gather_to_main` brings the per-turn metrics to rank 0 (one method at a
 time), which runs the bootstrap and writes the report. With an input stream
-(:class:`~mapmatched_torch.eval.runner.SyntheticInputStream`) each rank also draws
+(:class:`~mapmatched_torch.eval.inputs.SyntheticInputStream`) each rank also draws
 only its own shard's conversations, chunk by chunk.
 
 Sharding is by contiguous balanced blocks of conversations in input order (rank r
@@ -46,6 +46,7 @@ __all__ = [
     "shard",
     "gather_to_main",
     "gather_to_all",
+    "main_process",
 ]
 
 #: The variables torchrun (and ``torch.distributed.launch``) set in every worker.
@@ -159,3 +160,13 @@ def gather_to_all(value: Any) -> List[Any]:
     gathered: List[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, value)
     return gathered
+
+
+def main_process() -> bool:
+    """Whether this process should print: not a worker of a distributed job (rank 0,
+    by ``torch.distributed`` when initialized, else by the ``RANK`` / ``LOCAL_RANK``
+    environment variables that launchers such as torchrun set)."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank() == 0
+    return all(os.environ.get(name, "0").strip() in ("", "0") for name in ("RANK", "LOCAL_RANK"))

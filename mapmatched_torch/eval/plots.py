@@ -1,4 +1,4 @@
-"""PNG plots of an :class:`~mapmatched_torch.eval.runner.EvalResult` (matplotlib, extra ``[plots]``).
+"""PNG plots of an :class:`~mapmatched_torch.eval.summary.EvalResult` (matplotlib, extra ``[plots]``).
 
 - :func:`plot_beta_sweep`: nDCG@3 against beta, one panel per slice, one line per
   (lambda, lag) of the grid with its bootstrap interval as a band; pointwise (beta =

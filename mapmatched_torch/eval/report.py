@@ -1,4 +1,4 @@
-"""Reports of an :class:`~mapmatched_torch.eval.runner.EvalResult`: markdown and JSON.
+"""Reports of an :class:`~mapmatched_torch.eval.summary.EvalResult`: markdown and JSON.
 
 - :func:`to_markdown`: a header (data, slice rule with the entropy threshold, interval
   method, the headline's verdict and how it was chosen, missing gold), the nDCG@3
@@ -130,7 +130,7 @@ def judge(method: MethodResult) -> Judgement:
 
 
 def _gold_note(info: Dict[str, Any]) -> Optional[str]:
-    """The missing-gold warning of ``info["gold_missing"]`` (:func:`~mapmatched_torch.eval.runner.inputs_from_dataset`), or None."""
+    """The missing-gold warning of ``info["gold_missing"]`` (:func:`~mapmatched_torch.eval.inputs.inputs_from_dataset`), or None."""
     gold = info.get("gold_missing")
     if not gold or not gold.get("missing_judgements"):
         return None

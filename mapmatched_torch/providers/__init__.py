@@ -11,7 +11,6 @@ optional dependencies are imported only when a provider is constructed, and a mi
 one raises an ImportError naming the pip extra.
 """
 
-from .._lazy import lazy_attributes
 from .chroma import ChromaProvider
 from .dense import DenseProvider, exact_top_k
 from .faiss import FAISSProvider
@@ -23,16 +22,3 @@ __all__ = [
     "ChromaProvider", "DenseProvider", "FAISSProvider", "FusionProvider", "QdrantProvider", "exact_top_k",
     "reciprocal_rank_fusion", "QueryMixing", "QueryMixingProvider", "VectorSearchProvider", "ContextualProvider",
 ]
-
-# The LangChain and LlamaIndex adapters live in mapmatched_torch.integrations (they wrap
-# sessions and servers too); their old names here keep working.
-__getattr__ = lazy_attributes(
-    __name__,
-    {
-        "LangChainProvider": "..integrations.langchain",
-        "as_langchain_retriever": "..integrations.langchain",
-        "LlamaIndexProvider": "..integrations.llamaindex",
-        "as_llamaindex_retriever": "..integrations.llamaindex",
-    },
-    globals(),
-)

@@ -42,7 +42,6 @@ __all__ = [
     "MapMatchedSession",
     "check_retriever_options",
     "TurnOptions",
-    "as_scored_candidates",
     "as_turn_candidates",
     "provider_answer_name",
     "normalize_turn",

@@ -8,4 +8,4 @@ from .decoder import StandaloneDecoder
 from .graph import GraphEdge, InMemoryCorpusGraph
 from .knn import KNNGraph
 
-__all__ = ["StandaloneDecoder", "GraphEdge", "InMemoryCorpusGraph", "KNNGraph"]
+__all__ = ["StandaloneDecoder", "InMemoryCorpusGraph", "KNNGraph"]  # GraphEdge: core.graph_types

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from mapmatched_torch import decode
+from mapmatched_torch.kernels import decode
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.core.models import ScoredCandidate
 from mapmatched_torch.fit.fitting import (

@@ -22,7 +22,7 @@ from mapmatched_torch import MapMatchedRetriever, ScoredCandidate  # noqa: E402
 from mapmatched_torch.core.errors import MapMatchedRuntimeError  # noqa: E402
 from mapmatched_torch.core.protocols import CandidateProvider  # noqa: E402
 from mapmatched_torch.integrations.langchain import LangChainProvider, as_langchain_retriever  # noqa: E402
-from mapmatched_torch.providers import langchain as langchain_adapters  # noqa: E402
+from mapmatched_torch.integrations import langchain as langchain_adapters  # noqa: E402
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
 from mapmatched_torch.standalone import StandaloneDecoder  # noqa: E402
 

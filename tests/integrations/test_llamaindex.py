@@ -22,7 +22,7 @@ from mapmatched_torch import MapMatchedRetriever, ScoredCandidate  # noqa: E402
 from mapmatched_torch.core.errors import MapMatchedRuntimeError  # noqa: E402
 from mapmatched_torch.core.protocols import CandidateProvider  # noqa: E402
 from mapmatched_torch.integrations.llamaindex import LlamaIndexProvider, as_llamaindex_retriever  # noqa: E402
-from mapmatched_torch.providers import llamaindex as llamaindex_adapters  # noqa: E402
+from mapmatched_torch.integrations import llamaindex as llamaindex_adapters  # noqa: E402
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
 
 from ..providers_fixtures import (  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402  # noqa: E402

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from mapmatched_torch import chain
+from mapmatched_torch.kernels import chain
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.core.models import DecoderCandidate
 from mapmatched_torch.fit.model import MapMatchedModel

@@ -330,7 +330,7 @@ def test_device_results_equal_cpu_results(device):
 def test_the_streaming_states_are_slot_decoder_views_on_every_import_path():
     assert decode.ViterbiState is states.ViterbiState is mapmatched_torch.ViterbiState
     assert decode.FixedLagState is states.FixedLagState is mapmatched_torch.FixedLagState
-    from mapmatched_torch.decode import FixedLagState as old_path
+    from mapmatched_torch.kernels.decode import FixedLagState as old_path
 
     assert old_path is FixedLagState
     assert isinstance(ViterbiState(2, 3)._decoder, SlotDecoder)
