@@ -24,7 +24,7 @@ chosen last candidate, one dependent load per turn.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -41,7 +41,7 @@ __all__ = ["step", "backtrack"]
 def _step_kernel(
     prev_ptr, prev_allowed_ptr, started_ptr, em_ptr, mask_ptr, tr_ptr, dist_ptr,
     alpha_ptr, bp_ptr, links_ptr, nonfinite_ptr,
-    negative_beta, M,
+    beta_ptr, M,
     BLOCK_M: tl.constexpr, FROM_DISTANCES: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64)
@@ -56,6 +56,8 @@ def _step_kernel(
     before = tl.where(started, tl.where(allowed, previous, float("-inf")), 0.0)
     tile_offsets = s * M * M + offs[:, None] * M + offs[None, :]
     if FROM_DISTANCES:
+        # -beta read as float64 from memory: a Python float argument would arrive as float32
+        negative_beta = tl.load(beta_ptr)
         distances = tl.load(dist_ptr + tile_offsets, mask=tile_mask, other=0.0)
         tile = (distances * negative_beta).to(previous.dtype)
     else:
@@ -109,6 +111,18 @@ def _backtrack_kernel(
                 tl.store(out_ptr + s * T + t, 0.0)
 
 
+_BETAS: Dict[Tuple[str, torch.device], Tensor] = {}
+
+
+def _beta_on(value: float, device: torch.device) -> Tensor:
+    """``(1,)`` float64 ``value`` on ``device``, made once: a step recorded in a CUDA graph
+    must not copy a new one from the host. (Keyed by the value's bits: -0.0 is not 0.0.)"""
+    key = (value.hex(), device)
+    if key not in _BETAS:
+        _BETAS[key] = torch.full((1,), value, dtype=torch.float64, device=device)
+    return _BETAS[key]
+
+
 def step(previous: Tensor, previous_allowed: Tensor, started: Tensor, emissions: Tensor, mask: Tensor,
          transitions: Optional[Tensor], distances: Tensor, negative_beta: float,
          alpha: Tensor, backpointers: Tensor, links: Tensor, nonfinite: Tensor) -> None:
@@ -127,7 +141,7 @@ def step(previous: Tensor, previous_allowed: Tensor, started: Tensor, emissions:
         emissions.contiguous(), mask.contiguous().view(torch.uint8),
         transitions.contiguous() if transitions is not None else distances, distances,
         alpha, backpointers, links, flags,
-        float(negative_beta), width,
+        _beta_on(float(negative_beta), emissions.device), width,
         BLOCK_M=block, FROM_DISTANCES=transitions is None, num_warps=warps_for(block), enable_fp_fusion=False,
     )
     nonfinite.copy_(flags != 0)
