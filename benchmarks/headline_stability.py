@@ -11,7 +11,7 @@ pointwise divided by the lift of the best single method on that subset (chosen i
 hindsight, the ceiling of any selection), for the default selection
 (``--selection-folds``, default 5) and for the previous one (the 2 cross-fitting folds).
 
-Usage (the README's figure; INSCIT dev has 86 conversations, so subsets of 60)::
+Usage (the figure of docs/experiment_log.md; INSCIT dev has 86 conversations, so subsets of 60)::
 
     python benchmarks/headline_stability.py --data ../shared/data/inscit_dev
 """

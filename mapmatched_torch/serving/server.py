@@ -123,8 +123,8 @@ class MapMatchedServer:
     Session IDs are str, int or (nested) tuples of them: what a saved state restores
     with ``torch.load(weights_only=True)``.
 
-    Latency: see ``benchmarks/serving.py`` and the README (serving). A long-running
-    server calls ``gc.freeze()`` once after start-up, and reads only what it needs
+    Latency: see ``benchmarks/serving.py``, docs/serving.md and docs/performance.md. A
+    long-running server calls ``gc.freeze()`` once after start-up, and reads only what it needs
     (:meth:`~mapmatched_torch.serving.step_results.StepResults.contexts`: no result objects).
 
     Example:

@@ -166,7 +166,7 @@ def test_the_quality_table_reads_the_report_and_stands_beside_the_readme_table(i
     readme.write_text(f"before\n{table.START}\nold\n{table.END}\nafter\n")
     table._readme(readme, "new\n")
     assert readme.read_text() == f"before\n{table.START}\nnew\n{table.END}\nafter\n"
-    # the project's README: the table's block starts with the command that produced it
-    project = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    # the project's evaluation guide: the table's block starts with the command that produced it
+    project = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
     block = project.split(table.START, 1)[1].split(table.END, 1)[0]
     assert block.lstrip().startswith("Produced by:") and "python benchmarks/quality_table.py --data" in block

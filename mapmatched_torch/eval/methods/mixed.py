@@ -140,12 +140,12 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
 
     Only the held-out fold's conversations are kept from each fold's retrieval.
 
-    Option (issue 15 item 3, measured in the README; off by default):
+    Option (issue 15 item 3, measured in docs/experiment_log.md; off by default):
     ``options.extra["gated_ranking"] = "posterior"`` ranks ``mixed+gated`` (and the
     gated method) by the filtering marginals (:func:`online_filtering_scores`) instead
     of the max-plus forward scores. (Trajectory candidates, the previous decoded
     passage's graph neighbours added to the candidates, were measured and not kept:
-    README.)
+    docs/experiment_log.md.)
     """
     from ...providers.dense import DenseProvider
     from ..candidates import retrieve_online
