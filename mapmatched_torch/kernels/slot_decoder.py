@@ -52,7 +52,7 @@ from .semiring import MAX_PLUS
 from ..core.settings import DecodeSettings, DecodingMode
 from .transitions import weighted_transitions
 
-__all__ = ["SlotDecoder", "SlotStep", "PayloadSpec"]
+__all__ = ["SlotDecoder", "SlotStep", "PayloadSpec", "state_checksum"]
 
 _INF = float("inf")
 
@@ -855,6 +855,13 @@ def _checksum(state: Dict[str, Any]) -> str:
     bookkeeping = {"free": state["free"], "allocated": state["allocated"], "config": state["config"]}
     digest.update(json.dumps(bookkeeping, sort_keys=True, default=str).encode())
     return digest.hexdigest()
+
+
+def state_checksum(state: Dict[str, Any]) -> str:
+    """The checksum :meth:`SlotDecoder.state_dict` records for ``state`` (its tensors and
+    bookkeeping): for an owner that rewrites a saved state (a server renumbering its chunk
+    codes) and seals it again."""
+    return _checksum(state)
 
 
 def _state_error(problem: str) -> MapMatchedValueError:
