@@ -36,6 +36,7 @@ from ..core.checks import (check_chunk_id, check_finite, check_nonnegative_int, 
 from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
                            out_of_memory)
 from ..core.files import atomic_path
+from ..core.signals import deferred_sigint
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
@@ -273,21 +274,28 @@ class MapMatchedServer:
         session_id = _session_key(session_id)
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
-        slot = self._sessions[session_id] = self._store.open()
+        with deferred_sigint():  # the store's open is all or nothing; then one assignment
+            slot = self._store.open()
+            self._sessions[session_id] = slot
         return slot
 
     @_serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open). Results
         already returned for it stay readable."""
-        slot = self._sessions.pop(self._known(session_id))
+        session_id = self._known(session_id)
+        slot = self._sessions[session_id]
+        # prepared: the results handed out copy the slot's turns (idempotent), the built
+        # paths of the slot (a cache) go
         for reference in self._live_results:
             results = reference()
             if results is not None:
                 results.detach(slot)
         self._built.drop(slot)
-        self._previous_queries.pop(slot, None)
-        self._store.close(slot)
+        with deferred_sigint():  # the store's close is all or nothing; then dict operations
+            self._store.close(slot)
+            del self._sessions[session_id]
+            self._previous_queries.pop(slot, None)
 
     def __contains__(self, session_id: object) -> bool:
         try:
@@ -398,13 +406,16 @@ class MapMatchedServer:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
         """
         slots, codes, scores = _check_step_tensors(slots, codes, scores)
-        step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
-        try:  # all or nothing, as in step()
-            self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
-        except BaseException:
-            if bool((step.status == 0).any()):  # (a host read on the way out of a failure only)
-                self._store.decoder.undo_last()
-            raise
+        decoder = self._store.decoder
+        written = decoder.steps_written
+        with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
+            try:  # all or nothing, as in step()
+                step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
+                self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
+            except BaseException:
+                if decoder.steps_written != written and decoder.can_undo:  # (no host read)
+                    decoder.undo_last()
+                raise
         return step
 
     @_serialized
@@ -571,30 +582,39 @@ class MapMatchedServer:
         slots = torch.tensor([get(key, -1) for key in ids], dtype=torch.long, device=self.device)
         decoder = self._store.decoder
         before = decoder.lengths(slots.clamp_min(0))
+        written = decoder.steps_written
+        with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
+            try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
+                results, updates = self._run_step(ids, slots, codes, raw, before, errors, row_error, queries)
+            except BaseException:
+                if decoder.steps_written != written and decoder.can_undo:  # (not taken back already)
+                    decoder.undo_last()
+                raise
+            self._previous_queries.update(updates)
+        return results
+
+    def _run_step(self, ids, slots, codes, raw, before, errors, row_error, queries):
+        """The body of :meth:`_run`: ``(results, the previous queries to record)``."""
         step = self._store.step(slots, codes, raw)
-        try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
-            status = step.status.tolist()
-            failed = [row for row, code in enumerate(status) if code]
-            rows = {key: row for row, key in enumerate(ids)}
-            if failed:
-                lengths = before.tolist()
-                for row in failed:
-                    errors[ids[row]] = self._error(ids[row], StepCode(status[row]), lengths[row], row_error)
-                rows = {key: row for key, row in rows.items() if not status[row]}
-            results = self._results(ids, step, slots, rows)
-            for row, error in self._refuse_overflowing_traces(step, slots, results, ids):
-                errors[ids[row]] = error
-                del rows[ids[row]]
-        except BaseException:
-            if bool((step.status == 0).any()):
-                decoder.undo_last()
-            raise
+        status = step.status.tolist()
+        failed = [row for row, code in enumerate(status) if code]
+        rows = {key: row for row, key in enumerate(ids)}
+        if failed:
+            lengths = before.tolist()
+            for row in failed:
+                errors[ids[row]] = self._error(ids[row], StepCode(status[row]), lengths[row], row_error)
+            rows = {key: row for key, row in rows.items() if not status[row]}
+        results = self._results(ids, step, slots, rows)
+        for row, error in self._refuse_overflowing_traces(step, slots, results, ids):
+            errors[ids[row]] = error
+            del rows[ids[row]]
+        updates: Dict[int, Tuple[str, int]] = {}
         if queries:
             turns = before.tolist()
             for key, row in rows.items():
                 if key in queries:
-                    self._previous_queries[self._sessions[key]] = (queries[key], turns[row] + 1)
-        return results
+                    updates[self._sessions[key]] = (queries[key], turns[row] + 1)
+        return results, updates
 
     def _previous_query(self, slot: int) -> Optional[str]:
         """The query text of the slot's latest turn, or None (that turn came as candidates,
@@ -909,12 +929,17 @@ class MapMatchedServer:
                 raise MapMatchedResourceError(f"out of memory while restoring the server state ({error!r}): a "
                                               "resource failure, not a malformed state; nothing was changed") from error
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
-        self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
-        self._sessions = sessions
-        decoder = self._store.decoder
-        self._previous_queries = {slot: (text, decoder.length(slot)) for slot, text in previous_queries.items()}
-        # results handed out before keep their own tensors, codes and built paths
-        self._built, self._live_results = BuiltPaths(), []
+        restored: Dict[int, Tuple[str, int]] = {}
+
+        def check(checked: Mapping[str, Any]) -> None:
+            _check_slots(sessions, checked)
+            lengths = checked["tensors"]["lengths"]
+            restored.update((slot, (text, int(lengths[slot]))) for slot, text in previous_queries.items())
+
+        built = BuiltPaths()  # results handed out before keep their own tensors, codes and built paths
+        with deferred_sigint():  # the store's load is all or nothing; then assignments
+            self._store.load_state_dict(store, also_check=check)
+            self._sessions, self._previous_queries, self._built, self._live_results = sessions, restored, built, []
 
     @_serialized
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
