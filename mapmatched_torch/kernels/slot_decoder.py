@@ -46,13 +46,14 @@ from torch import Tensor
 
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedValueError
+from ..core.signals import deferred_sigint
 from . import chain, fused_step
 from .checks import first_true_index
 from .semiring import MAX_PLUS
 from ..core.settings import DecodeSettings, DecodingMode, HoldsSettings
 from .transitions import weighted_transitions
 
-__all__ = ["SlotDecoder", "SlotStep", "PayloadSpec"]
+__all__ = ["SlotDecoder", "SlotStep", "PayloadSpec", "state_checksum"]
 
 _INF = float("inf")
 
@@ -233,20 +234,27 @@ class SlotDecoder(HoldsSettings):
     def _resize(self, capacity: int, turns: int) -> None:
         # prepare every new tensor first, then install them all: a failure (out of memory)
         # part-way leaves the table as it was
+        self._install(self._grown(capacity, turns))
+
+    def _grown(self, capacity: int, turns: int, source: Optional[Dict[str, Tensor]] = None) -> Dict[str, Tensor]:
+        """New storage (``capacity`` slots and the spare, ``turns`` turns) holding the
+        table's values (or ``source``'s) where the shapes overlap; nothing is installed."""
+        source = self._tensors if source is None else source
         grown = {}
         for name in self._names:
             new = self._blank(name, capacity + 1, turns)
-            old = self._tensors.get(name)
+            old = source.get(name)
             if old is not None:
                 region = tuple(slice(0, min(a, b)) for a, b in zip(old.shape, new.shape))
                 new[region] = old[region]
             grown[name] = new
-        self._install(grown)
+        return grown
 
     def _install(self, storage: Dict[str, Tensor]) -> None:
-        """Make ``storage`` (every tensor with the spare slot after the table's) the table."""
-        self._storage = storage
-        self._tensors = {name: tensor[: tensor.shape[0] - 1] for name, tensor in storage.items()}
+        """Make ``storage`` (every tensor with the spare slot after the table's) the table
+        (the views made first, then one assignment: a failure leaves the old table)."""
+        views = _views(storage)
+        self._storage, self._tensors = storage, views
 
     @property
     def spare_slot(self) -> int:
@@ -278,16 +286,31 @@ class SlotDecoder(HoldsSettings):
         """Set the host-side bound on the lengths to the longest slot's length (one host read)."""
         self._longest_bound = int(self._tensors["lengths"].max()) if self.capacity else 0
 
-    def allocate(self) -> int:
-        """A fresh, empty slot (grows the table when full)."""
+    def allocation(self) -> tuple:
+        """``(slot, capacity)``: the slot the next :meth:`allocate` returns and the
+        capacity after it (for an owner preparing its own per-slot state first)."""
         if self._free:
-            slot = self._free.pop()
-        else:
-            if self._allocated == self.capacity:
-                self._resize(2 * self.capacity, self.turn_capacity)
-            slot = self._allocated
-            self._allocated += 1
-        self._clear(slot)
+            return self._free[-1], self.capacity
+        return self._allocated, 2 * self.capacity if self._allocated == self.capacity else self.capacity
+
+    def allocate(self) -> int:
+        """A fresh, empty slot (grows the table when full). All or nothing: the grown
+        table and the cleared rows are prepared, then committed with SIGINT held back."""
+        slot, capacity = self.allocation()
+        storage = self._grown(capacity, self.turn_capacity) if capacity != self.capacity else None
+        views = _views(storage) if storage is not None else self._tensors
+        # shape: each state tensor's row of one empty slot
+        rows = {name: self._blank(name, 1, self.turn_capacity)[0] for name in self._names}
+        with deferred_sigint():
+            if storage is not None:
+                self._storage, self._tensors = storage, views
+            for name, row in rows.items():
+                views[name][slot] = row
+            self._undo = None  # a reused slot must never get an older step's values back
+            if self._free:
+                self._free.pop()
+            else:
+                self._allocated += 1
         return slot
 
     def release(self, slot: int) -> None:
@@ -296,30 +319,36 @@ class SlotDecoder(HoldsSettings):
         :meth:`allocate`."""
         if not 0 <= slot < self._allocated or slot in self._free:
             raise MapMatchedValueError(f"slot {slot} is not allocated")
-        self._free.append(slot)
-        self._tensors["lengths"][slot] = 0
-        self._shrink_turns()
+        # all or nothing: the shrunk table (if any) is prepared, then committed
+        storage, longest = self._shrunk(self._free + [slot])
+        views = _views(storage) if storage is not None else None
+        with deferred_sigint():
+            if storage is not None:
+                self._storage, self._tensors = storage, views
+            self._tensors["lengths"][slot] = 0
+            self._free.append(slot)
+            if longest is not None:
+                self._longest_bound = longest
 
-    def _shrink_turns(self) -> None:
-        """Give memory back after a long session closes: halve the turn capacity while
-        every live slot fits in a quarter of it (never below the initial turn capacity)."""
+    def _shrunk(self, free: List[int]) -> tuple:
+        """``(storage, longest)``: the table after its slots ``free`` are released, when
+        memory can be given back (every live slot fits in a quarter of the turn capacity:
+        halved while so, never below the initial turn capacity), else None; and the
+        longest live length (None when not read). Nothing is installed."""
         turns, floor = self.turn_capacity, self.initial_turn_capacity
         if turns <= floor:
-            return
+            return None, None
         live = torch.ones(self._allocated, dtype=torch.bool, device=self.device)
-        live[self._free] = False
+        live[free] = False
         longest = int(self._tensors["lengths"][: self._allocated][live].max()) if bool(live.any()) else 0
-        self._longest_bound = longest
         target = turns
         while target // 2 >= floor and longest <= target // 4:
             target //= 2
-        if target < turns:
-            self._resize(self.capacity, target)
-
-    def _clear(self, slot: int) -> None:
-        self._undo = None  # a reused slot must never get an older step's values back
-        for name in self._names:
-            self._tensors[name][slot] = self._blank(name, 1, self.turn_capacity)[0]
+        if target == turns:
+            return None, longest
+        storage = self._grown(self.capacity, target)
+        storage["lengths"][free] = 0
+        return storage, longest
 
     def snapshot(self, slot: int) -> Dict[str, Tensor]:
         """A copy of one slot's state (for :meth:`restore`)."""
@@ -807,27 +836,46 @@ class SlotDecoder(HoldsSettings):
                 sessions against the free list), run before anything is replaced; what it
                 raises propagates and nothing changes.
         """
+        self.commit_load(self.prepare_load(state, max_bytes=max_bytes, also_check=also_check))
+
+    def prepare_load(
+        self,
+        state: Dict[str, object],
+        *,
+        max_bytes: Optional[int] = None,
+        also_check: Optional[Callable[[Dict[str, object]], None]] = None,
+    ) -> tuple:
+        """The first half of :meth:`load_state_dict`: validate ``state`` and build the new
+        table from it, changing nothing; :meth:`commit_load` installs what it returns
+        (for an owner that prepares its own state between the two)."""
         _check_state(self, state, max_bytes)
         if also_check is not None:
             also_check(state)
-        # copies: two decoders loaded from one state must not write into each other
-        turns = int(state["tensors"]["alphas"].shape[1])
-        self._install({
-            name: torch.cat([tensor.to(self.device), self._blank(name, 1, turns)])
-            for name, tensor in state["tensors"].items()
-        })
-        self._longest_bound = int(self._tensors["lengths"].max()) if self._tensors["lengths"].numel() else 0
-        self._free = list(state["free"])
-        self._allocated = int(state["allocated"])
-        self._undo = None
+        saved = state["tensors"]
         # this table's turn capacities are its initial one times powers of two (what it grows
         # and shrinks through): a state saved by a table of another initial capacity moves to
         # the smallest of them that holds it, so growth and shrinking behave as if built here
         turns = self.initial_turn_capacity
-        while turns < self.turn_capacity:
+        while turns < int(saved["alphas"].shape[1]):
             turns *= 2
-        if turns != self.turn_capacity:
-            self._resize(self.capacity, turns)
+        capacity = int(saved["lengths"].shape[0])
+        # copies: two decoders loaded from one state must not write into each other
+        storage = self._grown(capacity, turns, {name: tensor.to(self.device) for name, tensor in saved.items()})
+        lengths = saved["lengths"]
+        longest = int(lengths.max()) if lengths.numel() else 0
+        return storage, _views(storage), longest, list(state["free"]), int(state["allocated"])
+
+    def commit_load(self, prepared: tuple) -> None:
+        """Install what :meth:`prepare_load` returned (assignments only, SIGINT held back)."""
+        storage, views, longest, free, allocated = prepared
+        with deferred_sigint():
+            self._storage, self._tensors = storage, views
+            self._longest_bound, self._free, self._allocated, self._undo = longest, free, allocated, None
+
+
+def _views(storage: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The table's tensors: every storage tensor without its last row (the spare slot)."""
+    return {name: tensor[: tensor.shape[0] - 1] for name, tensor in storage.items()}
 
 
 def _checksum(state: Dict[str, Any]) -> str:
@@ -840,6 +888,13 @@ def _checksum(state: Dict[str, Any]) -> str:
     bookkeeping = {"free": state["free"], "allocated": state["allocated"], "config": state["config"]}
     digest.update(json.dumps(bookkeeping, sort_keys=True, default=str).encode())
     return digest.hexdigest()
+
+
+def state_checksum(state: Dict[str, Any]) -> str:
+    """The checksum :meth:`SlotDecoder.state_dict` records for ``state`` (its tensors and
+    bookkeeping): for an owner that rewrites a saved state (a server renumbering its chunk
+    codes) and seals it again."""
+    return _checksum(state)
 
 
 def _state_error(problem: str) -> MapMatchedValueError:

@@ -36,6 +36,7 @@ from ..core.checks import (check_chunk_id, check_finite, check_nonnegative_int, 
 from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
                            out_of_memory)
 from ..core.files import atomic_path
+from ..core.signals import deferred_sigint
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
@@ -49,6 +50,8 @@ from ..retrieval.session import (
     provider_answer_name,
 )
 from ..retrieval.trellis import packed_rows
+from ..kernels.slot_decoder import state_checksum as decoder_checksum
+from ._state import STATE_FORMAT, content_digest, fingerprint_differences, graph_fingerprint, same_but_order
 from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults
 
@@ -116,9 +119,10 @@ class MapMatchedServer:
     KeyboardInterrupt or an out-of-memory error, takes the whole step back with
     :meth:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder.undo_last`). Batch the
     sessions of one tick into one :meth:`step` rather than stepping from many threads.
-    Results (:class:`StepResults`) are built lazily from immutable records, so reading
-    them from another thread is safe. The graph's distance cache is safe under
-    concurrent readers.
+    Results (:class:`StepResults`) are built lazily, holding the server's lock while
+    they read the store (a session's turns are copied out before another thread can
+    close it and reuse its slot), so reading them from another thread is safe. The
+    graph's distance cache is safe under concurrent readers.
 
     Session IDs are str, int or (nested) tuples of them: what a saved state restores
     with ``torch.load(weights_only=True)``.
@@ -195,6 +199,7 @@ class MapMatchedServer:
         # the results handed out, to copy a closing session's turns into (weak: dropped results go)
         self._live_results: List["weakref.ref[StepResults]"] = []
         self._lock = threading.RLock()  # one call at a time: see "Concurrency" above
+        self._fingerprint: Optional[Dict[str, Any]] = None  # the graph's, made on first save or load
 
     @property
     def retriever(self) -> MapMatchedRetriever:
@@ -269,21 +274,28 @@ class MapMatchedServer:
         session_id = _session_key(session_id)
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
-        slot = self._sessions[session_id] = self._store.open()
+        with deferred_sigint():  # the store's open is all or nothing; then one assignment
+            slot = self._store.open()
+            self._sessions[session_id] = slot
         return slot
 
     @_serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open). Results
         already returned for it stay readable."""
-        slot = self._sessions.pop(self._known(session_id))
+        session_id = self._known(session_id)
+        slot = self._sessions[session_id]
+        # prepared: the results handed out copy the slot's turns (idempotent), the built
+        # paths of the slot (a cache) go
         for reference in self._live_results:
             results = reference()
             if results is not None:
                 results.detach(slot)
         self._built.drop(slot)
-        self._previous_queries.pop(slot, None)
-        self._store.close(slot)
+        with deferred_sigint():  # the store's close is all or nothing; then dict operations
+            self._store.close(slot)
+            del self._sessions[session_id]
+            self._previous_queries.pop(slot, None)
 
     def __contains__(self, session_id: object) -> bool:
         try:
@@ -331,7 +343,8 @@ class MapMatchedServer:
         if self._store.decoder.length(slot) == 0:
             return None
         slots = torch.tensor([slot], dtype=torch.long, device=self.device)
-        return StepResults(self, self._store, self._store.current(slots), {session_id: 0}, slots, self._built)
+        return StepResults(self, self._store, self._store.current(slots), {session_id: 0}, slots, self._built,
+                           self._lock)
 
     def _known(self, session_id: SessionId) -> SessionId:
         if not self._is_open(session_id):
@@ -393,13 +406,16 @@ class MapMatchedServer:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
         """
         slots, codes, scores = _check_step_tensors(slots, codes, scores)
-        step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
-        try:  # all or nothing, as in step()
-            self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
-        except BaseException:
-            if bool((step.status == 0).any()):  # (a host read on the way out of a failure only)
-                self._store.decoder.undo_last()
-            raise
+        decoder = self._store.decoder
+        written = decoder.steps_written
+        with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
+            try:  # all or nothing, as in step()
+                step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
+                self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
+            except BaseException:
+                if decoder.steps_written != written and decoder.can_undo:  # (no host read)
+                    decoder.undo_last()
+                raise
         return step
 
     @_serialized
@@ -566,30 +582,39 @@ class MapMatchedServer:
         slots = torch.tensor([get(key, -1) for key in ids], dtype=torch.long, device=self.device)
         decoder = self._store.decoder
         before = decoder.lengths(slots.clamp_min(0))
+        written = decoder.steps_written
+        with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
+            try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
+                results, updates = self._run_step(ids, slots, codes, raw, before, errors, row_error, queries)
+            except BaseException:
+                if decoder.steps_written != written and decoder.can_undo:  # (not taken back already)
+                    decoder.undo_last()
+                raise
+            self._previous_queries.update(updates)
+        return results
+
+    def _run_step(self, ids, slots, codes, raw, before, errors, row_error, queries):
+        """The body of :meth:`_run`: ``(results, the previous queries to record)``."""
         step = self._store.step(slots, codes, raw)
-        try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
-            status = step.status.tolist()
-            failed = [row for row, code in enumerate(status) if code]
-            rows = {key: row for row, key in enumerate(ids)}
-            if failed:
-                lengths = before.tolist()
-                for row in failed:
-                    errors[ids[row]] = self._error(ids[row], StepCode(status[row]), lengths[row], row_error)
-                rows = {key: row for key, row in rows.items() if not status[row]}
-            results = self._results(ids, step, slots, rows)
-            for row, error in self._refuse_overflowing_traces(step, slots, results, ids):
-                errors[ids[row]] = error
-                del rows[ids[row]]
-        except BaseException:
-            if bool((step.status == 0).any()):
-                decoder.undo_last()
-            raise
+        status = step.status.tolist()
+        failed = [row for row, code in enumerate(status) if code]
+        rows = {key: row for row, key in enumerate(ids)}
+        if failed:
+            lengths = before.tolist()
+            for row in failed:
+                errors[ids[row]] = self._error(ids[row], StepCode(status[row]), lengths[row], row_error)
+            rows = {key: row for key, row in rows.items() if not status[row]}
+        results = self._results(ids, step, slots, rows)
+        for row, error in self._refuse_overflowing_traces(step, slots, results, ids):
+            errors[ids[row]] = error
+            del rows[ids[row]]
+        updates: Dict[int, Tuple[str, int]] = {}
         if queries:
             turns = before.tolist()
             for key, row in rows.items():
                 if key in queries:
-                    self._previous_queries[self._sessions[key]] = (queries[key], turns[row] + 1)
-        return results
+                    updates[self._sessions[key]] = (queries[key], turns[row] + 1)
+        return results, updates
 
     def _previous_query(self, slot: int) -> Optional[str]:
         """The query text of the slot's latest turn, or None (that turn came as candidates,
@@ -611,7 +636,7 @@ class MapMatchedServer:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
             step = self._store.current(empty)
             slots = empty
-        results = StepResults(self, self._store, step, rows, slots, self._built)
+        results = StepResults(self, self._store, step, rows, slots, self._built, self._lock)
         self._live_results = [reference for reference in self._live_results if reference() is not None]
         self._live_results.append(weakref.ref(results))
         return results
@@ -645,7 +670,8 @@ class MapMatchedServer:
             return []
         rows = large.nonzero().view(-1).tolist()
         if results is None:
-            results = StepResults(self, self._store, step, {keys[row]: row for row in rows}, slots, self._built)
+            results = StepResults(self, self._store, step, {keys[row]: row for row in rows}, slots, self._built,
+                                  self._lock)
         refused = []
         for row in rows:
             try:
@@ -715,20 +741,44 @@ class MapMatchedServer:
 
     @_serialized
     def state_dict(self) -> Dict[str, Any]:
-        """The session store (every session's turns and decoder state, with a checksum),
-        the session IDs by slot, and the options: plain tensors and Python values,
-        loadable with ``torch.load(..., weights_only=True)``."""
+        """The session store (every session's turns and decoder state), the session IDs by
+        slot, the previous queries, the options and the graph's fingerprint, sealed by one
+        SHA-256 ``checksum`` over all of it (format 3, see
+        ``docs/serving-guarantees.md``): plain tensors and Python values, loadable with
+        ``torch.load(..., weights_only=True)``."""
         sessions = [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()]
         previous_queries = [[slot, text] for slot in sorted(self._previous_queries)
                             for text in [self._previous_query(slot)] if text is not None]
-        return {
-            "version": 2,
+        store = self._store.state_dict()
+        state: Dict[str, Any] = {
+            "version": STATE_FORMAT,
             "options": self._options(),
-            "store": self._store.state_dict(),
+            "graph": self._graph_fingerprint(),
+            "store": store,
             "sessions": sessions,
             "previous_queries": previous_queries,
-            "entries_checksum": _entries_checksum(sessions, previous_queries),
+            "graph_codes": self._graph_codes_used(store["decoder"]["tensors"]["payload.codes"]),
         }
+        state["checksum"] = content_digest(state)
+        return state
+
+    def _graph_fingerprint(self) -> Dict[str, Any]:
+        """The graph's :func:`~mapmatched_torch.serving._state.graph_fingerprint` (made once:
+        the graph is immutable)."""
+        if self._fingerprint is None:
+            self._fingerprint = graph_fingerprint(self.graph)
+        return dict(self._fingerprint)
+
+    def _graph_codes_used(self, codes: torch.Tensor) -> List[List[Any]]:
+        """``[[code, node ID], ...]`` of every graph node code in the saved ``(C, T, M)``
+        codes (O(C T M)): what ``migrate=True`` renumbers by."""
+        nodes = self._store.codes.graph_nodes
+        if nodes == 0:
+            return []
+        present = torch.zeros(nodes, dtype=torch.bool)
+        present[codes[(codes >= 0) & (codes < nodes)]] = True
+        used = present.nonzero().view(-1).tolist()
+        return [[code, name] for code, name in zip(used, self._store.codes.names(used))]
 
     def _options(self) -> Dict[str, Any]:
         """The options a saved state must match (what :meth:`state_dict` records)."""
@@ -744,34 +794,134 @@ class MapMatchedServer:
         }
 
     @_serialized
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` into a server built with the same options.
+    def load_state_dict(self, state: Mapping[str, Any], *, migrate: bool = False, legacy: bool = False) -> None:
+        """Restore :meth:`state_dict` into a server built with the same options over the same graph.
 
-        Everything is validated before anything changes (the options, the store's
-        tensors, checksum and chunk codes, and that every session owns a distinct live
-        slot): a refused state raises
-        :class:`~mapmatched_torch.core.errors.MapMatchedValueError` and leaves the running
-        server exactly as it was.
+        Everything is verified before anything changes: the checksum over the whole state,
+        the graph's fingerprint (node IDs in order, maximum distance, directedness,
+        edges), the options (candidate limit, lambda, beta, normalization, lag, context
+        options), the store's tensors and chunk codes, and that every session owns a
+        distinct live slot. A refused state raises
+        :class:`~mapmatched_torch.core.errors.MapMatchedValueError` naming what differs
+        or is damaged, and leaves the running server exactly as it was.
+
+        Args:
+            state: what :meth:`state_dict` returned (after ``torch.load``).
+            migrate: also load a state saved over a tensor graph with the same node IDs
+                (and edges and distance settings) in another order: its chunk codes are
+                renumbered to this graph's node indices. Nothing else is migrated.
+            legacy: also load a state without the whole-state checksum (saved before
+                format 3, or with the checksum removed): only its parts' own checks run,
+                so an edit of its session IDs or options may go unseen. Off by default.
         """
-        options = self._options()
-        if isinstance(state, Mapping) and state.get("version") == 1:
+        if not isinstance(state, Mapping):
+            raise MapMatchedValueError(f"refusing the server state: expected a mapping, got {type(state).__name__}; "
+                                       "nothing was changed")
+        version = state.get("version")
+        if version == 1:
             raise MapMatchedValueError(
                 "refusing the server state: it was saved by an older version of the server (state version 1); "
                 "nothing was changed"
             )
-        if not isinstance(state, Mapping) or state.get("version") != 2 or state.get("options") != options:
-            saved = state.get("options") if isinstance(state, Mapping) else type(state).__name__
-            raise MapMatchedValueError(f"server state does not match this server: saved options {saved}, these {options}")
+        if version == 2 or (version == STATE_FORMAT and "checksum" not in state):
+            if not legacy:
+                raise MapMatchedValueError(
+                    "refusing the server state: it has no whole-state checksum (saved before state format 3, or the "
+                    "checksum was removed), so a damaged or edited state could not be told apart; "
+                    "load_state_dict(state, legacy=True) loads it with only its parts' own checks; nothing was changed")
+            if version == 2:
+                return self._load_legacy(state)
+        elif version != STATE_FORMAT:
+            raise MapMatchedValueError(f"refusing the server state: unknown state version {version!r} (this server "
+                                       f"reads {STATE_FORMAT}); nothing was changed")
+        if set(state) - {"checksum"} != _STATE_KEYS:
+            raise MapMatchedValueError(
+                f"refusing the server state: expected the entries {sorted(_STATE_KEYS | {'checksum'})}, got "
+                f"{sorted(map(str, state))}; nothing was changed")
+        if "checksum" in state:
+            content = {key: value for key, value in state.items() if key != "checksum"}
+            if state["checksum"] != content_digest(content):
+                raise MapMatchedValueError(
+                    "refusing the server state: its content does not match its checksum (a damaged or edited "
+                    "state); nothing was changed")
+        mine = self._graph_fingerprint()
+        differing = fingerprint_differences(state["graph"], mine)
+        store = state["store"]
+        if differing:
+            movable = isinstance(state["graph"], dict) and same_but_order(state["graph"], mine)
+            if not (migrate and movable):
+                hint = (" It holds the same node IDs in another order: load_state_dict(state, migrate=True) (or "
+                        "load(path, migrate=True)) renumbers its chunk codes." if movable else "")
+                raise MapMatchedValueError(
+                    "refusing the server state: it was saved over another graph (its chunk codes and distances "
+                    f"belong to that graph): {'; '.join(differing)}; nothing was changed.{hint}")
+            store = self._renumbered(store, state["graph_codes"])
+        options = self._options()
+        if state["options"] != options:
+            saved = state["options"] if isinstance(state["options"], dict) else {}
+            named = [f"{key} (saved {saved.get(key, 'absent')!r}, this {value!r})" for key, value in options.items()
+                     if saved.get(key, "absent") != value] or [f"saved {state['options']!r}"]
+            raise MapMatchedValueError("refusing the server state: it was saved with other options: "
+                                       f"{'; '.join(named)}; nothing was changed")
+        self._restore(lambda: (state["sessions"], state["previous_queries"], store))
+
+    def _load_legacy(self, state: Mapping[str, Any]) -> None:
+        """A format-2 state (``legacy=True``): its options, its entries checksum where it
+        has one, and its parts' own checks."""
+        options = self._options()
+        if state.get("options") != options:
+            raise MapMatchedValueError(f"server state does not match this server: saved options {state.get('options')}, "
+                                       f"these {options}")
         try:
-            # absent in states saved before it existed; present, it must match
             if "entries_checksum" in state and state["entries_checksum"] != _entries_checksum(
                     state["sessions"], state.get("previous_queries", [])):
                 raise MapMatchedValueError(
                     "refusing the server state: the session IDs or previous queries do not match their checksum "
                     "(a damaged file?); nothing was changed")
-            sessions = _parsed_sessions(state["sessions"])
-            previous_queries = _parsed_previous_queries(state.get("previous_queries", []), sessions)
-            store = state["store"]
+        except MapMatchedValueError:
+            raise
+        except Exception as error:
+            raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was "
+                                       "changed") from error
+        self._restore(lambda: (state["sessions"], state.get("previous_queries", []), state["store"]))
+
+    def _renumbered(self, store: Any, graph_codes: Any) -> Dict[str, Any]:
+        """``store`` (a saved store state) with its graph node codes renumbered to this
+        graph's node indices by ``graph_codes`` (``[[saved code, node ID], ...]``), its
+        decoder checksum renewed; MapMatchedValueError when they do not cover the codes."""
+        nodes = self._store.codes.graph_nodes
+        try:
+            decoder = dict(store["decoder"])
+            tensors = dict(decoder["tensors"])
+            codes = tensors["payload.codes"]
+            old = [int(code) for code, _ in graph_codes]
+            new = self.graph.vocabulary.indices_of([str(name) for _, name in graph_codes])
+            mapping = torch.full((nodes,), -1, dtype=torch.long)
+            if old:
+                if len(set(old)) != len(old) or min(old) < 0 or max(old) >= nodes or min(new) < 0:
+                    raise MapMatchedValueError("graph_codes must name distinct saved codes of this graph's node IDs")
+                mapping[torch.tensor(old)] = torch.tensor(new, dtype=torch.long)
+            graph = (codes >= 0) & (codes < nodes)
+            moved = torch.where(graph, mapping[codes.clamp(0, max(nodes - 1, 0))] if nodes else codes, codes)
+            if bool((graph & (moved < 0)).any()):
+                raise MapMatchedValueError("a saved code is missing from graph_codes")
+        except MapMatchedValueError as error:
+            raise MapMatchedValueError(f"refusing to migrate the server state: {error}; nothing was changed") from error
+        except Exception as error:
+            raise MapMatchedValueError(f"refusing to migrate the server state: malformed ({error!r}); nothing was "
+                                       "changed") from error
+        tensors["payload.codes"] = moved
+        decoder["tensors"] = tensors
+        decoder["checksum"] = decoder_checksum(decoder)
+        return dict(store, decoder=decoder)
+
+    def _restore(self, parts: Callable[[], Tuple[Any, Any, Any]]) -> None:
+        """Check the sessions and previous queries, load the store (checked), then commit
+        (``parts``: the saved sessions, previous queries and store)."""
+        try:
+            saved_sessions, saved_previous, store = parts()
+            sessions = _parsed_sessions(saved_sessions)
+            previous_queries = _parsed_previous_queries(saved_previous, sessions)
         except MapMatchedValueError:
             raise
         except Exception as error:  # a malformed entry: say so, change nothing
@@ -779,12 +929,17 @@ class MapMatchedServer:
                 raise MapMatchedResourceError(f"out of memory while restoring the server state ({error!r}): a "
                                               "resource failure, not a malformed state; nothing was changed") from error
             raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
-        self._store.load_state_dict(store, also_check=lambda checked: _check_slots(sessions, checked))
-        self._sessions = sessions
-        decoder = self._store.decoder
-        self._previous_queries = {slot: (text, decoder.length(slot)) for slot, text in previous_queries.items()}
-        # results handed out before keep their own tensors, codes and built paths
-        self._built, self._live_results = BuiltPaths(), []
+        restored: Dict[int, Tuple[str, int]] = {}
+
+        def check(checked: Mapping[str, Any]) -> None:
+            _check_slots(sessions, checked)
+            lengths = checked["tensors"]["lengths"]
+            restored.update((slot, (text, int(lengths[slot]))) for slot, text in previous_queries.items())
+
+        built = BuiltPaths()  # results handed out before keep their own tensors, codes and built paths
+        with deferred_sigint():  # the store's load is all or nothing; then assignments
+            self._store.load_state_dict(store, also_check=check)
+            self._sessions, self._previous_queries, self._built, self._live_results = sessions, restored, built, []
 
     @_serialized
     def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
@@ -795,12 +950,13 @@ class MapMatchedServer:
             torch.save(self.state_dict(), temporary)
 
     @_serialized
-    def load(self, path: Union[str, "os.PathLike[str]"]) -> None:
+    def load(self, path: Union[str, "os.PathLike[str]"], *, migrate: bool = False, legacy: bool = False) -> None:
         """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
         :meth:`load_state_dict`). A torn, truncated or edited file is refused with a
         MapMatchedValueError naming it, and the running server is untouched. Running out
         of memory while reading it raises MapMatchedResourceError (a ``MemoryError``),
-        not the malformed-file error; the server is untouched then too."""
+        not the malformed-file error; the server is untouched then too. ``migrate`` and
+        ``legacy``: as for :meth:`load_state_dict`."""
         try:
             state = torch.load(os.fspath(path), weights_only=True)
         except FileNotFoundError:
@@ -817,7 +973,7 @@ class MapMatchedServer:
                 "(a torn, truncated or foreign file?); nothing was changed"
             ) from error
         try:
-            self.load_state_dict(state)
+            self.load_state_dict(state, migrate=migrate, legacy=legacy)
         except MapMatchedValueError as error:
             raise MapMatchedValueError(f"{os.fspath(path)!r}: {error}") from error
 
@@ -858,9 +1014,13 @@ def _parsed_sessions(entries: Any) -> Dict[SessionId, int]:
     return sessions
 
 
+#: The entries of a format-3 state besides its checksum.
+_STATE_KEYS = frozenset({"version", "options", "graph", "store", "sessions", "previous_queries", "graph_codes"})
+
+
 def _entries_checksum(sessions: Any, previous_queries: Any) -> str:
-    """SHA-256 of the saved session IDs by slot and previous queries (the store carries
-    its own checksum)."""
+    """SHA-256 of the saved session IDs by slot and previous queries of a format-2 state
+    (``legacy=True``; format 3 has one checksum over everything)."""
     text = json.dumps([sessions, previous_queries], sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 

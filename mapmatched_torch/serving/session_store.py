@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import MapMatchedValueError
+from ..core.signals import deferred_sigint
 from ..core.protocols import CorpusGraph, implements
 from ..core.settings import DecodeSettings
 from ..graph.protocols import TensorGraph
@@ -169,19 +170,23 @@ class SessionStore:
     # ------------------------------------------------------------------ slots
 
     def open(self) -> int:
-        """A fresh, empty slot."""
-        slot = self.decoder.allocate()
-        if slot >= self._live.shape[0]:
-            grown = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
-            grown[: self._live.shape[0]] = self._live
-            self._live = grown
-        self._live[slot] = True
-        return slot
+        """A fresh, empty slot (all or nothing: the grown live mask is prepared first)."""
+        slot, capacity = self.decoder.allocation()
+        live = self._live
+        if capacity > live.shape[0]:
+            live = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+            live[: self._live.shape[0]] = self._live
+        with deferred_sigint():
+            allocated = self.decoder.allocate()  # (all or nothing itself)
+            self._live = live
+            live[allocated] = True
+        return allocated
 
     def close(self, slot: int) -> None:
-        """Free a slot (its values are cleared when it is opened again)."""
-        self.decoder.release(slot)
-        self._live[slot] = False
+        """Free a slot (its values are cleared when it is opened again); all or nothing."""
+        with deferred_sigint():
+            self.decoder.release(slot)  # (all or nothing itself)
+            self._live[slot] = False
 
     def live(self) -> Tensor:
         """(C,) bool: which slots are open."""
@@ -480,7 +485,8 @@ class SessionStore:
                 raise MapMatchedValueError(f"refusing the session store state: {problem}; nothing was changed")
 
     def load_state_dict(self, state: Dict[str, object], also_check=None) -> None:
-        """Restore :meth:`state_dict`, validated first (nothing changes if refused)."""
+        """Restore :meth:`state_dict`, validated first (nothing changes if refused), every
+        new object prepared before any is installed."""
         if not isinstance(state, dict) or set(state) != {"decoder", "codes"}:
             raise MapMatchedValueError("refusing the session store state: expected the keys ['codes', 'decoder']")
         codes = ChunkCodes(self.graph)
@@ -491,15 +497,16 @@ class SessionStore:
             if also_check is not None:
                 also_check(decoder_state)
 
-        self.decoder.load_state_dict(state["decoder"], also_check=check)
+        prepared = self.decoder.prepare_load(state["decoder"], also_check=check)
         # new objects, not edits: results handed out before keep reading the old ones
-        self.codes = codes
-        self.contexts = self.contexts.renumbered(codes)
-        live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
+        contexts = self.contexts.renumbered(codes)
         decoder_state = state["decoder"]
+        live = torch.zeros(decoder_state["tensors"]["lengths"].shape[0], dtype=torch.bool, device=self.device)
         live[: decoder_state["allocated"]] = True
         live[list(decoder_state["free"])] = False
-        self._live = live
+        with deferred_sigint():  # all prepared: commit
+            self.decoder.commit_load(prepared)
+            self.codes, self.contexts, self._live = codes, contexts, live
 
 
 def _blank_step(count: int, width: int, device: torch.device, status: Tensor, turns: int = 1) -> TensorStep:

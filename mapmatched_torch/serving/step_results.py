@@ -14,6 +14,7 @@ independent session's exactly. :meth:`StepResults.contexts` and
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -256,7 +257,10 @@ class StepResults(Mapping):
         rows: each decoded session's row of ``step``.
         slots: ``(S,)`` each row's slot.
         built: the server's :class:`BuiltPaths`.
-        eager: rows whose records are built now (:meth:`build_now`).
+        lock: the server's lock: every read that touches the store (a record's turns,
+            the built paths, the context table) holds it, so a read in one thread while
+            another closes the session and its slot is reused reads the turns of this
+            step, never the new session's (None: a lock of its own).
     """
 
     def __init__(
@@ -267,7 +271,9 @@ class StepResults(Mapping):
         rows: Dict[SessionId, int],
         slots: Tensor,
         built: BuiltPaths,
+        lock: Optional[Any] = None,
     ) -> None:
+        self._lock = lock if lock is not None else threading.RLock()
         self._retriever, self._store, self.tensors, self._rows = retriever, store, step, rows
         self._slots, self._built = slots, built
         # what this step's results read, taken now: a later load_state_dict replaces the
@@ -283,6 +289,10 @@ class StepResults(Mapping):
     # ------------------------------------------------------------- the mapping
 
     def __getitem__(self, session_id: SessionId) -> RetrievalResult:
+        with self._lock:
+            return self._get(session_id)
+
+    def _get(self, session_id: SessionId) -> RetrievalResult:
         record = self.record(session_id)
         if record.built:
             return record.result(self._retriever, None)
@@ -316,6 +326,10 @@ class StepResults(Mapping):
     def context_codes(self) -> Tensor:
         """``(S, C)`` long: every row's context as chunk codes (-1 padded; failed rows -1),
         computed on the device once."""
+        with self._lock:
+            return self._context_codes()
+
+    def _context_codes(self) -> Tensor:
         if self._contexts is None:
             step = self.tensors
             if step.contexts is not None:
@@ -344,7 +358,12 @@ class StepResults(Mapping):
     # ---------------------------------------------------------------- records
 
     def record(self, session_id: SessionId) -> StepRecord:
-        """The session's :class:`StepRecord` (made on first call)."""
+        """The session's :class:`StepRecord` (made on first call, holding the lock: its
+        turns are read from the store before another thread can close the slot)."""
+        with self._lock:
+            return self._record(session_id)
+
+    def _record(self, session_id: SessionId) -> StepRecord:
         record = self._records.get(session_id)
         if record is None:
             row = self._rows[session_id]
@@ -371,6 +390,10 @@ class StepResults(Mapping):
         """Build the session's path and trace now (they raise what a session raises) and
         keep them for the next step's reuse (not for a slot closed since: another session
         may hold it)."""
+        with self._lock:
+            self._build(session_id)
+
+    def _build(self, session_id: SessionId) -> None:
         record = self.record(session_id)
         _, path, _, trace = record.decoded(self._retriever)
         slot = self._row_lists()["slots"][self._rows[session_id]]
@@ -379,6 +402,10 @@ class StepResults(Mapping):
 
     def materialize(self) -> Dict[SessionId, RetrievalResult]:
         """Every result, built now (the neighbourhoods in one batched call)."""
+        with self._lock:
+            return self._materialize()
+
+    def _materialize(self) -> Dict[SessionId, RetrievalResult]:
         pending = [key for key in self._rows if not self.record(key).built]
         neighborhoods = self._context_table.neighborhood_ids([self.chunk_id(key) for key in pending])
         for key, neighborhood in zip(pending, neighborhoods):
@@ -387,7 +414,7 @@ class StepResults(Mapping):
 
     def detach(self, slot: int) -> None:
         """Copy ``slot``'s turns out of the store (the server closes the slot, which may be
-        reused): this step's results of it stay readable."""
+        reused): this step's results of it stay readable (the server calls it holding its lock)."""
         if slot in self._detached or slot not in self._row_lists()["slot_set"]:
             return
         self._detached[slot] = tuple(tensor[slot : slot + 1].clone() for tensor in self._payload)

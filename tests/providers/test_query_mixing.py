@@ -346,9 +346,11 @@ def test_a_server_over_a_two_source_mix_equals_independent_sessions_and_keeps_th
     state = server.state_dict()
     assert [slot for slot, _ in state["previous_queries"]] == sorted(server.slots(["a", "b"]).tolist())
     broken = dict(state, previous_queries=[[99, "x"]])
-    del broken["entries_checksum"]  # the entry checks, not the checksum
-    with pytest.raises(ValueError, match="previous_queries"):
+    del broken["checksum"]  # the entry checks, not the checksum
+    with pytest.raises(ValueError, match="no whole-state checksum"):
         server.load_state_dict(broken)
+    with pytest.raises(ValueError, match="previous_queries"):
+        server.load_state_dict(broken, legacy=True)
     server.close("a")
     assert [slot for slot, _ in server.state_dict()["previous_queries"]] == server.slots(["b"]).tolist()
 
@@ -418,9 +420,13 @@ def test_a_server_state_with_a_changed_session_id_or_previous_query_is_refused_a
             fresh.load_state_dict(damaged)
         assert len(fresh) == 0  # nothing changed
     with pytest.raises(ValueError, match="checksum"):  # a cleared checksum is a damaged one
-        fresh.load_state_dict(dict(renamed, entries_checksum=None))
-    older = {key: value for key, value in state.items() if key not in ("entries_checksum", "previous_queries")}
-    fresh.load_state_dict(older)  # a state saved before these entries existed: no previous queries known
+        fresh.load_state_dict(dict(renamed, checksum=None))
+    # a format-2 state saved before previous queries existed: loaded only when asked (legacy=True)
+    older = {"version": 2, "options": state["options"], "store": state["store"], "sessions": state["sessions"]}
+    with pytest.raises(ValueError, match="legacy=True"):
+        fresh.load_state_dict(older)
+    assert len(fresh) == 0
+    fresh.load_state_dict(older, legacy=True)  # no previous queries known
     assert sorted(fresh.session_ids) == ["alice", "bob"] and fresh.state_dict()["previous_queries"] == []
     fresh.load_state_dict(state)
     assert fresh.step({"alice": "query 2"})[0]["alice"] == server.step({"alice": "query 2"})[0]["alice"]

@@ -104,3 +104,47 @@ def test_chunk_ids_and_materialize_equal_the_independent_sessions():
     with pytest.raises(KeyError):
         results["nobody"]
     assert "nobody" not in results and sorted(results) == ["p", "q", "r"]
+
+
+def test_a_result_read_while_another_thread_closes_the_session_and_reuses_its_slot_is_right(monkeypatch):
+    """Issue 36 item 3: the reader is paused right where it reads the session's turns
+    from the store while a writer closes the session, opens another into the same slot
+    and steps it. Holding the server's lock, the reader reads this step's turns; before,
+    it read the new session's."""
+    import threading
+
+    from mapmatched_torch.serving import step_results
+
+    graph = InMemoryCorpusGraph([("a", "b", 1.0), ("b", "c", 1.0), ("x", "y", 1.0)])
+    first = [ScoredCandidate("a", 1.0), ScoredCandidate("b", 0.5)]
+    other = [ScoredCandidate("x", 2.0), ScoredCandidate("y", 0.1), ScoredCandidate("c", 0.3)]
+    expected = MapMatchedRetriever(graph, candidate_limit=3).session().retrieve_candidates(first)
+    original = step_results.StoredTurns.__getitem__
+    for _ in range(3):  # bounded: each round waits at most 0.3 s for the writer
+        server = MapMatchedServer(graph, candidate_limit=3)
+        server.open("alice")
+        results, _ = server.step({"alice": first})
+        reading, written = threading.Event(), threading.Event()
+
+        def paused(self, index, reading=reading, written=written):
+            if not reading.is_set():
+                reading.set()
+                written.wait(0.3)  # (a writer blocked on the lock never sets it)
+            return original(self, index)
+
+        monkeypatch.setattr(step_results.StoredTurns, "__getitem__", paused)
+
+        def writer(server=server, reading=reading, written=written):
+            reading.wait(5)
+            server.close("alice")
+            assert server.open("bob") == 0  # alice's slot
+            server.step({"bob": other})
+            written.set()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        got = results["alice"]
+        thread.join(10)
+        assert not thread.is_alive()
+        assert got == expected
+        assert server.path("bob").chunk_ids == ("x",)
