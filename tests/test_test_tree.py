@@ -57,6 +57,11 @@ TESTED_ELSEWHERE = {
     "fit/sampling.py": ("tests/kernels/test_sampling.py", "tests/fit/test_fitting.py"),
     # fit/threads.py: its doctest, and the byte-for-byte torchrun report it exists for
     "fit/threads.py": ("tests/test_doctests.py", "tests/eval/test_distributed.py"),
+    # fit/: the packing, the loss and the validation metric, split out of fitting.py: tested
+    # with fit_weights in its tests (the files predate the split)
+    "fit/packing.py": ("tests/fit/test_fitting.py", "tests/fit/test_streamed_fit.py"),
+    "fit/loss.py": ("tests/fit/test_fitting.py",),
+    "fit/metric.py": ("tests/fit/test_fitting.py",),
     # eval/: the harness's inputs and plots, tested with the methods and the report
     "eval/candidates.py": ("tests/eval/test_methods.py",),
     "eval/distances.py": ("tests/eval/test_methods.py",),
