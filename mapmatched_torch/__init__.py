@@ -93,7 +93,7 @@ _LAZY = {
     # fitting and sampling
     "fit_weights": ".fit.fitting",
     "FitResult": ".fit.fitting",
-    "set_log_likelihood": ".fit.fitting",
+    "set_log_likelihood": ".fit.loss",
     "sample_paths": ".kernels.sampling",
     "sample_conversations": ".fit.sampling",
     # providers

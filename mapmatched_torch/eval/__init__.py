@@ -1,7 +1,8 @@
 """Offline evaluation: datasets, embedders, metrics, slices, bootstrap and a synthetic benchmark.
 
-- :mod:`~mapmatched_torch.eval.data`: :class:`Dataset` and loaders (normalized JSONL,
-  INSCIT, TopiOCQA, TREC CAsT).
+- :mod:`~mapmatched_torch.eval.data`: :class:`Dataset` (passages, conversations, turns);
+  :mod:`~mapmatched_torch.eval.datasets`: its loaders, one module per format (normalized
+  JSONL and the ``--data`` folder, INSCIT, TopiOCQA, TREC CAsT).
 - :mod:`~mapmatched_torch.eval.embedders`: :class:`HashEmbedder` (no dependencies),
   :class:`WordLlamaEmbedder` and :class:`SentenceTransformerEmbedder` (optional extras).
 - :mod:`~mapmatched_torch.kernels.ranking_metrics`: nDCG@k, Recall@k, reciprocal rank on tensors.
@@ -37,7 +38,8 @@ e.g. ``from mapmatched_torch.eval.bootstrap import paired_bootstrap``.
 
 from __future__ import annotations
 
-from .data import Dataset, load_directory
+from .data import Dataset
+from .datasets import load_directory
 from .embedders import make_embedder
 from .methods import register_method
 from .plots import write_plots

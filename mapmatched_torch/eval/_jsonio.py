@@ -1,6 +1,6 @@
 """Reading JSON and JSON Lines files with error messages that name the file and line.
 
-Private helpers of :mod:`mapmatched_torch.eval.data`. Every error is a
+Private helpers of the dataset loaders (:mod:`mapmatched_torch.eval.datasets`). Every error is a
 :class:`~mapmatched_torch.core.errors.MapMatchedValueError` (a ``ValueError``) whose message
 starts with ``"<path>:<line>: "`` (JSON Lines) or ``"<path>: <where>: "`` (JSON).
 Files ending in ``.gz`` are read through gzip.
@@ -14,12 +14,13 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional, Tuple, TypeVar, Union
 
 from ..core.errors import MapMatchedValueError
 
 __all__ = [
     "PathLike",
+    "wrap",
     "iter_lines",
     "iter_jsonl",
     "read_json",
@@ -191,3 +192,16 @@ def as_optional_bool(value: Any, what: str, where: str) -> Optional[bool]:
     if value is None or isinstance(value, bool):
         return value
     raise MapMatchedValueError(f"{where}: {what} must be true, false or null, got {value!r}")
+
+
+_T = TypeVar("_T")
+
+
+def wrap(where: str, build: Callable[[], _T]) -> _T:
+    """Run ``build()``; prefix a dataclass validation error with ``where``."""
+    try:
+        return build()
+    except MapMatchedValueError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise MapMatchedValueError(f"{where}: {exc}") from exc

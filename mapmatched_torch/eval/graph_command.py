@@ -100,7 +100,7 @@ def _inputs(args: argparse.Namespace) -> Tuple[Any, List[str], Dict[str, Any]]:
             ids = [str(row) for row in range(matrix.shape[0])]
         return matrix, ids, {"embeddings": str(args.embeddings), "dtype": str(matrix.dtype)}
     from .candidates import passage_embedding_text
-    from .data import read_passages
+    from .datasets import read_passages
     from .embedders import make_embedder
 
     passages = read_passages(args.passages)

@@ -1,30 +1,11 @@
-"""Fitting lambda and beta by gradient descent on labelled conversations.
+"""Fitting lambda and beta by gradient descent on labelled conversations: ``fit_weights``.
 
-The model is the Gibbs distribution of the decoder's objective (docs/spec.md section 1)::
-
-    p(x) ∝ exp( sum_t lambda * s_t(x_t) - sum_{t>=1} beta * d(x_{t-1}, x_t) )
-
-over the paths x of a conversation's trellis. A conversation is a list of turns
-``(candidates, relevant)``: ``candidates`` a sequence of
-:class:`~mapmatched_torch.core.models.ScoredCandidate` (provider order), ``relevant`` a
-collection of relevant chunk IDs (empty when the turn is unlabelled).
-
-**Loss.** The negative log-likelihood of the labels, marginalizing what they do not
-say::
-
-    nll = log Z - log Z(relevant)
-
-where ``Z(relevant)`` sums ``exp(score)`` over the paths that, at every *usable* turn,
-pass through one of that turn's relevant candidates (several relevant candidates are
-alternatives: their paths are summed, not multiplied). A turn is
-
-- *usable* when at least one relevant chunk is among its candidates;
-- *gold-missing* when it has relevant chunks but none among its candidates;
-- *unlabelled* when ``relevant`` is empty.
-
-Gold-missing and unlabelled turns constrain nothing: every path through them counts,
-so they are marginalized out (and counted in :class:`FitResult`, never dropped
-silently). :func:`set_log_likelihood` is that log-likelihood on tensors.
+The data are labelled conversations (:mod:`~mapmatched_torch.fit.packing`: turns
+``(candidates, relevant)``, usable, gold-missing and unlabelled turns), the loss is the
+negative log-likelihood of the labels (:mod:`~mapmatched_torch.fit.loss`), the
+validation metric nDCG@3 of the decoded path (:mod:`~mapmatched_torch.fit.metric`).
+This module is the optimisation around them: the split, the batches (sharded over
+ranks), the optimizer's iterations, the history and early stopping.
 
 **Objective.** ``mean NLL per usable training turn + l2 * ((lambda - c_l)^2 + (beta -
 c_b)^2)``, with the prior centre ``(c_l, c_b)`` the initial weights
@@ -32,14 +13,6 @@ c_b)^2)``, with the prior centre ``(c_l, c_b)`` the initial weights
 projected onto >= 0 after every optimizer step. The graph and the normalization are
 fixed: normalized scores, distances and relevance masks are computed once per batch
 before the first iteration, so every iteration is pure tensor work.
-
-**Validation metric.** nDCG@3 of the decoded path: each turn's ranking is its decoded
-chunk first, then the turn's other candidates by decreasing normalized score (ties to
-provider order); gain 1 for a relevant chunk; the ideal DCG counts all of the turn's
-relevant chunks, also those missing from its candidates
-(:func:`~mapmatched_torch.kernels.ranking_metrics.ndcg_at_k`'s trec_eval convention). The mean
-runs over the labelled validation turns (gold-missing ones included: they score 0
-before and after).
 """
 
 from __future__ import annotations
@@ -47,43 +20,36 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from ..core.progress import progress_bar, progress_wanted
-from ..core.checks import (
-    check_choice,
-    check_chunk_id,
-    check_finite,
-    check_nonnegative_int,
-    check_positive_int,
-    check_weight,
-    duplicate_ids_error,
-)
+from ..core.checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_weight
 from ..core.errors import MapMatchedValueError
-from ..core.models import DecoderCandidate, trusted_constructor
 from ..core.protocols import CorpusGraph
 from ..core.sharding import shard
-from ..core.scoring import check_score_normalization, normalize_scores
+from ..core.scoring import check_score_normalization
 from ..core.settings import DecodeSettings
-from ..kernels import decode
-from ..kernels.ranking_metrics import SparseQrels, ndcg_at_k
-from ..retrieval.trellis import consecutive_distances, pack_trellises
+# moved to their own modules; still importable from here (not in __all__)
+from .metric import NDCG_K, _decoded_first, decoded_ndcg, decoded_ndcg_per_turn  # noqa: F401
+from .loss import batch_nll, set_log_likelihood  # noqa: F401
 from .model import MapMatchedModel
+from .packing import (  # noqa: F401
+    LabelledBatch,
+    TurnCounts,
+    _Checked,
+    _check_conversation,
+    _check_dtype,
+    _pack,
+    pack_conversations,
+)
 from .threads import one_thread
 
 __all__ = [
     "OPTIMIZERS",
     "L2_CENTERS",
-    "set_log_likelihood",
-    "TurnCounts",
-    "LabelledBatch",
-    "pack_conversations",
-    "batch_nll",
-    "decoded_ndcg_per_turn",
-    "decoded_ndcg",
     "FitStep",
     "FitResult",
     "fit_weights",
@@ -93,310 +59,8 @@ __all__ = [
 OPTIMIZERS = ("lbfgs", "adam")
 #: The accepted values of ``l2_center``.
 L2_CENTERS = ("init", "zero")
-#: The cut-off of the validation metric.
-NDCG_K = 3
 
 _DEFAULT_LR = {"lbfgs": 1.0, "adam": 0.05}
-
-_candidate = trusted_constructor(DecoderCandidate)
-
-
-# ------------------------------------------------------------------------------ loss
-
-
-def set_log_likelihood(emissions: Tensor, transitions: Tensor, mask: Tensor, relevant: Tensor) -> Tensor:
-    """Log-probability that the path meets a relevant candidate at every usable turn.
-
-    ``log Z(allowed) - log Z`` with ``allowed = mask`` narrowed, at every turn that has
-    a relevant real candidate, to its relevant candidates (the set-valued form of
-    :func:`~mapmatched_torch.kernels.decode.log_likelihood`). Turns without a relevant real
-    candidate (unlabelled, or gold not among the candidates) keep their whole mask, so
-    the narrowed mask still has every real turn non-empty, as
-    :func:`~mapmatched_torch.kernels.decode.log_partition` requires.
-
-    Args:
-        emissions: ``(B, T, M)`` float weighted emissions.
-        transitions: ``(B, T-1, M, M)`` weighted transitions ``[b, t, from, to]``.
-        mask: ``(B, T, M)`` bool real candidates.
-        relevant: ``(B, T, M)`` bool relevant candidates (ignored at padding).
-
-    Returns:
-        ``(B,)`` log-likelihoods, <= 0 up to rounding (exactly 0 for a conversation
-        without a usable turn); differentiable in emissions and transitions.
-
-    Cost: two :func:`~mapmatched_torch.kernels.decode.log_partition` passes, O(B T M^2).
-
-    Example:
-        >>> e = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]], dtype=torch.float64)
-        >>> tr = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
-        >>> mask = torch.ones(1, 2, 2, dtype=torch.bool)
-        >>> relevant = torch.tensor([[[True, False], [False, False]]])
-        >>> set_log_likelihood(e, tr, mask, relevant).exp()  # turn 1 is marginalized
-        tensor([0.5000], dtype=torch.float64)
-    """
-    if not isinstance(relevant, Tensor) or relevant.dtype != torch.bool or relevant.shape != getattr(mask, "shape", None):
-        raise MapMatchedValueError(
-            f"relevant must be a bool tensor of the mask's shape {tuple(getattr(mask, 'shape', ()))}, got "
-            f"{getattr(relevant, 'dtype', type(relevant).__name__)} of shape {tuple(getattr(relevant, 'shape', ()))}"
-        )
-    return decode.log_likelihood(emissions, transitions, mask, relevant)
-
-
-# ------------------------------------------------------------------------- packing
-
-
-@dataclass(frozen=True)
-class TurnCounts:
-    """How many conversations and turns a set holds, by label status.
-
-    Attributes:
-        conversations: number of conversations.
-        turns: number of turns.
-        labelled: turns with at least one relevant chunk ID (usable + gold-missing).
-        gold_missing: labelled turns none of whose relevant chunks is a candidate.
-        unlabelled: turns without relevant chunk IDs (``turns - labelled``).
-    """
-
-    conversations: int = 0
-    turns: int = 0
-    labelled: int = 0
-    gold_missing: int = 0
-    unlabelled: int = 0
-
-    @property
-    def usable(self) -> int:
-        """Turns that constrain the loss: ``labelled - gold_missing``."""
-        return self.labelled - self.gold_missing
-
-    def __add__(self, other: "TurnCounts") -> "TurnCounts":
-        return TurnCounts(*(a + b for a, b in zip(self._values(), other._values())))
-
-    def _values(self) -> Tuple[int, ...]:
-        return (self.conversations, self.turns, self.labelled, self.gold_missing, self.unlabelled)
-
-
-class _Checked(NamedTuple):
-    """One validated conversation: normalized trellis and relevant ID sets per turn."""
-
-    trellis: Tuple[Tuple[DecoderCandidate, ...], ...]
-    relevant: Tuple[FrozenSet[str], ...]
-
-    def counts(self) -> TurnCounts:
-        labelled = [bool(ids) for ids in self.relevant]
-        missing = sum(
-            1 for turn, ids in zip(self.trellis, self.relevant) if ids and not any(c.chunk_id in ids for c in turn)
-        )
-        return TurnCounts(1, len(labelled), sum(labelled), missing, labelled.count(False))
-
-
-def _check_relevant(relevant: Any, where: str) -> FrozenSet[str]:
-    if relevant is None:
-        return frozenset()
-    if isinstance(relevant, (str, bytes)) or not isinstance(relevant, Iterable):
-        raise MapMatchedValueError(
-            f"{where}: relevant must be a collection of chunk IDs (e.g. a set), got {type(relevant).__name__}"
-        )
-    ids = frozenset(relevant)
-    for chunk_id in ids:
-        if not isinstance(chunk_id, str) or not chunk_id:
-            raise MapMatchedValueError(f"{where}: relevant chunk IDs must be non-empty strings, got {chunk_id!r}")
-    return ids
-
-
-def _check_candidates(candidates: Any, where: str, method: str) -> Tuple[DecoderCandidate, ...]:
-    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Iterable):
-        raise MapMatchedValueError(f"{where}: candidates must be a sequence of ScoredCandidate")
-    candidates = tuple(candidates)
-    if not candidates:
-        raise MapMatchedValueError(f"{where} has no candidates (every turn needs at least one)")
-    ids = [check_chunk_id(getattr(c, "chunk_id", None), f"{where} candidate {m} chunk ID") for m, c in enumerate(candidates)]
-    raw = [check_finite(getattr(c, "score", None), f"{where} candidate {m} ({ids[m]!r}) score")
-           for m, c in enumerate(candidates)]
-    normalized = [check_finite(value, f"{where} candidate {m} ({ids[m]!r}) normalized score")
-                  for m, value in enumerate(normalize_scores(raw, method))]
-    if len(set(ids)) != len(ids):
-        duplicate = next(chunk_id for chunk_id in ids if ids.count(chunk_id) > 1)
-        raise duplicate_ids_error(where, duplicate)
-    return tuple(map(_candidate, ids, raw, normalized))  # every field checked just above
-
-
-def _check_conversation(conversation: Any, index: int, method: str) -> _Checked:
-    """Validate and normalize one conversation; errors name it (and the turn)."""
-    if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Iterable):
-        raise MapMatchedValueError(f"conversation {index} must be a sequence of (candidates, relevant) turns")
-    turns = tuple(conversation)
-    if not turns:
-        raise MapMatchedValueError(f"conversation {index} has no turns")
-    trellis, relevant = [], []
-    for t, turn in enumerate(turns):
-        where = f"conversation {index} turn {t}"
-        if isinstance(turn, (str, bytes)) or not isinstance(turn, Sequence) or len(turn) != 2:
-            raise MapMatchedValueError(f"{where} must be a pair (candidates, relevant)")
-        trellis.append(_check_candidates(turn[0], where, method))
-        relevant.append(_check_relevant(turn[1], where))
-    return _Checked(tuple(trellis), tuple(relevant))
-
-
-class LabelledBatch(NamedTuple):
-    """A padded batch of labelled conversations, ready for the loss and the metric.
-
-    Attributes:
-        scores: ``(B, T, M)`` normalized scores (0 at padding), in the fit's dtype.
-        distances: ``(B, T-1, M, M)`` raw graph distances ``[b, t, from, to]``.
-        mask: ``(B, T, M)`` bool real candidates.
-        relevant: ``(B, T, M)`` bool, the candidate is relevant.
-        labelled: ``(B, T)`` bool, the turn has relevant chunk IDs (maybe not among
-            its candidates).
-        qrels: :class:`~mapmatched_torch.kernels.ranking_metrics.SparseQrels` of the B*T turns
-            (row ``b * T + t``): ids are candidate indices within the turn, ``-1`` (grade
-            1) for a relevant chunk that is not a candidate.
-        chunk_ids: B tuples of turns of candidate chunk IDs.
-        n_usable: the number of usable turns (a relevant chunk among the candidates),
-            counted once at packing so that the loss never synchronizes for it.
-    """
-
-    scores: Tensor
-    distances: Tensor
-    mask: Tensor
-    relevant: Tensor
-    labelled: Tensor
-    qrels: SparseQrels
-    chunk_ids: Tuple[Tuple[Tuple[str, ...], ...], ...]
-    n_usable: int
-
-    @property
-    def usable(self) -> Tensor:
-        """``(B, T)`` bool: a relevant chunk is among the turn's candidates."""
-        return (self.mask & self.relevant).any(dim=-1)
-
-
-def _qrels_rows(checked: Sequence[_Checked], turns: int) -> SparseQrels:
-    """Per-turn qrels in candidate-index space, rows ``b * T + t``."""
-    rows: List[List[int]] = []
-    for conversation in checked:
-        for t in range(turns):
-            if t >= len(conversation.trellis):
-                rows.append([])
-                continue
-            ids = conversation.relevant[t]
-            hits = [m for m, c in enumerate(conversation.trellis[t]) if c.chunk_id in ids]
-            rows.append(hits + [-1] * (len(ids) - len(hits)))
-    width = max([1] + [len(row) for row in rows])
-    ids = [row + [-1] * (width - len(row)) for row in rows]
-    grades = [[1.0] * len(row) + [0.0] * (width - len(row)) for row in rows]
-    return SparseQrels(torch.tensor(ids, dtype=torch.long).reshape(len(rows), width),
-                       torch.tensor(grades, dtype=torch.float64).reshape(len(rows), width))
-
-
-def _pack(checked: Sequence[_Checked], graph: CorpusGraph, dtype: torch.dtype, device: torch.device) -> LabelledBatch:
-    """Pad validated conversations into a :class:`LabelledBatch` (one distance query)."""
-    packed = pack_trellises([c.trellis for c in checked], dtype=dtype, device=device)
-    batch, turns, width = packed.shape
-    relevant = [[[False] * width for _ in range(turns)] for _ in checked]
-    labelled = [[False] * turns for _ in checked]
-    for b, conversation in enumerate(checked):
-        for t, (turn, ids) in enumerate(zip(conversation.trellis, conversation.relevant)):
-            labelled[b][t] = bool(ids)
-            for m, candidate in enumerate(turn):
-                relevant[b][t][m] = candidate.chunk_id in ids
-    distances = consecutive_distances(packed.chunk_ids, graph, turns=turns, width=width, device=device)
-    return LabelledBatch(
-        scores=packed.scores,
-        distances=distances.to(dtype),
-        mask=packed.mask,
-        relevant=torch.tensor(relevant, dtype=torch.bool, device=device).reshape(batch, turns, width),
-        labelled=torch.tensor(labelled, dtype=torch.bool, device=device).reshape(batch, turns),
-        qrels=_qrels_rows(checked, turns).to(device),
-        chunk_ids=packed.chunk_ids,
-        n_usable=sum(c.counts().usable for c in checked),
-    )
-
-
-def pack_conversations(
-    conversations: Sequence[Any],
-    graph: CorpusGraph,
-    *,
-    score_normalization: str = "zscore",
-    dtype: torch.dtype = torch.float64,
-    device: Optional[Union[str, torch.device]] = None,
-) -> LabelledBatch:
-    """Validate, normalize and pad labelled conversations into one :class:`LabelledBatch`.
-
-    Args:
-        conversations: B >= 1 conversations, each a non-empty list of turns
-            ``(candidates, relevant)`` (see the module docstring).
-        graph: the corpus graph (``CorpusGraph``; a tensor graph's batched distance
-            search is used when present).
-        score_normalization: ``"zscore"`` (default), ``"center"`` or ``"none"``,
-            applied per turn to the raw scores.
-        dtype: floating dtype of scores and distances. device: where they live.
-
-    Returns:
-        A :class:`LabelledBatch`.
-
-    Raises:
-        MapMatchedValueError: an empty conversation or turn, a non-finite score,
-            duplicate chunk IDs in a turn, a malformed turn (naming conversation and
-            turn), or a bad option.
-
-    Cost: O(B T M) Python work plus the distance queries (O(B T M^2) pairs).
-    """
-    method = check_score_normalization(score_normalization)
-    conversations = list(conversations)
-    if not conversations:
-        raise MapMatchedValueError("need at least one conversation")
-    checked = [_check_conversation(c, i, method) for i, c in enumerate(conversations)]
-    return _pack(checked, graph, _check_dtype(dtype), torch.device(device or "cpu"))
-
-
-def batch_nll(model: MapMatchedModel, batch: LabelledBatch) -> Tensor:
-    """``(B,)`` negative log-likelihoods ``log Z - log Z(relevant)`` under ``model``'s weights.
-
-    Differentiable in ``model.emission_weight`` and ``model.transition_weight``.
-    Cost: two log-partition passes, O(B T M^2).
-    """
-    emissions = model.emissions(batch.scores, batch.mask)
-    transitions = model.transitions(batch.distances, batch.mask)
-    return -set_log_likelihood(emissions, transitions, batch.mask, batch.relevant)
-
-
-def _decoded_first(paths: Tensor, scores: Tensor, mask: Tensor) -> Tensor:
-    """``(B, T, M)`` candidate indices per turn: the decoded one, then the others by
-    decreasing score (stable: ties to provider order); -1 at padding."""
-    candidates = torch.arange(mask.shape[2], device=mask.device)
-    # shape: (B, T, M) sort keys
-    keys = torch.where(mask, scores, -math.inf)
-    keys = torch.where(candidates == paths.unsqueeze(2), math.inf, keys)
-    order = torch.sort(keys, dim=2, descending=True, stable=True).indices
-    return torch.where(mask.gather(2, order), order, -1)
-
-
-@torch.no_grad()
-def decoded_ndcg_per_turn(model: MapMatchedModel, batch: LabelledBatch, k: int = NDCG_K) -> Tensor:
-    """``(B, T)`` float64 nDCG@k of the decoded path, turn by turn.
-
-    Each turn's ranking is its decoded (Viterbi) candidate first, then its other
-    candidates by decreasing normalized score (ties to provider order); gain 1 per
-    relevant chunk, ideal DCG over all the turn's relevant chunks (see the module
-    docstring). 0.0 at unlabelled turns and padding: average over ``batch.labelled``.
-
-    Cost: one Viterbi decode, O(B T M^2), plus O(B T M log M).
-    """
-    paths = model.decode(batch.scores, batch.distances, batch.mask).paths
-    ranked = _decoded_first(paths, batch.scores, batch.mask)
-    batch_size, turns, width = ranked.shape
-    return ndcg_at_k(ranked.reshape(batch_size * turns, width), batch.qrels, k).reshape(batch_size, turns)
-
-
-def decoded_ndcg(model: MapMatchedModel, batch: LabelledBatch, k: int = NDCG_K) -> Tuple[float, int]:
-    """nDCG@k of the decoded path, summed over the batch's labelled turns.
-
-    Returns:
-        ``(sum of nDCG@k over labelled turns, number of labelled turns)``; divide for
-        the mean. See :func:`decoded_ndcg_per_turn`.
-    """
-    values = decoded_ndcg_per_turn(model, batch, k)
-    return float(values[batch.labelled].sum()), int(batch.labelled.sum())
 
 
 # ---------------------------------------------------------------------------- fitting
@@ -476,13 +140,6 @@ class FitResult:
     def validation_losses(self) -> List[Optional[float]]:
         """The validation loss of every history entry (None without validation)."""
         return [step.validation_loss for step in self.history]
-
-
-def _check_dtype(dtype: Any) -> torch.dtype:
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise MapMatchedValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    return dtype
-
 
 def _check_positive_number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
@@ -924,3 +581,4 @@ def _optimize(objective: _Objective, optimizer: torch.optim.Optimizer, iteration
                 stopped = "early_stopping"
                 break
     return history, stopped, best
+

@@ -22,7 +22,7 @@ from ..core.protocols import CorpusGraph
 from ..kernels.sampling import sample_paths
 from ..kernels.transitions import weighted_transitions
 from ..standalone import InMemoryCorpusGraph
-from .fitting import pack_conversations
+from .packing import pack_conversations
 
 __all__ = ["sample_paths", "random_graph", "SampledConversations", "sample_conversations"]
 

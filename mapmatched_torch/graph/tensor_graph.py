@@ -22,32 +22,37 @@ Conventions:
 - A ball table (:meth:`TensorCorpusGraph.precompute_balls`, :mod:`.balls`) stores those
   source rows cut at the bound: with one attached, every distance is a binary search in
   the source's ball, with the same values.
+
+Conversions from and to edges, torch_geometric and networkx live in :mod:`.convert`;
+the ``from_*`` / ``to_*`` methods here are thin wrappers over them.
+
+Why over 700 lines: it is one class, the graph's whole public API (the protocol, the
+batched distances, neighbourhoods, the dense and ball tables); about 330 of its lines
+are the docstrings of those public methods.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..core.checks import check_chunk_id, check_not_a_string, check_positive_finite, check_positive_int
-from ..core.errors import MapMatchedValueError, MissingDependencyError, NetworkXNotInstalledError
+from ..core.errors import MapMatchedValueError
 from ..core.graph_types import (
     CacheInfo,
     EdgeLike,
     check_neighborhood_centre,
     check_neighborhood_radius,
-    check_node_id,
-    coerce_edge,
     empty_distance_ids_error,
 )
-from ..core.optional import import_optional
 from ..kernels.ragged import padded_rows
 from ..standalone.graph import InMemoryCorpusGraph
-from ._csr import CSRAdjacency, build_csr, infer_num_nodes
+from ._csr import CSRAdjacency
 from ._memory import rows_per_chunk
+from . import convert
 from .cache import DistanceCache
 from .balls import BallTable, ball_distances, build_ball_table
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
@@ -152,25 +157,12 @@ class TensorCorpusGraph:
             ValueError: empty IDs, non-positive or non-finite distances (naming the
                 edge), a malformed edge, a bad ``maximum_distance``.
 
-        Cost: O(E) Python work to read the edges, then :func:`build_csr`.
+        Cost: O(E) Python work to read the edges, then :func:`~._csr.build_csr`.
         """
-        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
-        positions: dict = {}
-        for node in check_not_a_string(nodes, "nodes"):
-            positions.setdefault(check_node_id(node), len(positions))
-        sources: List[int] = []
-        targets: List[int] = []
-        weights: List[float] = []
-        for position, item in enumerate(check_not_a_string(edges, "edges")):
-            edge = coerce_edge(item, position)
-            sources.append(positions.setdefault(edge.source_chunk_id, len(positions)))
-            targets.append(positions.setdefault(edge.target_chunk_id, len(positions)))
-            weights.append(edge.distance)
-        edge_index = torch.tensor([sources, targets], dtype=torch.long, device=device).view(2, -1)
-        edge_weight = torch.tensor(weights, dtype=torch.float64, device=device)
-        return cls._build(
-            edge_index, edge_weight, ChunkVocabulary(positions), directed, maximum_distance, options
+        parts = convert.from_edges(
+            edges, nodes=nodes, directed=directed, maximum_distance=maximum_distance, device=device
         )
+        return cls._build(parts, options)
 
     @classmethod
     def from_graph(cls, graph: InMemoryCorpusGraph, *, device: Device = None, **options: Any) -> "TensorCorpusGraph":
@@ -219,22 +211,11 @@ class TensorCorpusGraph:
                 edge), an inferred N far beyond the nodes named (a stray index),
                 ``num_nodes`` disagreeing with ``chunk_ids``, a bad distance (naming the edge).
         """
-        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
-        if not isinstance(edge_index, torch.Tensor):
-            raise MapMatchedValueError(f"edge_index must be a (2, E) tensor, got {type(edge_index).__name__}")
-        if chunk_ids is not None:
-            vocabulary = ChunkVocabulary(chunk_ids)
-            if num_nodes is not None and num_nodes != len(vocabulary):
-                raise MapMatchedValueError(f"num_nodes={num_nodes!r} but {len(vocabulary)} chunk_ids were given")
-        else:
-            if num_nodes is None:
-                num_nodes = infer_num_nodes(edge_index)
-            if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-                raise MapMatchedValueError(f"num_nodes must be a nonnegative int, got {num_nodes!r}")
-            vocabulary = ChunkVocabulary(str(index) for index in range(num_nodes))
-        if edge_weight is None and edge_index.dim() == 2:
-            edge_weight = torch.ones(edge_index.shape[-1], dtype=torch.float64, device=edge_index.device)
-        return cls._build(edge_index, edge_weight, vocabulary, directed, maximum_distance, options)
+        parts = convert.from_edge_index(
+            edge_index, edge_weight, chunk_ids=chunk_ids, num_nodes=num_nodes, directed=directed,
+            maximum_distance=maximum_distance,
+        )
+        return cls._build(parts, options)
 
     @classmethod
     def from_networkx(
@@ -261,34 +242,15 @@ class TensorCorpusGraph:
             ValueError: a node that is not a non-empty string (relabel with
                 ``networkx.relabel_nodes(graph, str)``), a bad distance.
         """
-        _networkx("TensorCorpusGraph.from_networkx")
-        maximum_distance = check_positive_finite(maximum_distance, "maximum_distance")
-        vocabulary = ChunkVocabulary(graph.nodes)
-        sources: List[int] = []
-        targets: List[int] = []
-        weights: List[float] = []
-        for source, target, distance in graph.edges(data=weight, default=1.0):
-            sources.append(vocabulary.index_of(source))
-            targets.append(vocabulary.index_of(target))
-            weights.append(_edge_distance(distance, source, target))
-        edge_index = torch.tensor([sources, targets], dtype=torch.long, device=device).view(2, -1)
-        edge_weight = torch.tensor(weights, dtype=torch.float64, device=device)
-        return cls._build(edge_index, edge_weight, vocabulary, graph.is_directed(), maximum_distance, options)
+        parts = convert.from_networkx(graph, weight=weight, maximum_distance=maximum_distance, device=device)
+        return cls._build(parts, options)
 
     @classmethod
-    def _build(
-        cls,
-        edge_index: torch.Tensor,
-        edge_weight: Optional[torch.Tensor],
-        vocabulary: ChunkVocabulary,
-        directed: bool,
-        maximum_distance: float,
-        options: dict,
-    ) -> "TensorCorpusGraph":
-        adjacency = build_csr(
-            edge_index, edge_weight, len(vocabulary), directed=directed, describe_node=vocabulary.__getitem__
+    def _build(cls, parts: convert.GraphParts, options: dict) -> "TensorCorpusGraph":
+        return cls(
+            parts.adjacency, parts.vocabulary, maximum_distance=parts.maximum_distance, directed=parts.directed,
+            **options,
         )
-        return cls(adjacency, vocabulary, maximum_distance=maximum_distance, directed=directed, **options)
 
     # ------------------------------------------------------------------ structure
 
@@ -385,17 +347,12 @@ class TensorCorpusGraph:
     def to_edge_index(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(edge_index (2, E) int64, edge_weight (E,) float64)`` of every stored arc,
         sorted by (source, target); an undirected graph lists both directions."""
-        return self._adjacency.edge_index(), self._adjacency.weights.clone()
+        return convert.to_edge_index(self)
 
     def to_data(self) -> Any:
         """A ``torch_geometric.data.Data`` with ``edge_index``, ``edge_weight``,
         ``num_nodes`` and ``chunk_ids`` (a list of the N IDs)."""
-        from torch_geometric.data import Data
-
-        edge_index, edge_weight = self.to_edge_index()
-        return Data(
-            edge_index=edge_index, edge_weight=edge_weight, num_nodes=self.num_nodes, chunk_ids=list(self.nodes)
-        )
+        return convert.to_data(self)
 
     def to_networkx(self) -> Any:
         """A ``networkx.DiGraph`` (directed) or ``Graph`` with the nodes in index order
@@ -404,19 +361,7 @@ class TensorCorpusGraph:
         Raises:
             NetworkXNotInstalledError: networkx is missing (the ``[networkx]`` extra).
         """
-        nx = _networkx("TensorCorpusGraph.to_networkx")
-        result = nx.DiGraph() if self._directed else nx.Graph()
-        result.add_nodes_from(self.nodes)
-        edge_index, edge_weight = self.to_edge_index()
-        keep = torch.ones_like(edge_weight, dtype=torch.bool) if self._directed else edge_index[0] < edge_index[1]
-        ids = self.nodes
-        result.add_weighted_edges_from(
-            (ids[source], ids[target], weight)
-            for source, target, weight in zip(
-                edge_index[0, keep].tolist(), edge_index[1, keep].tolist(), edge_weight[keep].tolist()
-            )
-        )
-        return result
+        return convert.to_networkx(self)
 
     # ------------------------------------------------------------------ indexing
 
@@ -875,22 +820,3 @@ class TensorCorpusGraph:
     def clear_cache(self) -> None:
         """Drop every cached distance and reset the counters."""
         self._cache.clear()
-
-
-
-def _networkx(feature: str) -> Any:
-    """The networkx module, or :class:`NetworkXNotInstalledError` naming the extra."""
-    try:
-        return import_optional("networkx", "networkx", feature)
-    except MissingDependencyError as exc:
-        raise NetworkXNotInstalledError(feature) from exc.__cause__
-
-
-def _edge_distance(value: Any, source: Any, target: Any) -> float:
-    """A networkx edge attribute as a float (validated later with the other distances)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise MapMatchedValueError(
-            f"edge {source!r} -> {target!r} has a non-numeric distance {value!r}"
-        ) from None

@@ -1,15 +1,17 @@
-"""What the framework retriever adapters (LangChain, LlamaIndex) share.
+"""The conversation behind a framework retriever adapter (LangChain, LlamaIndex).
 
 A framework retriever answers one query with a list of documents. Map-matched
 retrieval answers one *turn of a conversation*: :class:`Conversation` is that
 conversation behind an adapter -- a :class:`~mapmatched_torch.MapMatchedSession`, or one
 session of a :class:`~mapmatched_torch.serving.MapMatchedServer` -- with a guard that
 refuses two concurrent turns. :class:`ConversationViews` gives both adapters the same
-properties and turn methods; :func:`context_contents` and :func:`entry_metadata` turn a
-:class:`~mapmatched_torch.core.models.RetrievalResult` into what each adapter's documents
-carry, so both ecosystems report a turn identically. :class:`TextMemory` is the
-bounded memory of chunk texts both framework providers keep, and
-:class:`FrameworkProvider` their shared properties, ``repr`` and ``forget``.
+properties and turn methods; :func:`adapter_arguments` checks and opens what both
+adapter builders need.
+
+What the adapters share besides: the text of chunks (``TextMemory``,
+``FrameworkProvider``, the text options' checks) is in :mod:`._chunk_text`, the report
+of a turn (``context_contents``, ``entry_metadata``) in :mod:`._turn_report`; their
+names are still importable from here.
 
 No framework is imported here.
 """
@@ -17,215 +19,33 @@ No framework is imported here.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import numbers
 import threading
-import warnings
 import weakref
-from collections import OrderedDict
-from collections.abc import Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-from ..core.checks import check_choice
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
-from ..core.models import DecoderCandidate, RetrievalResult, RetrievalTrace
-from ..core.protocols import CandidatesMethod, contextual_call, provider_answer
-from ..core.scoring import normalize_candidates
-from ..providers.base import check_name
+from ..core.models import RetrievalResult, RetrievalTrace
+from ..core.protocols import contextual_call, provider_answer
 from ..retrieval.session import MapMatchedRetriever, MapMatchedSession
 
-__all__ = [
-    "Conversation",
-    "ConversationViews",
-    "ContextEntry",
-    "DEFAULT_MEMORY",
-    "FrameworkProvider",
-    "MISSING_TEXT",
-    "ROLES",
-    "TextMemory",
-    "adapter_arguments",
-    "check_lookup",
-    "check_metadata_key",
-    "check_missing_text",
-    "check_remember",
-    "context_contents",
-    "context_entries",
-    "entry_metadata",
-    "warn_without_text",
-]
+# moved to their own modules; still importable from here (not in __all__)
+from ._chunk_text import (  # noqa: F401
+    DEFAULT_MEMORY,
+    MISSING_TEXT,
+    FrameworkProvider,
+    TextMemory,
+    check_lookup,
+    check_metadata_key,
+    check_missing_text,
+    check_remember,
+    warn_without_text,
+)
+from ._turn_report import ROLES, ContextEntry, context_contents, context_entries, entry_metadata  # noqa: F401
 
-#: The values of ``missing_text`` (what an adapter does with a context chunk, other
-#: than the decoded one, whose text it cannot find): leave it out, or include it with
-#: empty text. The decoded chunk is always returned.
-MISSING_TEXT = ("skip", "empty")
-
-#: The ``role`` of a context chunk: the decoded chunk of the turn; another candidate of
-#: the turn; a chunk that only the graph neighbourhood brought in.
-ROLES = ("decoded", "candidate", "neighbor")
-
-#: How many chunks a framework provider remembers with ``remember=True`` (and, as many
-#: again, chunk IDs its store did not have).
-DEFAULT_MEMORY = 65536
+__all__ = ["Conversation", "ConversationViews", "adapter_arguments"]
 
 _NO_SESSION_ID = object()
-
-
-def check_missing_text(value: Any) -> str:
-    """``missing_text`` must be one of :data:`MISSING_TEXT`."""
-    return check_choice("missing_text", value, MISSING_TEXT)
-
-
-def check_metadata_key(value: Any) -> str:
-    """The metadata key under which the adapters put their per-chunk report."""
-    return check_name(value, "metadata_key")
-
-
-def check_lookup(value: Any, name: str) -> Optional[Callable[[str], Any]]:
-    """A text source given by the user: None, a mapping chunk ID -> content, or a
-    callable chunk ID -> content (None when unknown). Returned as a callable."""
-    if value is None:
-        return None
-    if isinstance(value, Mapping):
-        return value.get
-    if callable(value):
-        return value
-    raise MapMatchedValueError(
-        f"{name} must be a mapping or a callable chunk_id -> content, got {type(value).__name__}"
-    )
-
-
-def check_remember(value: Any) -> int:
-    """``remember=`` of a framework provider as a capacity: True -> :data:`DEFAULT_MEMORY`,
-    False -> 0 (remember nothing), an int >= 0 -> that many chunks."""
-    if value is True:
-        return DEFAULT_MEMORY
-    if value is False:
-        return 0
-    if isinstance(value, numbers.Integral) and value >= 0:
-        return int(value)
-    raise MapMatchedValueError(f"remember must be True, False or a capacity (an int >= 0), got {value!r}")
-
-
-# --------------------------------------------------------------------------- the text of chunks
-
-
-def _warn_unknown_text(source: str, chunk_ids: Sequence[str], reason: str) -> None:
-    noun = "chunk" if len(chunk_ids) == 1 else "chunks"
-    warnings.warn(
-        f"{source}: no text for {noun} {', '.join(map(repr, chunk_ids))}: {reason}; treated as unknown text",
-        UserWarning,
-        stacklevel=2,
-    )
-
-
-class TextMemory:
-    """A framework provider's memory of chunk texts: bounded, least recently used out.
-
-    It keeps the content (a ``Document``, a node) of up to ``capacity`` chunks the
-    provider has seen, and up to ``capacity`` chunk IDs its store did not have (so they
-    are not asked again; the oldest of these marks go first, and :meth:`forget` drops
-    them all, e.g. after documents were added to the store). ``capacity=0`` remembers
-    nothing. Thread-safe: server sessions search concurrently.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._known: "OrderedDict[str, Any]" = OrderedDict()
-        self._absent: "OrderedDict[str, None]" = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-    def _put(self, table: "OrderedDict[str, Any]", chunk_id: str, value: Any) -> None:
-        if self.capacity == 0:
-            return
-        table[chunk_id] = value
-        table.move_to_end(chunk_id)
-        while len(table) > self.capacity:
-            table.popitem(last=False)
-
-    def remember(self, pairs: Iterable[Tuple[str, Any]]) -> None:
-        """Keep ``(chunk_id, content)`` pairs (the newest are the last evicted)."""
-        with self._lock:
-            for chunk_id, content in pairs:
-                self._put(self._known, chunk_id, content)
-                self._absent.pop(chunk_id, None)
-
-    def lookup(
-        self, chunk_ids: Iterable[str], fetch: Optional[Callable[[List[str]], Mapping]] = None, source: str = ""
-    ) -> Dict[str, Any]:
-        """``{chunk_id: content}`` for the chunk IDs known here or found by ``fetch``.
-
-        ``fetch(missing)`` is asked once for the IDs neither remembered nor marked
-        absent and returns ``{chunk_id: content}`` for those it has; the others are
-        marked absent. If ``fetch`` raises, a warning names ``source``, the chunks and
-        the error, and those chunks are left out (and not marked absent).
-        """
-        wanted = list(dict.fromkeys(chunk_ids))
-        with self._lock:
-            found = {}
-            for chunk_id in wanted:
-                if chunk_id in self._known:
-                    self._known.move_to_end(chunk_id)
-                    found[chunk_id] = self._known[chunk_id]
-            missing = [chunk_id for chunk_id in wanted if chunk_id not in found and chunk_id not in self._absent]
-        if not missing or fetch is None:
-            return found
-        try:
-            fetched = fetch(missing)
-        except Exception as error:  # a store failure must not fail a turn that was decoded
-            _warn_unknown_text(source, missing, f"fetching failed ({type(error).__name__}: {error})")
-            return found
-        with self._lock:
-            for chunk_id in missing:
-                if chunk_id in fetched:
-                    found[chunk_id] = fetched[chunk_id]
-                    self._put(self._known, chunk_id, fetched[chunk_id])
-                else:
-                    self._put(self._absent, chunk_id, None)
-        return found
-
-    def forget(self) -> None:
-        """Drop every remembered content and every absent mark."""
-        with self._lock:
-            self._known.clear()
-            self._absent.clear()
-
-
-class FrameworkProvider(CandidatesMethod):
-    """What the framework providers (LangChain, LlamaIndex) share: the properties of
-    what they search, their ``repr``, :meth:`forget` and upstream mapmatched's
-    ``candidates(query, limit)`` (their ``retrieve``). A subclass sets ``_source``,
-    ``_score_mode``, ``_chunk_id_field`` and ``_memory`` (a :class:`TextMemory`)."""
-
-    @property
-    def source(self) -> Any:
-        """The vector store, retriever or index searched (after unwrapping a LangChain
-        ``VectorStoreRetriever`` to its store)."""
-        return self._source
-
-    @property
-    def score_mode(self) -> str:
-        """Where the "higher is better" scores come from (see the class docstring)."""
-        return self._score_mode
-
-    @property
-    def chunk_id_field(self) -> Optional[str]:
-        """The metadata key holding the chunk ID (None: the document's or node's own ID)."""
-        return self._chunk_id_field
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({type(self._source).__name__}, score_mode={self._score_mode!r}, "
-            f"chunk_id_field={self._chunk_id_field!r})"
-        )
-
-    def forget(self) -> None:
-        """Drop the remembered documents (or nodes) and the marks of chunk IDs the store
-        did not have (e.g. after the store or index changed)."""
-        self._memory.forget()
 
 
 # --------------------------------------------------------------------------- guards
@@ -518,163 +338,6 @@ class ConversationViews:
     trace = _view("trace", "The conversation's latest trace (``trace.render()`` prints it).")
 
 
-# --------------------------------------------------------------------------- reporting a turn
-
-
-@dataclasses.dataclass(frozen=True)
-class ContextEntry:
-    """One chunk of a turn's context, with why it is there.
-
-    Attributes:
-        chunk_id: the chunk.
-        role: ``"decoded"`` (position 0), ``"candidate"`` (another candidate of this
-            turn) or ``"neighbor"`` (brought in by the graph neighbourhood only).
-        context_rank: position in ``result.context_chunk_ids``.
-        candidate: the turn's :class:`DecoderCandidate` for this chunk (raw and
-            normalized score), None for a neighbor.
-        provider_rank: the candidate's position in provider order, None for a neighbor.
-        trajectory_score: the best path score ending at this candidate
-            (``result.candidate_ranking``), None when not ranked.
-    """
-
-    chunk_id: str
-    role: str
-    context_rank: int
-    candidate: Optional[DecoderCandidate]
-    provider_rank: Optional[int]
-    trajectory_score: Optional[float]
-
-
-def context_entries(result: RetrievalResult, score_normalization: str) -> Tuple[ContextEntry, ...]:
-    """The context of ``result`` in order (decoded chunk first), with roles and scores
-    (``score_normalization``: the retriever's, which normalized the turn: the entries'
-    candidates are the trellis states the session decoded, rebuilt from the result's
-    raw candidates)."""
-    normalized = normalize_candidates(result.candidates, score_normalization)
-    candidates = {candidate.chunk_id: (rank, candidate) for rank, candidate in enumerate(normalized)}
-    trajectory = {ranked.chunk_id: ranked.trajectory_score for ranked in result.candidate_ranking}
-    entries = []
-    for position, chunk_id in enumerate(result.context_chunk_ids):
-        rank, candidate = candidates.get(chunk_id, (None, None))
-        role = "decoded" if position == 0 else ("candidate" if candidate is not None else "neighbor")
-        entries.append(ContextEntry(chunk_id, role, position, candidate, rank, trajectory.get(chunk_id)))
-    return tuple(entries)
-
-
-def entry_metadata(entry: ContextEntry, result: RetrievalResult, text_known: bool) -> Dict[str, Any]:
-    """The per-chunk report an adapter puts under its ``metadata_key`` (plain values).
-
-    Keys: ``chunk_id``, ``role``, ``context_rank``, ``turn_index``, ``raw_score``,
-    ``normalized_score``, ``provider_rank``, ``trajectory_score`` (None for a
-    neighbor), ``text_known``, ``trace_step`` (the turn's
-    :class:`~mapmatched_torch.core.models.TraceStep` as a dict: scores, distance,
-    transition, move, entropy, margin, cumulative score, runner-up),
-    ``path_chunk_ids`` and ``revised_prior_indices`` (of the whole conversation).
-    """
-    step = result.trace.steps[-1]
-    candidate = entry.candidate
-    return {
-        "chunk_id": entry.chunk_id,
-        "role": entry.role,
-        "context_rank": entry.context_rank,
-        "turn_index": step.turn_index,
-        "raw_score": None if candidate is None else candidate.raw_score,
-        "normalized_score": None if candidate is None else candidate.normalized_score,
-        "provider_rank": entry.provider_rank,
-        "trajectory_score": entry.trajectory_score,
-        "text_known": text_known,
-        "trace_step": dataclasses.asdict(step),
-        "path_chunk_ids": list(result.trace.path_chunk_ids),
-        "revised_prior_indices": list(result.trace.revised_prior_indices),
-    }
-
-
-def _resolve_contents(
-    chunk_ids: Sequence[str],
-    lookup: Optional[Callable[[str], Any]],
-    lookup_name: str,
-    provider: Any,
-    method: str,
-    accept: Tuple[type, ...],
-    feature: str,
-) -> Dict[str, Any]:
-    """The content known for each of ``chunk_ids`` (unknown ones are left out).
-
-    The user's ``lookup`` is asked first, chunk by chunk; the chunks it does not give
-    go in one call to the provider's ``method`` (``get_documents`` / ``get_nodes``:
-    chunk IDs -> {chunk ID: content}) when the provider has one. A lookup that raises
-    or gives something not in ``accept`` is a warning and counts as not found there
-    (the provider is asked); a provider method that raises or gives such content is a
-    warning too, and those chunks stay unknown.
-    """
-    names = [kind.__name__ for kind in accept]
-    expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    found: Dict[str, Any] = {}
-
-    def take(chunk_id: str, content: Any, origin: str) -> None:
-        if content is None:
-            return
-        if isinstance(content, accept):
-            found[chunk_id] = content
-        else:
-            _warn_unknown_text(feature, [chunk_id], f"{origin} gave {type(content).__name__}, not {expected}")
-
-    if lookup is not None:
-        for chunk_id in chunk_ids:
-            try:
-                content = lookup(chunk_id)
-            except Exception as error:
-                _warn_unknown_text(feature, [chunk_id], f"{lookup_name}= raised {type(error).__name__}: {error}")
-                continue
-            take(chunk_id, content, f"{lookup_name}=")
-    rest = [chunk_id for chunk_id in chunk_ids if chunk_id not in found]
-    getter = getattr(provider, method, None)
-    if rest and callable(getter):
-        origin = f"{type(provider).__name__}.{method}()"
-        try:
-            from_provider = getter(rest)
-        except Exception as error:
-            _warn_unknown_text(feature, rest, f"{origin} raised {type(error).__name__}: {error}")
-            from_provider = {}
-        for chunk_id in rest:
-            if chunk_id in from_provider:
-                take(chunk_id, from_provider[chunk_id], origin)
-    return found
-
-
-def context_contents(
-    result: RetrievalResult,
-    provider: Any,
-    lookup: Optional[Callable[[str], Any]],
-    *,
-    lookup_name: str,
-    method: str,
-    accept: Tuple[type, ...],
-    missing_text: str,
-    feature: str,
-    score_normalization: str,
-) -> List[Tuple[ContextEntry, Any]]:
-    """The context of a decoded turn, as ``(entry, content)`` pairs in context order
-    (``score_normalization``: the retriever's, see :func:`context_entries`).
-
-    ``content`` is what ``lookup`` (the user's ``lookup_name=``) or else the provider's
-    ``method`` gave for the chunk -- an instance of one of ``accept`` -- or None when
-    the text is unknown. Unknown chunks are left out with ``missing_text="skip"``,
-    except the decoded chunk, which is always first.
-
-    Nothing here raises for a chunk: the turn is already decoded and committed, so a
-    lookup that raises, or gives something not in ``accept``, is a ``UserWarning``
-    naming the chunk and the reason (see :func:`_resolve_contents`).
-    """
-    entries = context_entries(result, score_normalization)
-    contents = _resolve_contents([e.chunk_id for e in entries], lookup, lookup_name, provider, method, accept, feature)
-    return [
-        (entry, contents.get(entry.chunk_id))
-        for entry in entries
-        if entry.chunk_id in contents or missing_text == "empty" or entry.role == "decoded"
-    ]
-
-
 def adapter_arguments(
     engine: Any,
     session_id: Any,
@@ -708,21 +371,3 @@ def adapter_arguments(
     warn_without_text(conversation.provider, lookup, lookup_name=text_name, method=method, missing_text=missing_text,
                       feature=feature, stacklevel=4)
     return conversation, lookup, missing_text, metadata_key
-
-
-def warn_without_text(
-    provider: Any, lookup: Any, *, lookup_name: str, method: str, missing_text: str, feature: str, stacklevel: int = 3
-) -> None:
-    """A ``UserWarning`` (once, when the adapter is built) when nothing can give the text
-    of a chunk: no ``lookup_name=`` and a provider without ``method`` (e.g. a
-    :class:`~mapmatched_torch.providers.QdrantProvider`, which returns IDs and scores)."""
-    if lookup is not None or callable(getattr(provider, method, None)):
-        return
-    returned = "only the decoded chunk, " if missing_text == "skip" else "every context chunk "
-    warnings.warn(
-        f"{feature}: {type(provider).__name__} has no {method}() and no {lookup_name}= was given, so no chunk's "
-        f"text is known: each turn returns {returned}with empty text and text_known=False. Pass {lookup_name}= "
-        "(a mapping or callable chunk ID -> text)",
-        UserWarning,
-        stacklevel=stacklevel,
-    )

@@ -40,7 +40,7 @@ Decisions:
   neighbourhood may never have been returned by the store. The retriever adapter
   finds a chunk's text in the user's ``documents`` (a mapping or callable), then in
   the provider's memory of the documents it has returned (the latest
-  :data:`~mapmatched_torch.integrations._conversation.DEFAULT_MEMORY` = 65536 by default,
+  :data:`~mapmatched_torch.integrations._chunk_text.DEFAULT_MEMORY` = 65536 by default,
   see ``remember=``), then -- when the store can fetch by ID (``get_by_ids``) and its
   IDs are the chunk IDs -- in the store.
 - The decoded chunk is always returned, first; when its text is unknown it comes with
@@ -100,15 +100,12 @@ from ..providers.base import (
     distance_to_score,
     ranked_candidates,
 )
+from ._chunk_text import FrameworkProvider, TextMemory, check_remember
 from ._conversation import (
     ConversationViews,
-    FrameworkProvider,
-    TextMemory,
     adapter_arguments,
-    check_remember,
-    context_contents,
-    entry_metadata,
 )
+from ._turn_report import context_contents, entry_metadata
 
 __all__ = [
     "LangChainProvider",
@@ -161,7 +158,7 @@ class LangChainProvider(FrameworkProvider):
             ``filter``); not ``k``, which is the limit. Stores only.
         remember: keep the returned documents by chunk ID, for the text of context
             chunks (see :meth:`get_documents`): True (default) keeps the latest
-            65536 (:data:`~mapmatched_torch.integrations._conversation.DEFAULT_MEMORY`),
+            65536 (:data:`~mapmatched_torch.integrations._chunk_text.DEFAULT_MEMORY`),
             an int that many, False none. As many chunk IDs the store did not have
             are remembered too (so they are not fetched again); the least recently
             used go first, and :meth:`forget` drops both.

@@ -82,16 +82,13 @@ from ..providers.base import (
     distance_to_score,
     ranked_candidates,
 )
+from ._chunk_text import FrameworkProvider, TextMemory, check_remember
 from ._conversation import (
     Conversation,
     ConversationViews,
-    FrameworkProvider,
-    TextMemory,
     adapter_arguments,
-    check_remember,
-    context_contents,
-    entry_metadata,
 )
+from ._turn_report import context_contents, entry_metadata
 
 __all__ = ["LlamaIndexProvider", "as_llamaindex_retriever", "SCORE_MODES"]
 
@@ -125,7 +122,7 @@ class LlamaIndexProvider(FrameworkProvider):
             retriever's order; for retrievers that give no scores).
         remember: keep the returned nodes by chunk ID, for the text of context
             chunks (see :meth:`get_nodes`): True (default) keeps the latest 65536
-            (:data:`~mapmatched_torch.integrations._conversation.DEFAULT_MEMORY`), an
+            (:data:`~mapmatched_torch.integrations._chunk_text.DEFAULT_MEMORY`), an
             int that many, False none. As many chunk IDs the docstore did not have are
             remembered too; the least recently used go first, and :meth:`forget`
             drops both.
