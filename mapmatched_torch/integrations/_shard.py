@@ -265,6 +265,10 @@ class ShardCore:
         self._empty = self.server.state_dict()
         self.directory = Path(state_dir) if state_dir is not None else None
         self.generation, self._logged, self._last_snapshot, self._log = 0, 0, time.monotonic(), None
+        #: session ID -> (request ID, response) of its last acknowledged mutation: a retried
+        #: request (the same ID) gets that response again instead of being applied twice
+        self._acknowledged: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+        self._carried: set = set()  # closed sessions whose last response a snapshot carried over already
         if self.directory is not None:
             self._check_manifest()
             self._restore()
@@ -298,6 +302,7 @@ class ShardCore:
             self.server.load(self.directory / f"snapshot-{self.generation:08d}.pt")
         else:
             self.server.load_state_dict(self._empty)
+        self._acknowledged = {}
         log = self._log_path(self.generation)
         valid = 0
         if log.is_file():
@@ -318,7 +323,13 @@ class ShardCore:
         return self.directory / f"wal-{generation:08d}.jsonl"
 
     def _replay(self, record: Mapping[str, Any]) -> None:
-        op, session_id = record["op"], record["session_id"]
+        op = record["op"]
+        if op == "acknowledged":  # the last responses, carried over a snapshot
+            self._acknowledged.update({sid: (rid, response) for sid, (rid, response) in record["entries"].items()})
+            return
+        session_id = record["session_id"]
+        if record.get("request_id") is not None:
+            self._acknowledged[session_id] = (record["request_id"], record["response"])
         if op == "open":
             self.server.open(session_id)
         elif op == "close":
@@ -353,6 +364,16 @@ class ShardCore:
         self._log.close()
         self.generation = old + 1
         self._log = open(self._log_path(self.generation), "ab")
+        # the last responses, first in the new log (a retry may follow the snapshot): of open
+        # sessions, and of sessions closed since the last snapshot (carried over once)
+        self._acknowledged = {sid: done for sid, done in self._acknowledged.items()
+                              if sid in self.server or sid not in self._carried}
+        self._carried = {sid for sid in self._acknowledged if sid not in self.server}
+        if self._acknowledged:
+            entries = {sid: [rid, response] for sid, (rid, response) in self._acknowledged.items()}
+            self._log.write(json.dumps({"op": "acknowledged", "entries": entries}, allow_nan=False).encode() + b"\n")
+            self._log.flush()
+            os.fsync(self._log.fileno())
         for stale in (self._log_path(old), self.directory / f"snapshot-{old:08d}.pt"):
             stale.unlink(missing_ok=True)
         self._logged, self._last_snapshot = 0, time.monotonic()
@@ -364,21 +385,43 @@ class ShardCore:
 
     # ------------------------------------------------------------ sessions
 
-    def open(self, session_id: str) -> Dict[str, Any]:
+    def _repeated(self, session_id: str, request_id: Optional[str]) -> Optional[Dict[str, Any]]:
+        """The response already given to ``request_id`` for this session (a retry), or None."""
+        done = self._acknowledged.get(session_id)
+        return dict(done[1]) if request_id is not None and done is not None and done[0] == request_id else None
+
+    def _acknowledge(self, records: List[Dict[str, Any]]) -> None:
+        """Remember the responses of ``records`` (each with its request ID) and log them
+        (the map first: a snapshot the log write triggers carries it over; a failed write
+        restores the map from the durable log)."""
+        for record in records:
+            if record.get("request_id") is not None:
+                self._acknowledged[record["session_id"]] = (record["request_id"], record["response"])
+        self._append(records)
+
+    def open(self, session_id: str, request_id: Optional[str] = None) -> Dict[str, Any]:
         _check_session_id(session_id)
+        repeated = self._repeated(session_id, request_id)
+        if repeated is not None:
+            return repeated
         if session_id in self.server:
             raise RequestError(409, "session_exists", f"session {session_id!r} is already open")
         self.server.open(session_id)
-        self._append([{"op": "open", "session_id": session_id}])
-        return {"session_id": session_id}
+        response = {"session_id": session_id}
+        self._acknowledge([{"op": "open", "session_id": session_id, "request_id": request_id, "response": response}])
+        return dict(response)
 
-    def close(self, session_id: str) -> Dict[str, Any]:
+    def close(self, session_id: str, request_id: Optional[str] = None) -> Dict[str, Any]:
         _check_session_id(session_id)
+        repeated = self._repeated(session_id, request_id)
+        if repeated is not None:
+            return repeated
         if session_id not in self.server:
             raise RequestError(404, "unknown_session", f"unknown session {session_id!r} (open it first)")
         self.server.close(session_id)
-        self._append([{"op": "close", "session_id": session_id}])
-        return {"session_id": session_id, "closed": True}
+        response = {"session_id": session_id, "closed": True}
+        self._acknowledge([{"op": "close", "session_id": session_id, "request_id": request_id, "response": response}])
+        return dict(response)
 
     def state(self) -> Dict[str, Any]:
         """``Metrics.state`` with the open-session gauge."""
@@ -386,17 +429,24 @@ class ShardCore:
 
     # ------------------------------------------------------------ turns
 
-    def turns(self, requests: Sequence[Tuple[str, Any]]) -> List[Union[Dict[str, Any], RequestError]]:
-        """Serve a batch of ``(session ID, turn body)``: one embedder call for its queries,
-        one provider search, one server step per round (a session listed twice steps in
-        a later round). Each answer is the turn's response or its RequestError; a failed
-        turn changes nothing."""
+    def turns(self, requests: Sequence[Tuple[Any, ...]]) -> List[Union[Dict[str, Any], RequestError]]:
+        """Serve a batch of ``(session ID, turn body)`` or ``(session ID, turn body, request
+        ID)``: one embedder call for its queries, one provider search, one server step per
+        round (a session listed twice steps in a later round). Each answer is the turn's
+        response or its RequestError; a failed turn changes nothing. A request ID that was
+        already acknowledged for its session (a retry after a lost answer) gets the same
+        response again and is not applied twice."""
         started = time.perf_counter()
         answers: List[Any] = [None] * len(requests)
         parsed: Dict[int, TurnRequest] = {}
-        for position, (session_id, body) in enumerate(requests):
+        request_ids = [request[2] if len(request) > 2 else None for request in requests]
+        for position, (session_id, body, *_) in enumerate(requests):
             try:
                 _check_session_id(session_id)
+                repeated = self._repeated(session_id, request_ids[position])
+                if repeated is not None:
+                    answers[position] = repeated
+                    continue
                 turn = parse_turn(body, max_candidates=self.max_candidates, dimension=self.dimension, known=self.known)
                 if session_id not in self.server:
                     raise RequestError(404, "unknown_session", f"unknown session {session_id!r} (open it first)")
@@ -427,10 +477,11 @@ class ShardCore:
                     continue
                 answers[position] = _response(session_id, results[session_id], parsed[position].trace)
                 kept = candidates[position][: self.server.candidate_limit]
-                records.append({"op": "turn", "session_id": session_id, "candidates": [list(p) for p in kept]})
+                records.append({"op": "turn", "session_id": session_id, "candidates": [list(p) for p in kept],
+                                "request_id": request_ids[position], "response": answers[position]})
         if records:
             try:
-                self._append(records)
+                self._acknowledge(records)
             except RequestError as error:
                 answers = [error if isinstance(answer, dict) else answer for answer in answers]
         self.metrics.steps += len(rounds)

@@ -43,10 +43,12 @@ shard's sessions are read from its ``state_dict`` and stepped, turn by turn, in 
 new shard; the new directory gets one snapshot per shard), then deploy with M shards
 on the new directory.
 
-Limits: a router retries a shard call only when the replica is gone; a turn whose
-replica died after logging it but before answering could be applied twice by that
-retry (at-least-once in that window). Each shard has one replica (its sessions live
-in one server); scale with more shards.
+Retries: a router retries a shard call only when the replica is gone, with the
+request ID it gave the call: a shard logs each mutation's request ID and response with
+it (and carries the open sessions' last ones over a snapshot), so a mutation whose
+replica died after logging it but before answering is answered again, not applied
+twice (exactly once per acknowledged request). Limits: each shard has one replica (its
+sessions live in one server); scale with more shards.
 
 Example (``mapmatched-torch serve`` does this for a ``--data`` folder)::
 
@@ -58,6 +60,7 @@ Example (``mapmatched-torch serve`` does this for a ``--data`` folder)::
 import asyncio
 import json
 import time
+import uuid
 from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -113,20 +116,21 @@ def _deployments() -> Tuple[Any, Any]:
             self.turns.set_max_batch_size(batching[0])
             self.turns.set_batch_wait_timeout_s(batching[1])
 
-        async def open(self, session_id: str) -> Dict[str, Any]:
-            return _answer(lambda: self.core.open(session_id), 201)
+        async def open(self, session_id: str, request_id: Optional[str] = None) -> Dict[str, Any]:
+            return _answer(lambda: self.core.open(session_id, request_id), 201)
 
-        async def close(self, session_id: str) -> Dict[str, Any]:
-            return _answer(lambda: self.core.close(session_id))
+        async def close(self, session_id: str, request_id: Optional[str] = None) -> Dict[str, Any]:
+            return _answer(lambda: self.core.close(session_id, request_id))
 
         @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
-        async def turns(self, session_ids: List[str], bodies: List[Any]) -> List[Dict[str, Any]]:
-            answers = self.core.turns(list(zip(session_ids, bodies)))
+        async def turns(self, session_ids: List[str], bodies: List[Any], request_ids: List[Optional[str]]
+                        ) -> List[Dict[str, Any]]:
+            answers = self.core.turns(list(zip(session_ids, bodies, request_ids)))
             return [{"status": a.status, "body": a.to_dict()} if isinstance(a, RequestError) else {"status": 200, "body": a}
                     for a in answers]
 
-        async def turn(self, session_id: str, body: Any) -> Dict[str, Any]:
-            return await self.turns(session_id, body)
+        async def turn(self, session_id: str, body: Any, request_id: Optional[str] = None) -> Dict[str, Any]:
+            return await self.turns(session_id, body, request_id)
 
         async def state(self) -> Dict[str, Any]:
             return self.core.state()
@@ -182,14 +186,19 @@ def _deployments() -> Tuple[Any, Any]:
             return answer
 
         # ---------------------------------------------------- the handle API
+        # each mutation carries one request ID through every retry: a shard that logged it
+        # before dying answers the retry with the same response instead of applying it twice
         async def open_session(self, session_id: str) -> Dict[str, Any]:
-            return await self._timed(lambda: self._call(self._shard(session_id), "open", session_id))
+            request = uuid.uuid4().hex
+            return await self._timed(lambda: self._call(self._shard(session_id), "open", session_id, request))
 
         async def close_session(self, session_id: str) -> Dict[str, Any]:
-            return await self._timed(lambda: self._call(self._shard(session_id), "close", session_id))
+            request = uuid.uuid4().hex
+            return await self._timed(lambda: self._call(self._shard(session_id), "close", session_id, request))
 
         async def turn(self, session_id: str, body: Any) -> Dict[str, Any]:
-            return await self._timed(lambda: self._call(self._shard(session_id), "turn", session_id, body))
+            request = uuid.uuid4().hex
+            return await self._timed(lambda: self._call(self._shard(session_id), "turn", session_id, body, request))
 
         async def health(self) -> Dict[str, Any]:
             states = await asyncio.gather(*(self._call(i, "state") for i in range(len(self.shards))))

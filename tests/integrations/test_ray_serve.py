@@ -136,6 +136,35 @@ def test_a_shard_restores_snapshot_and_log_and_refuses_another_graph(tmp_path):
         ShardCore(other, directory)
 
 
+@pytest.mark.parametrize("snapshot_every", [1, 1000])
+def test_a_retried_request_is_answered_again_not_applied_twice(tmp_path, snapshot_every):
+    """A session's last mutation, logged before its replica died, retried with its
+    request ID: the restarted shard (snapshot + log, or with snapshot_every=1 a snapshot
+    taken right after it) answers with the same response and applies it once."""
+    factory = make_factory(write_data(tmp_path / "data"))
+    bodies = turn_bodies(["s0", "s1"], 2)
+    directory = tmp_path / "state"
+    core = ShardCore(factory(), directory, snapshot_every=snapshot_every)
+    opened = core.open("s0", "open-1")
+    core.close_files()  # the replica dies before answering the open: the retry gets the same answer, not a 409
+    core = ShardCore(factory(), directory, snapshot_every=snapshot_every)
+    assert core.open("s0", "open-1") == opened
+    first = core.turns([("s0", bodies["s0"][0], "turn-1"), ("s1", bodies["s1"][0], "x")])
+    assert isinstance(first[1], RequestError) and first[1].status == 404  # s1 was never opened
+    assert core.turns([("s0", bodies["s0"][0], "turn-1")]) == first[:1]  # the same request again
+    assert core.server.turn_count("s0") == 1
+    core.close_files()  # the replica dies before answering
+    restarted = ShardCore(factory(), directory, snapshot_every=snapshot_every)
+    assert restarted.turns([("s0", bodies["s0"][0], "turn-1")]) == first[:1]
+    assert restarted.server.turn_count("s0") == 1
+    second = restarted.turns([("s0", bodies["s0"][1], "turn-2")])  # a new request is applied
+    assert restarted.server.turn_count("s0") == 2 and second[0]["turn"] == 1
+    assert restarted.close("s0", "close-1") == restarted.close("s0", "close-1") == {"session_id": "s0", "closed": True}
+    with pytest.raises(RequestError, match="unknown session"):
+        restarted.close("s0", "close-2")
+    restarted.close_files()
+
+
 def test_resizing_two_shards_into_three_moves_every_session_through_its_state(tmp_path):
     factory = make_factory(write_data(tmp_path / "data"), fixed_lag=1)
     sessions = [f"s{i}" for i in range(12)]
