@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .backend import INVALID, OK
-from ._triton_max_plus import _is_finite, _load_turn, launch_checks
+from ._triton_max_plus import _is_finite, _load_tile, _load_turn, launch_checks
 from .triton_runtime import block_for, check_device, import_triton, warps_for
 
 triton = import_triton()
@@ -52,7 +52,6 @@ def _forward_kernel(
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_M)
     inside = offs < M
-    tile_mask = inside[:, None] & inside[None, :]
     length = tl.load(length_ptr + b)
     row = b * T * M
     moves = b * (T - 1) * M * M
@@ -66,8 +65,7 @@ def _forward_kernel(
     for t in range(1, length):
         real_prev = real
         real, emission = _load_turn(mask_ptr, em_ptr, row + t * M, offs, inside)
-        tile = tl.load(tr_ptr + moves + (t - 1) * M * M + offs[:, None] * M + offs[None, :], mask=tile_mask,
-                       other=0.0)
+        tile = _load_tile(tr_ptr + moves + (t - 1) * M * M, offs, inside, M)
         vals = tl.where(real_prev[:, None], alpha[:, None] + tile, float("-inf"))
         top = tl.max(vals, axis=0)
         shift = tl.where(top == float("-inf"), 0.0, top)
@@ -117,7 +115,7 @@ def _backward_kernel(
             real = (tl.load(mask_ptr + row + t * M + offs, mask=inside, other=0) != 0) & inside
             alpha = tl.load(alpha_ptr + row + t * M + offs, mask=inside, other=float("-inf"))
             moved = tl.load(moved_ptr + row + (t + 1) * M + offs, mask=inside, other=0.0)
-            tile = tl.load(tr_ptr + moves + t * M * M + offs[:, None] * M + offs[None, :], mask=tile_mask, other=0.0)
+            tile = _load_tile(tr_ptr + moves + t * M * M, offs, inside, M)
             share = into[None, :] * tl.exp((alpha[:, None] + tile) - moved[None, :])
             share = tl.where(real[:, None] & real_next[None, :], share, 0.0)
             if PAIRS:

@@ -52,6 +52,12 @@ def _is_finite(x):
 
 
 @triton.jit
+def _load_tile(ptr, offs, inside, M):
+    """The ``(BLOCK_M, BLOCK_M)`` tile of an ``(M, M)`` block ``[from, to]`` at ``ptr`` (0 outside it)."""
+    return tl.load(ptr + offs[:, None] * M + offs[None, :], mask=inside[:, None] & inside[None, :], other=0.0)
+
+
+@triton.jit
 def _first_max_index(values, offs, BLOCK_M: tl.constexpr):
     """The first index of the largest entry of a (BLOCK_M,) vector, as an int32 scalar.
     Written out rather than ``tl.argmax``: its ``tie_break_left`` is ignored by the
@@ -64,8 +70,7 @@ def _first_max_index(values, offs, BLOCK_M: tl.constexpr):
 @triton.jit
 def _step(alpha_prev, real_prev, tr_ptr, offs, inside, M, BLOCK_M: tl.constexpr):
     """One max-plus step over a (BLOCK_M, BLOCK_M) tile: (best, bp, bad columns)."""
-    tile_mask = inside[:, None] & inside[None, :]
-    tile = tl.load(tr_ptr + offs[:, None] * M + offs[None, :], mask=tile_mask, other=0.0)
+    tile = _load_tile(tr_ptr, offs, inside, M)
     vals = alpha_prev[:, None] + tile
     vals = tl.where(real_prev[:, None], vals, float("-inf"))
     # the first j with the largest value of each column (see _first_max_index)

@@ -29,6 +29,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._triton_max_plus import _load_tile
 from .triton_runtime import block_for, check_device, import_triton, warps_for
 
 triton = import_triton()
@@ -47,21 +48,18 @@ def _step_kernel(
     s = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_M)
     inside = offs < M
-    tile_mask = inside[:, None] & inside[None, :]
     started = tl.load(started_ptr + s) != 0
     allowed = (tl.load(prev_allowed_ptr + s * M + offs, mask=inside, other=0) != 0) & inside
     real = (tl.load(mask_ptr + s * M + offs, mask=inside, other=0) != 0) & inside
     previous = tl.load(prev_ptr + s * M + offs, mask=inside, other=0.0)
     emission = tl.load(em_ptr + s * M + offs, mask=inside, other=0.0)
     before = tl.where(started, tl.where(allowed, previous, float("-inf")), 0.0)
-    tile_offsets = s * M * M + offs[:, None] * M + offs[None, :]
     if FROM_DISTANCES:
         # -beta read as float64 from memory: a Python float argument would arrive as float32
         negative_beta = tl.load(beta_ptr)
-        distances = tl.load(dist_ptr + tile_offsets, mask=tile_mask, other=0.0)
-        tile = (distances * negative_beta).to(previous.dtype)
+        tile = (_load_tile(dist_ptr + s * M * M, offs, inside, M) * negative_beta).to(previous.dtype)
     else:
-        tile = tl.load(tr_ptr + tile_offsets, mask=tile_mask, other=0.0)
+        tile = _load_tile(tr_ptr + s * M * M, offs, inside, M)
     moves = tl.where(allowed[:, None] & real[None, :], tile, 0.0)
     vals = before[:, None] + moves
     vals = tl.where(inside[:, None], vals, float("-inf"))  # lanes past M are never a predecessor

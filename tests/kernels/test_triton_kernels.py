@@ -64,6 +64,16 @@ def decoded(emissions, transitions, mask, lag):
     return result.paths, result.scores, result.locks
 
 
+def assert_decodes_like_the_torch_path(emissions, transitions, mask, lag):
+    """Paths, scores (bit for bit, signs of zero too) and, with a lag, locks equal the torch path's."""
+    paths, scores, locks = decoded(emissions, transitions, mask, lag)
+    expected_paths, expected_scores, expected_locks = torch_path(decoded, emissions, transitions, mask, lag)
+    assert torch.equal(paths, expected_paths)
+    same_bits(scores, expected_scores)
+    if lag is not None:
+        assert torch.equal(locks, expected_locks)
+
+
 def same_bits(actual, expected):
     """Equal values, -inf at the same places, and the same signs of zero."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
@@ -93,12 +103,7 @@ def test_viterbi_and_fixed_lag_equal_the_torch_path_bit_for_bit(kernels, device,
     for seed in range(3):
         emissions, transitions, mask = trellis(seed, device, dtype, integer=integer, candidates=3 + 2 * seed)
         for lag in LAGS:
-            paths, scores, locks = decoded(emissions, transitions, mask, lag)
-            expected_paths, expected_scores, expected_locks = torch_path(decoded, emissions, transitions, mask, lag)
-            assert torch.equal(paths, expected_paths)
-            same_bits(scores, expected_scores)
-            if lag is not None:
-                assert torch.equal(locks, expected_locks)
+            assert_decodes_like_the_torch_path(emissions, transitions, mask, lag)
     assert kernels["max_plus"] == 3 * len(LAGS)
 
 
@@ -123,12 +128,7 @@ def test_one_turn_one_candidate_odd_and_empty_shapes(kernels, device, shape):
     transitions = -torch.rand(batch, max(turns - 1, 0), candidates, candidates, generator=generator).to(device)
     mask = torch.ones(batch, turns, candidates, dtype=torch.bool, device=device)
     for lag in (None, 0, 2):
-        paths, scores, locks = decoded(emissions, transitions, mask, lag)
-        expected_paths, expected_scores, expected_locks = torch_path(decoded, emissions, transitions, mask, lag)
-        assert torch.equal(paths, expected_paths)
-        same_bits(scores, expected_scores)
-        if lag is not None:
-            assert torch.equal(locks, expected_locks)
+        assert_decodes_like_the_torch_path(emissions, transitions, mask, lag)
 
 
 def test_brute_force_optimum_and_partition(kernels, device):
