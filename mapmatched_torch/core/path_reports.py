@@ -36,6 +36,7 @@ def report_path(
     settings: DecodeSettings,
     *,
     reuse: Sequence[DecodedStep] = (),
+    step_cost: Optional[Callable[[int], float]] = None,
 ) -> DecodedPath:
     """Build the :class:`DecodedPath` for chosen candidate indices.
 
@@ -52,13 +53,16 @@ def report_path(
             Step t depends only on the chosen chunks of turns 0..t, so the longest
             prefix whose chunk IDs agree is kept as is (same objects) and only the rest
             is computed; ``step_distance`` is not called for the kept turns.
+        step_cost: a learned transition model's cost of the move into turn t along the
+            path (the negated transition the decoder added), or None for the fixed
+            model's ``beta * d``. Given, distances are always reported.
 
     The cumulative score follows the decoder's recursion exactly:
     ``cumulative_t = (cumulative_{t-1} - beta * d_t) + lambda * s_t``, so the total
     equals the max-plus forward score of the path bit for bit.
     """
     emission_weight, fixed_lag = settings.emission_weight, settings.fixed_lag
-    weighs_transitions = settings.transition_weight != 0.0
+    weighs_transitions = settings.transition_weight != 0.0 or step_cost is not None
     steps: List[DecodedStep] = []
     for step, turn, index in zip(reuse, trellis, chosen):
         if step.chunk_id != turn[index].chunk_id:
@@ -74,7 +78,7 @@ def report_path(
             cumulative = emission
         else:
             distance = step_distance(turn_index) if weighs_transitions else 0.0
-            transition = settings.transition_cost(distance)
+            transition = settings.transition_cost(distance) if step_cost is None else step_cost(turn_index)
             cumulative = (cumulative - transition) + emission
         if not math.isfinite(cumulative):
             raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {turn_index}")

@@ -51,7 +51,7 @@ from . import chain, fused_step
 from .checks import first_true_index
 from .semiring import MAX_PLUS
 from ..core.settings import DecodeSettings, DecodingMode, HoldsSettings
-from .transitions import weighted_transitions
+from .transitions import check_learned_transitions, transitions_fingerprint, weighted_transitions
 
 __all__ = ["SlotDecoder", "SlotStep", "PayloadSpec", "state_checksum"]
 
@@ -72,6 +72,9 @@ class SlotStep(NamedTuple):
         final_scores: (S, M) forward scores of the newest turn under the locks (-inf at
             padding and locked-out candidates): the ranking of the final candidates.
         lengths: (S,) long number of turns of each slot.
+
+    With a learned transition model, :meth:`SlotDecoder.path_costs` gives the cost of
+    each move along ``paths`` (the fixed model's is ``beta * path_distances``).
     """
 
     ok: Tensor
@@ -145,6 +148,14 @@ class SlotDecoder(HoldsSettings):
         payload: the owner's own per-turn tensors, name -> :class:`PayloadSpec`; read
             them with :meth:`payload`, write them with :meth:`advance`'s ``payload`` and
             :meth:`put_rows`. Part of the configuration a saved state must match.
+        transitions: a learned transition model
+            (:func:`~mapmatched_torch.kernels.transitions.check_learned_transitions`), or
+            None for the fixed ``-(beta * d)``. With one, :meth:`step` makes the moves
+            ``transitions(distances, features)`` (the settings' beta is not used for
+            them; give the settings the model's beta so the mode matches), the table
+            keeps the transition into each candidate (``link_transitions``, for
+            :attr:`SlotStep.path_costs`), and a saved state carries the model's
+            fingerprint.
 
     Attributes:
         settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` of the table.
@@ -169,10 +180,13 @@ class SlotDecoder(HoldsSettings):
         device: Optional[Union[str, torch.device]] = None,
         payload: Optional[Dict[str, PayloadSpec]] = None,
         settings: Optional[DecodeSettings] = None,
+        transitions: Optional[Any] = None,
     ) -> None:
         self.width = check_positive_int(width, "width")
         self._payload = {f"payload.{name}": PayloadSpec(*spec) for name, spec in (payload or {}).items()}
-        self._names = _STATE_TENSORS + tuple(self._payload)
+        self.transitions = None if transitions is None else check_learned_transitions(transitions)
+        learned = ("link_transitions",) if self.transitions is not None else ()
+        self._names = _STATE_TENSORS + learned + tuple(self._payload)
         self.settings = DecodeSettings.resolve(
             settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
         )
@@ -222,6 +236,7 @@ class SlotDecoder(HoldsSettings):
             "alphas": ((capacity, turns, width), self.dtype, -_INF),
             "backpointers": ((capacity, turns, width), torch.long, 0),
             "link_distances": ((capacity, turns, width), torch.float64, 0.0),
+            "link_transitions": ((capacity, turns, width), self.dtype, 0.0),
             "emissions": ((capacity, turns, width), self.dtype, 0.0),
             "allowed": ((capacity, turns, width), torch.bool, False),
             "argmax": ((capacity, turns), torch.long, -1),
@@ -398,6 +413,7 @@ class SlotDecoder(HoldsSettings):
         distances: Optional[Tensor] = None,
         payload: Optional[Dict[str, Tensor]] = None,
         active: Optional[Tensor] = None,
+        features: Optional[Tensor] = None,
     ) -> SlotStep:
         """Add one turn to each of S distinct slots, weighting it with lambda and beta.
 
@@ -412,6 +428,10 @@ class SlotDecoder(HoldsSettings):
             payload, active: as for :meth:`advance` (with ``active``, no host read; the
                 outputs are the turn capacity wide, and the rows not active are
                 meaningless).
+            features: (S, M, K) the learned model's gate features of the moves out of
+                each slot's previous turn (:mod:`~mapmatched_torch.kernels.gate_features`;
+                any finite values for a slot without one); needed when the table has a
+                learned model with K > 0.
 
         Returns:
             A :class:`SlotStep`. Slots whose scores overflowed are left unchanged.
@@ -420,8 +440,14 @@ class SlotDecoder(HoldsSettings):
         weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
         if distances is None or not self.mode.uses_distances:
             distances = None
+        moves = None
+        if self.transitions is not None and distances is not None:
+            distances = distances.to(self.device, torch.float64)
+            with torch.no_grad():  # shape: (S, M, M) the learned model's moves
+                moves = self.transitions(distances, None if features is None else features.to(self.device), self.dtype)
         ok = self.advance(
-            slots, weighted, mask, None, distances, payload=payload, weigh=distances is not None, active=active
+            slots, weighted, mask, moves, distances, payload=payload,
+            weigh=distances is not None and moves is None, active=active,
         )
         try:  # all or nothing: the decode after the write failing (even KeyboardInterrupt) takes the write back
             if active is not None:
@@ -549,6 +575,8 @@ class SlotDecoder(HoldsSettings):
             "allowed": mask,
             "emissions": weighted,
         }
+        if self.transitions is not None:  # shape: (S, M) the move into each candidate
+            new["link_transitions"] = _links(transitions, step.backpointers)
         nonfinite = step.nonfinite
         updates = {}  # (name, turn index tensor) -> (S, M) values, written for ok rows
         argmax = None
@@ -618,6 +646,25 @@ class SlotDecoder(HoldsSettings):
                 distances[:, 0] = 0.0
         return SlotStep(torch.ones_like(advanced[:, 0]), paths, distances, final, lengths)
 
+    def path_costs(self, slots: Tensor, paths: Tensor, *, spare_slot: bool = False) -> Tensor:
+        """``(S, T)`` the learned transition model's cost of the move into each turn along
+        ``paths`` (a :class:`SlotStep`'s, of these ``slots``): the negated transition the
+        decoder added, 0 at turn 0, after the end and when decoding pointwise. (The
+        fixed model's costs are ``settings.transition_cost(path_distances)``: without a
+        learned model this raises.)
+
+        ``spare_slot``: ``slots`` may name the spare slot (a host-read-free step's)."""
+        if self.transitions is None:
+            raise MapMatchedValueError("path_costs needs a learned transition model (transitions=)")
+        table = (self._storage if spare_slot else self._tensors)["link_transitions"]
+        turns = paths.shape[1]
+        slots = slots.to(self.device)
+        # shape: (S, T) the move into each turn along the path
+        moves = table[slots, :turns].gather(2, paths.clamp_min(0).unsqueeze(2)).squeeze(2).to(torch.float64)
+        first = torch.arange(turns, device=self.device).unsqueeze(0) == 0
+        costs = torch.where((paths >= 0) & ~first, -moves, 0.0)
+        return torch.zeros_like(costs) if self.mode is DecodingMode.POINTWISE else costs
+
     def _commit(self, slots, lengths, weighted, transitions, distances, new, updates, state) -> Tensor:
         """Fixed lag: commit turn ``n - L`` and recompute turns ``n-L+1..n`` under the lock."""
         lag = self.fixed_lag
@@ -651,13 +698,18 @@ class SlotDecoder(HoldsSettings):
             allowed,
             commit,
         )
+        learned = self.transitions is not None
         for s in range(lag):  # window slots that are older turns: rewrite them
             links = _links(window_distances[s - 1], tail.backpointers[s]) if s else None
-            updates[s] = (window_turns[s], tail.alphas[s], tail.backpointers[s], links, tail.allowed if s == 0 else None)
+            moves = _links(window_transitions[s - 1], tail.backpointers[s]) if s and learned else None
+            updates[s] = (window_turns[s], tail.alphas[s], tail.backpointers[s], links, tail.allowed if s == 0 else None,
+                          moves)
         updates["rows"] = commit
         new["alpha"] = tail.alphas[-1]
         new["backpointers"] = tail.backpointers[-1]
         new["links"] = _links(distances, tail.backpointers[-1])
+        if learned:
+            new["link_transitions"] = _links(transitions, tail.backpointers[-1])
         if lag == 0:
             new["allowed"] = tail.allowed
         return tail.nonfinite
@@ -698,6 +750,8 @@ class SlotDecoder(HoldsSettings):
         put("link_distances", (slots, turn), written(new["links"]))
         put("allowed", (slots, turn), written(new["allowed"]))
         put("emissions", (slots, turn), written(new["emissions"]))
+        if "link_transitions" in new:
+            put("link_transitions", (slots, turn), written(new["link_transitions"]))
         if argmax is not None:
             put("argmax", (slots, turn), written(argmax))
         for name, values in new["payload"].items():
@@ -705,22 +759,26 @@ class SlotDecoder(HoldsSettings):
         committing = updates.pop("rows", None)
         if ok is None and committing is not None:  # the others' older turns go to the spare slot
             targets = torch.where(committing, slots, self.spare_slot)
-            for turns, alpha, backpointers, links, allowed in updates.values():
+            for turns, alpha, backpointers, links, allowed, moves in updates.values():
                 put("alphas", (targets, turns), alpha)
                 put("backpointers", (targets, turns), backpointers)
                 if links is not None:
                     put("link_distances", (targets, turns), links)
+                if moves is not None:
+                    put("link_transitions", (targets, turns), moves)
                 if allowed is not None:
                     put("allowed", (targets, turns), allowed)
             updates = {}
         # only conversations that committed rewrite older turns (others gathered clamped copies)
         rows = committing[ok] if committing is not None and ok is not None else None
-        for turns, alpha, backpointers, links, allowed in updates.values():
+        for turns, alpha, backpointers, links, allowed, moves in updates.values():
             where = (slots[rows], turns[ok][rows])
             put("alphas", where, alpha[ok][rows])
             put("backpointers", where, backpointers[ok][rows])
             if links is not None:
                 put("link_distances", where, links[ok][rows])
+            if moves is not None:
+                put("link_transitions", where, moves[ok][rows])
             if allowed is not None:
                 put("allowed", where, allowed[ok][rows])
         if window is not None:
@@ -798,6 +856,7 @@ class SlotDecoder(HoldsSettings):
             "dtype": str(self.dtype).replace("torch.", ""),
             "format": _STATE_FORMAT,
             "payload": {name: [str(spec.dtype).replace("torch.", ""), spec.per_candidate] for name, spec in sorted(self._payload.items())},
+            **({"transitions": transitions_fingerprint(self.transitions)} if self.transitions is not None else {}),
         }
 
     def check_state(self, state: object, *, max_bytes: Optional[int] = None) -> None:
@@ -959,6 +1018,8 @@ def _check_state(decoder: "SlotDecoder", state: Any, max_bytes: Optional[int]) -
         "argmax outside [-1, width)": (tensors["argmax"] < -1) | (tensors["argmax"] >= width),
         "NaN or +inf forward scores": torch.isnan(tensors["alphas"]) | (tensors["alphas"] == _INF),
         "non-finite emissions": ~torch.isfinite(tensors["emissions"]),
+        **({"non-finite link transitions": ~torch.isfinite(tensors["link_transitions"])}
+           if "link_transitions" in tensors else {}),
         "non-finite window transitions": ~torch.isfinite(tensors["window"]),
         "negative or non-finite distances": ~(tensors["link_distances"] >= 0) | (tensors["link_distances"] == _INF),
         "negative or non-finite window distances": ~(tensors["window_distances"] >= 0)

@@ -30,8 +30,10 @@ those numbers out of raw graph distances, and the only code that chooses a decod
 
 from __future__ import annotations
 
+import hashlib
+import math
 import numbers
-from typing import Optional, Protocol, Union
+from typing import Dict, Optional, Protocol, Union
 
 import torch
 from torch import Tensor, nn
@@ -49,6 +51,8 @@ __all__ = [
     "as_transition_model",
     "GatedTransitions",
     "BoundTransitions",
+    "check_learned_transitions",
+    "transitions_fingerprint",
     "query_source_cosine",
     "weighted_transitions",
     "move_factor",
@@ -166,7 +170,7 @@ class GatedTransitions(nn.Module):
 
     For the move from candidate ``j`` of turn t to candidate ``i`` of turn t+1::
 
-        gate[b, t, j]   = 2 * sigmoid(gate_bias + sum_k gate_weights[k] * z[b, t, j, k])
+        gate[b, t, j]   = 2 / (1 + exp(-(gate_bias + sum_k gate_weights[k] * z[b, t, j, k])))
         d'              = cap * (1 - exp(-d / cap))        (calibrate=True; else d' = d)
         trans[b,t,j,i]  = -((beta * gate[b, t, j]) * d'[b, t, j, i])
 
@@ -277,7 +281,12 @@ class GatedTransitions(nn.Module):
             return None
         features = self._checked_features(features)
         standardized = (features - self.feature_mean) / self.feature_std
-        return 2.0 * torch.sigmoid(self.gate_bias + standardized @ self.gate_weights)
+        # 2 sigmoid(z) as 2 / (1 + exp(-z)): torch's sigmoid rounds differently in its
+        # vectorized and scalar loops (so a move's gate would depend on its position in
+        # the batch); exp, + and / do not, so eval, sessions and the server agree bit for
+        # bit. The clamp keeps exp finite (a gate of 0 or 2 to rounding either way).
+        logit = self.gate_bias + (standardized * self.gate_weights).sum(dim=-1)
+        return 2.0 / (1.0 + torch.exp(-logit.clamp(-700.0, 700.0)))
 
     def calibrated(self, distances: Tensor) -> Tensor:
         """The distances the transitions use (saturated when ``calibrate``)."""
@@ -306,6 +315,57 @@ class GatedTransitions(nn.Module):
         """A :class:`TransitionModel` (for :func:`decode_weighted`, sessions, the server)
         that applies this model with these features."""
         return BoundTransitions(self, features)
+
+
+def check_learned_transitions(model: object, what: str = "transitions") -> "GatedTransitions":
+    """A learned transition model as sessions and the server take it (``transitions=``), checked.
+
+    The contract: a :class:`GatedTransitions`, or any object with the same surface:
+    ``num_features`` (K, 0 or 1: the gate feature of
+    :mod:`~mapmatched_torch.kernels.gate_features` is one number per move),
+    ``is_zero``, ``effective_transition_weight`` (beta, a 0-d tensor) and
+    ``model(distances, features, dtype)`` returning transitions of the distances' shape.
+
+    Raises:
+        MapMatchedValueError: another type, K outside {0, 1}, or a negative or non-finite beta.
+    """
+    surface = ("num_features", "is_zero", "effective_transition_weight")
+    if isinstance(model, (Tensor, numbers.Real)) or not callable(model) or any(
+        not hasattr(model, name) for name in surface
+    ):
+        raise MapMatchedValueError(
+            f"{what} must be a GatedTransitions (or an object with num_features, is_zero, "
+            f"effective_transition_weight and model(distances, features, dtype)), got {type(model).__name__}; "
+            "a fixed beta is transition_weight="
+        )
+    features = getattr(model, "num_features")
+    if isinstance(features, bool) or not isinstance(features, int) or features not in (0, 1):
+        raise MapMatchedValueError(
+            f"{what} has num_features={features!r}, but sessions and the server compute one gate feature per move "
+            "(kernels/gate_features.py): it must be 0 or 1"
+        )
+    raw = getattr(model, "transition_weight", None)
+    beta = float(raw.detach()) if isinstance(raw, Tensor) else float(model.effective_transition_weight)
+    if not math.isfinite(beta) or beta < 0.0:
+        raise MapMatchedValueError(f"{what} has transition_weight {beta!r}: it must be finite and nonnegative")
+    return model  # type: ignore[return-value]
+
+
+def transitions_fingerprint(model: object) -> Dict[str, object]:
+    """What identifies a learned transition model in a saved state: its type, K, whether it
+    calibrates, and a SHA-256 over its ``state_dict`` (names, dtypes, shapes, bytes)."""
+    digest = hashlib.sha256()
+    state = model.state_dict() if hasattr(model, "state_dict") else {}
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return {
+        "type": type(model).__name__,
+        "num_features": int(getattr(model, "num_features")),
+        "calibrate": bool(getattr(model, "calibrate", False)),
+        "sha256": digest.hexdigest(),
+    }
 
 
 class BoundTransitions:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from ..core.checks import check_positive_int, check_turn, check_weight, describe
 from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
@@ -37,6 +37,9 @@ from ..core.scoring import normalize_candidates
 from ..core.settings import DecodeSettings, HoldsSettings
 from ..core.trace import build_trace
 
+if TYPE_CHECKING:
+    from .learned import LearnedTransitions
+
 __all__ = [
     "MapMatchedRetriever",
     "MapMatchedSession",
@@ -47,6 +50,7 @@ __all__ = [
     "normalize_turn",
     "context_chunk_ids",
     "decode_turns",
+    "learned_transitions",
     "finish_turn",
     "revised_indices",
     "revised_turns",
@@ -177,11 +181,24 @@ class MapMatchedRetriever(HoldsSettings):
         settings: emission_weight, transition_weight, score_normalization and
             fixed_lag as one :class:`~mapmatched_torch.core.settings.DecodeSettings`
             (then leave those four at their defaults).
+        transitions: a learned transition model (a
+            :class:`~mapmatched_torch.kernels.transitions.GatedTransitions`, or any model
+            with its contract) in place of ``-(beta * d)``: its beta replaces
+            ``transition_weight``, and each move is ``model(distances, features)`` with
+            the evaluation's gate feature (see :mod:`mapmatched_torch.retrieval.learned`).
+            The decoder must be the standalone one or stream (``TorchDecoder``).
+        passage_embeddings: ``(N, D)`` passage embeddings for the cosine gate feature
+            (rows aligned with ``passage_ids``, by default a tensor graph's nodes); then
+            every turn after the first needs its query embedding (``query_embedding=``,
+            or the provider's ``embed_query``). None: the score-level feature.
+        passage_ids: the chunk IDs of ``passage_embeddings``' rows.
 
     Attributes:
         settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` every
             session of this retriever decodes with (``emission_weight``,
             ``transition_weight``, ``fixed_lag`` and ``score_normalization`` read it).
+        transitions: the learned transition model, or None.
+        learned: its :class:`~mapmatched_torch.retrieval.learned.LearnedTransitions`, or None.
     """
 
     def __init__(
@@ -198,6 +215,9 @@ class MapMatchedRetriever(HoldsSettings):
         context_radius: float = 1.0,
         context_limit: Optional[int] = None,
         settings: Optional[DecodeSettings] = None,
+        transitions: Optional[Any] = None,
+        passage_embeddings: Optional[Any] = None,
+        passage_ids: Optional[Sequence[str]] = None,
     ) -> None:
         self.provider = provider
         if decoder is None:
@@ -220,10 +240,44 @@ class MapMatchedRetriever(HoldsSettings):
             context_radius,
             context_limit,
         )
+        self.learned = learned_transitions(transitions, self.graph, passage_embeddings, passage_ids)
+        self.transitions = None if self.learned is None else self.learned.model
+        if self.learned is not None:
+            self.settings = self.learned.settings(self.settings)
+            if not callable(getattr(decoder, "stream", None)) and not _takes_costs(decoder):
+                raise MapMatchedValueError(
+                    f"transitions= needs a decoder that streams (TorchDecoder) or takes transition_costs= "
+                    f"(StandaloneDecoder); {type(decoder).__name__} does neither"
+                )
 
     def session(self) -> "MapMatchedSession":
         """Open a new conversation."""
         return MapMatchedSession(self)
+
+
+def learned_transitions(
+    transitions: Optional[Any], graph: Any, passage_embeddings: Optional[Any], passage_ids: Optional[Sequence[str]]
+) -> Optional["LearnedTransitions"]:
+    """The ``transitions=`` of a retriever or a server, checked
+    (:class:`~mapmatched_torch.retrieval.learned.LearnedTransitions`), or None."""
+    from .learned import LearnedTransitions
+
+    if transitions is None:
+        if passage_embeddings is not None or passage_ids is not None:
+            raise MapMatchedValueError("passage_embeddings= and passage_ids= go with transitions= (a learned model)")
+        return None
+    return LearnedTransitions(transitions, graph, passage_embeddings, passage_ids)
+
+
+def _takes_costs(decoder: Any) -> bool:
+    """Whether ``decoder.decode_ranked`` takes ``transition_costs=`` (the standalone decoder's)."""
+    import inspect
+
+    ranked = getattr(decoder, "decode_ranked", None)
+    try:
+        return callable(ranked) and "transition_costs" in inspect.signature(ranked).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class MapMatchedSession:
@@ -241,10 +295,13 @@ class MapMatchedSession:
         self._path: Optional[DecodedPath] = None
         self._trace: Optional[RetrievalTrace] = None
         self._previous_query: Optional[str] = None
+        #: the learned model's gate features of each turn's incoming moves (None at turn 0)
+        self._features: List[Optional[Any]] = []
         # A decoder that can stream (TorchDecoder) decodes each turn incrementally.
         factory = getattr(retriever.decoder, "stream", None)
+        learned = {"transitions": retriever.transitions} if retriever.learned is not None else {}
         self._stream = (
-            factory(retriever.graph, retriever.candidate_limit, settings=retriever.settings)
+            factory(retriever.graph, retriever.candidate_limit, settings=retriever.settings, **learned)
             if callable(factory)
             else None
         )
@@ -285,7 +342,7 @@ class MapMatchedSession:
         """The normalized candidates of every turn so far."""
         return tuple(self._trellis)
 
-    def retrieve(self, query: str) -> RetrievalResult:
+    def retrieve(self, query: str, *, query_embedding: Optional[Any] = None) -> RetrievalResult:
         """Ask the provider for ``candidate_limit`` candidates and decode a new turn.
 
         The provider is asked as :func:`~mapmatched_torch.core.protocols.provider_answer`
@@ -297,6 +354,10 @@ class MapMatchedSession:
         (the chunk decoded at the previous turn; None at the first), and with
         ``previous_query=`` :attr:`previous_query` when its ``uses_previous_query`` is
         true.
+
+        ``query_embedding``: the query's embedding, for a retriever whose learned
+        transition model gates on the query-source cosine (default: the provider's
+        ``embed_query(query)`` when it has one).
 
         Raises:
             MapMatchedValueError: an empty query (``"query must not be empty"``; a
@@ -315,23 +376,29 @@ class MapMatchedSession:
                 "retrieve(query) requires a CandidateProvider; use retrieve_candidates instead "
                 "(or pass provider= to MapMatchedRetriever)"
             )
+        learned = self._retriever.learned
+        if query_embedding is None and learned is not None and learned.needs_query and self.turn_count:
+            embed = getattr(provider, "embed_query", None)
+            query_embedding = embed(query) if callable(embed) else None
         contextual = contextual_call(provider)
         if contextual is not None:  # e.g. QueryMixingProvider: the previous decoded chunk goes into the query
             with self._lock:  # the context read and the turn it conditions are one step
                 answer = contextual(query, self._retriever.candidate_limit, self.current_chunk_id,
                                     self._previous_query)
                 return self._retrieve_turn(answer, f"candidates from {type(provider).__name__}.retrieve_in_context",
-                                           query)
+                                           query, query_embedding)
         answer = provider_answer(provider)[1](query, self._retriever.candidate_limit)
-        return self._retrieve_turn(answer, provider_answer_name(provider), query)
+        return self._retrieve_turn(answer, provider_answer_name(provider), query, query_embedding)
 
-    def retrieve_candidates(self, candidates: Iterable[Any]) -> RetrievalResult:
+    def retrieve_candidates(self, candidates: Iterable[Any], *, query_embedding: Optional[Any] = None) -> RetrievalResult:
         """Decode a new turn from candidates given directly (provider order).
 
         The first ``candidate_limit`` candidates are kept and normalized; the whole
         trellis is re-decoded. If anything raises, the turn is removed again. The
         result's ``candidates`` are the kept ones as :class:`ScoredCandidate` (raw
-        scores); the normalized turn is ``session.trellis[-1]``.
+        scores); the normalized turn is ``session.trellis[-1]``. ``query_embedding``: the
+        turn's query embedding, needed after the first turn when the retriever's learned
+        transition model gates on the query-source cosine.
 
         Raises:
             MapMatchedTypeError: (a ValueError and a TypeError) ``candidates`` is not a
@@ -342,32 +409,45 @@ class MapMatchedSession:
                 must be unique within a turn (turn 0)"``), upstream's messages first.
             MapMatchedRuntimeError: a fixed-lag decoder changed a committed turn.
         """
-        return self._retrieve_turn(candidates, "candidates")
+        return self._retrieve_turn(candidates, "candidates", query_embedding=query_embedding)
 
-    def _retrieve_turn(self, candidates: Iterable[Any], what: str, query: Optional[str] = None) -> RetrievalResult:
+    def _retrieve_turn(
+        self, candidates: Iterable[Any], what: str, query: Optional[str] = None, query_embedding: Optional[Any] = None
+    ) -> RetrievalResult:
         """:meth:`retrieve_candidates`; ``what`` names the candidates in error messages;
         ``query`` is the turn's query text (None: given as candidates)."""
         with self._lock:
-            result = self._locked_turn(candidates, what)
+            result = self._locked_turn(candidates, what, query_embedding)
             self._previous_query = query
             return result
 
-    def _locked_turn(self, candidates: Iterable[Any], what: str) -> RetrievalResult:
+    def _locked_turn(self, candidates: Iterable[Any], what: str, query_embedding: Optional[Any] = None) -> RetrievalResult:
         retriever = self._retriever
         turn_index = len(self._trellis)
         kept = as_turn_candidates(candidates, turn_index, what)[: retriever.candidate_limit]
         normalized = normalize_turn(kept, retriever.score_normalization, turn_index)
+        features = None
+        if retriever.learned is not None and turn_index:
+            features = retriever.learned.turn_features(
+                [c.chunk_id for c in self._trellis[-1]], [c.chunk_id for c in normalized],
+                [c.normalized_score for c in normalized], retriever.candidate_limit, query_embedding,
+            )
         self._trellis.append(normalized)
+        self._features.append(features)
         pushed = False
         try:
             if self._stream is not None:
-                path, ranking = self._stream.push(normalized)
+                path, ranking = self._stream.push(normalized, features)
                 pushed = True
             else:
-                path, ranking = decode_turns(retriever, self._trellis)
+                costs = None
+                if retriever.learned is not None and retriever.settings.mode.uses_distances:
+                    costs = retriever.learned.cost_tables(self._features)
+                path, ranking = decode_turns(retriever, self._trellis, costs)
             result = finish_turn(retriever, self._trellis, kept, path, ranking, self._path, self._trace)
         except BaseException:
             self._trellis.pop()
+            self._features.pop()
             if pushed:
                 self._stream.rollback()
             raise
@@ -377,14 +457,17 @@ class MapMatchedSession:
 
 
 def decode_turns(
-    retriever: MapMatchedRetriever, trellis: Sequence[Sequence[DecoderCandidate]]
+    retriever: MapMatchedRetriever, trellis: Sequence[Sequence[DecoderCandidate]], transition_costs: Any = None
 ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
     """Decode a session's trellis with the retriever's decoder and options, all passed
     by keyword (``graph=`` too, as upstream does): its ``decode_ranked`` when it has
     one, else its ``decode`` with an empty ranking (a decoder with only upstream's
-    ``decode`` plugs in)."""
+    ``decode`` plugs in). ``transition_costs``: a learned model's (the standalone
+    decoder's keyword), passed only when given."""
     decoder = retriever.decoder
     options = dict(graph=retriever.graph, **retriever.settings.decoder_options)
+    if transition_costs is not None:
+        options["transition_costs"] = transition_costs
     ranked = getattr(decoder, "decode_ranked", None)
     if callable(ranked):
         return ranked(trellis, **options)

@@ -67,13 +67,16 @@ def report_step(
     fixed_lag: Optional[int] = None,
     reuse: Sequence[DecodedStep] = (),
     settings: Optional[DecodeSettings] = None,
+    cost_row: Optional[Sequence[float]] = None,
 ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
     """One conversation's :class:`SlotStep` row (as Python lists) -> path and ranking
-    (decoded with ``settings``, or with the three loose options)."""
+    (decoded with ``settings``, or with the three loose options; ``cost_row``: a learned
+    model's :meth:`SlotDecoder.path_costs` row)."""
     settings = DecodeSettings.resolve(
         settings, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag
     )
-    path = report_path(trellis, path_row[: len(trellis)], lambda t: distance_row[t], settings, reuse=reuse)
+    path = report_path(trellis, path_row[: len(trellis)], lambda t: distance_row[t], settings, reuse=reuse,
+                       step_cost=None if cost_row is None else (lambda t: cost_row[t]))
     return path, rank_final_candidates(trellis[-1], final_row[: len(trellis[-1])])
 
 
@@ -90,6 +93,9 @@ class DecodingStream:
         dtype, device: of the dynamic program.
         settings: a :class:`~mapmatched_torch.core.settings.DecodeSettings` in place of
             the three options.
+        transitions: a learned transition model (see
+            :class:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder`); each
+            :meth:`push` then takes the turn's gate features.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class DecodingStream:
         dtype: torch.dtype = torch.float64,
         device: Optional[Union[str, torch.device]] = None,
         settings: Optional[DecodeSettings] = None,
+        transitions: Optional[object] = None,
     ) -> None:
         self.graph = graph
         self._decoder = SlotDecoder(
@@ -113,14 +120,19 @@ class DecodingStream:
             capacity=1,
             dtype=dtype,
             device=device,
+            transitions=transitions,
         )
         self._slot = self._decoder.allocate()
         self._trellis: List[Tuple[DecoderCandidate, ...]] = []
         self._path: Optional[DecodedPath] = None
         self._undo: Optional[Tuple[Optional[DecodedPath]]] = None  # (the path before the last push,)
 
-    def push(self, turn: Sequence[DecoderCandidate]) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
-        """Decode the trellis extended by ``turn`` (validated by the caller).
+    def push(
+        self, turn: Sequence[DecoderCandidate], features: Optional[Tensor] = None
+    ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
+        """Decode the trellis extended by ``turn`` (validated by the caller); ``features``:
+        ``(M, K)`` the learned model's gate features of the moves into it (None at the
+        first turn or without a learned model).
 
         Raises the nonfinite-score ValueError (and leaves the stream unchanged) when a
         forward score overflows.
@@ -132,7 +144,8 @@ class DecodingStream:
             previous = [candidate.chunk_id for candidate in self._trellis[-1]]
             distances = step_distances(self.graph, [previous], [[c.chunk_id for c in turn]], decoder.width, decoder.device)
         slots = torch.tensor([self._slot], dtype=torch.long, device=decoder.device)
-        out = decoder.step(slots, scores, mask, distances)
+        out = decoder.step(slots, scores, mask, distances,
+                           features=None if features is None else features.unsqueeze(0))
         try:  # all or nothing: a failure after the step (even KeyboardInterrupt) restores the slot
             if not bool(out.ok[0]):
                 raise MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {len(self._trellis)}")
@@ -144,6 +157,7 @@ class DecodingStream:
                 out.final_scores[0].double().tolist(),
                 settings=decoder.settings,
                 reuse=self._path.steps if self._path is not None else (),
+                cost_row=None if decoder.transitions is None else decoder.path_costs(slots, out.paths)[0].tolist(),
             )
         except BaseException:
             decoder.undo_last()  # (an overflowing step wrote nothing: nothing to take back)

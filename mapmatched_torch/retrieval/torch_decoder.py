@@ -103,10 +103,12 @@ class TorchDecoder:
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
         settings: Optional[DecodeSettings] = None,
+        transitions: Optional[object] = None,
     ) -> "DecodingStream":
         """An incremental decoder for one conversation of at most ``width`` candidates
         per turn: each new turn costs one M x M step (plus the uncommitted tail with a
-        lag). Sessions use it automatically."""
+        lag). Sessions use it automatically (``transitions``: a session's learned
+        transition model, see :mod:`mapmatched_torch.retrieval.learned`)."""
         from .streaming import DecodingStream
 
         return DecodingStream(
@@ -118,6 +120,7 @@ class TorchDecoder:
             settings=settings,
             dtype=self.dtype,
             device=self.device,
+            transitions=transitions,
         )
 
     def decode_batch(

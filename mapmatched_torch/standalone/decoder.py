@@ -9,7 +9,7 @@ procedure literally (T prefix decodes, O(T^2 M^2)).
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ..core.checks import check_trellis
 from ..core.errors import MapMatchedValueError
@@ -18,9 +18,16 @@ from ..core.path_reports import NONFINITE_MESSAGE, rank_final_candidates, report
 from ..core.protocols import CorpusGraph
 from ..core.settings import DecodeSettings
 
-__all__ = ["StandaloneDecoder"]
+__all__ = ["StandaloneDecoder", "TransitionCosts"]
 
 Table = List[List[float]]
+
+#: A learned transition model as the reference takes it (docs/spec.md section 11): the
+#: T-1 tables of weighted transition costs ``costs[t-1][j][i]`` (what the decoder
+#: subtracts for the move from candidate j of turn t-1 to candidate i of turn t; the
+#: fixed model's is ``beta * d``), or a function ``costs(t, distances)`` giving that table
+#: for turn t >= 1 from the raw distance table ``distances[j][i]`` into it.
+TransitionCosts = Union[Sequence[Sequence[Sequence[float]]], Callable[[int, Table], Sequence[Sequence[float]]]]
 
 
 def _distance_tables(turns: Sequence[Sequence[DecoderCandidate]], graph: CorpusGraph) -> List[Table]:
@@ -29,6 +36,34 @@ def _distance_tables(turns: Sequence[Sequence[DecoderCandidate]], graph: CorpusG
         [[graph.distance(source.chunk_id, target.chunk_id) for target in turns[t]] for source in turns[t - 1]]
         for t in range(1, len(turns))
     ]
+
+
+def _learned_costs(
+    transition_costs: TransitionCosts, tables: List[Table], turns: Sequence[Sequence[DecoderCandidate]]
+) -> List[Table]:
+    """The T-1 cost tables of a learned model (a function is called once per turn),
+    checked: one ``len(turns[t-1]) x len(turns[t])`` table of finite floats per move."""
+    if callable(transition_costs):
+        given = [transition_costs(t, tables[t - 1]) for t in range(1, len(turns))]
+    else:
+        given = list(transition_costs)
+    if len(given) < len(turns) - 1:
+        raise MapMatchedValueError(
+            f"transition_costs must give {len(turns) - 1} tables (one per move between turns), got {len(given)}"
+        )
+    costs: List[Table] = []
+    for t in range(1, len(turns)):
+        table = [[float(value) for value in row] for row in given[t - 1]]
+        rows, columns = len(turns[t - 1]), len(turns[t])
+        if len(table) < rows or any(len(row) < columns for row in table[:rows]):
+            raise MapMatchedValueError(
+                f"transition_costs table {t - 1} (into turn {t}) must be at least {rows} x {columns}"
+            )
+        table = [row[:columns] for row in table[:rows]]
+        if not all(math.isfinite(value) for row in table for value in row):
+            raise MapMatchedValueError(f"transition_costs table {t - 1} (into turn {t}) must be finite")
+        costs.append(table)
+    return costs
 
 
 def _forward(
@@ -113,6 +148,7 @@ class StandaloneDecoder:
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
         settings: Optional[DecodeSettings] = None,
+        transition_costs: Optional[TransitionCosts] = None,
     ) -> DecodedPath:
         """Decode the best path (full Viterbi, or fixed-lag with ``fixed_lag``).
 
@@ -125,12 +161,17 @@ class StandaloneDecoder:
             settings: the three options above as one
                 :class:`~mapmatched_torch.core.settings.DecodeSettings` (then leave them
                 at their defaults).
+            transition_costs: a learned transition model's costs (:data:`TransitionCosts`:
+                T-1 tables ``[t-1][j][i]``, or a function of the turn and its distance
+                table) in place of ``beta * d``; the settings' beta is then not used.
+                The path reports the graph distances and these costs.
 
         Returns:
             The :class:`DecodedPath` (one step per turn).
         """
         return self.decode_ranked(
-            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag, settings=settings
+            trellis, graph, emission_weight=emission_weight, transition_weight=transition_weight, fixed_lag=fixed_lag,
+            settings=settings, transition_costs=transition_costs,
         )[0]
 
     def decode_ranked(
@@ -142,6 +183,7 @@ class StandaloneDecoder:
         transition_weight: float = 1.0,
         fixed_lag: Optional[int] = None,
         settings: Optional[DecodeSettings] = None,
+        transition_costs: Optional[TransitionCosts] = None,
     ) -> Tuple[DecodedPath, Tuple[CandidateScore, ...]]:
         """Like :meth:`decode`, plus the final turn's candidates ranked by trajectory score.
 
@@ -154,9 +196,13 @@ class StandaloneDecoder:
         )
         lam, lag = settings.emission_weight, settings.fixed_lag
         emissions = [[lam * candidate.normalized_score for candidate in turn] for turn in turns]
-        tables = _distance_tables(turns, graph) if settings.mode.uses_distances else None
-        cost = settings.transition_cost
-        costs = None if tables is None else [[[cost(d) for d in row] for row in table] for table in tables]
+        learned = transition_costs is not None
+        tables = _distance_tables(turns, graph) if settings.mode.uses_distances or learned else None
+        if learned:
+            costs = _learned_costs(transition_costs, tables, turns)
+        else:
+            cost = settings.transition_cost
+            costs = None if tables is None else [[[cost(d) for d in row] for row in table] for table in tables]
 
         locks: List[Optional[int]] = [None] * len(turns)
         if lag is not None:
@@ -178,5 +224,6 @@ class StandaloneDecoder:
             chosen,
             lambda t: tables[t - 1][chosen[t - 1]][chosen[t]],
             settings,
+            step_cost=(lambda t: costs[t - 1][chosen[t - 1]][chosen[t]]) if learned else None,
         )
         return path, rank_final_candidates(turns[-1], scores[-1])

@@ -9,15 +9,14 @@ from torch import Tensor
 
 from ...core.checks import check_choice
 from ...core.errors import MapMatchedValueError
+from ...kernels.gate_features import GATE_FEATURE_NAMES
+from ...kernels.gate_features import gate_features as shared_gate_features
 from ...kernels.online import online_filtering_scores, online_forward_scores, rank_slots
 from ..candidates import Candidates, normalize_candidate_scores
 from .fitted import cross_fitting_folds
 from .registry import MethodBatch, MethodOptions, MethodOutput, MethodUnavailable, _ranked
 
 __all__ = ["relevant_candidates", "gate_features", "GatedState", "GATED_RANKINGS"]
-
-_INF = float("inf")
-
 
 def relevant_candidates(candidates: Candidates, qrels: Any) -> Tensor:
     """(B, T, M) bool: the real candidates with a qrel grade > 0 (the gold sets of the CRF likelihood).
@@ -43,13 +42,8 @@ def gate_features(
     passage_embeddings: Optional[Tensor] = None,
     chunk: int = 256,
 ) -> Tensor:
-    """The gated method's per-move feature: how well the new turn matches where the conversation was.
-
-    With embeddings: :func:`~mapmatched_torch.kernels.transitions.query_source_cosine`,
-    the cosine of turn t+1's query to the passage of candidate j of turn t. Without
-    (the synthetic benchmark) its score-level analogue: turn t+1's normalized score of
-    that passage when turn t+1 retrieved it, else turn t+1's lowest candidate score
-    (as the score-level history concatenation treats a passage a turn missed).
+    """The gated method's per-move feature: :func:`mapmatched_torch.kernels.gate_features.gate_features`
+    of the candidates (the one computation sessions and the server share).
 
     Args:
         candidates: (B, T, M). normalized: (B, T, M) float64 normalized scores.
@@ -61,33 +55,7 @@ def gate_features(
         (B, T-1, M, 1) float64; 0.0 at moves out of padding.
     """
     index, _, mask = candidates
-    if (query_embeddings is None) != (passage_embeddings is None):
-        raise MapMatchedValueError("gate_features needs both the query and the passage embeddings, or neither")
-    if query_embeddings is not None:
-        if tuple(query_embeddings.shape[:2]) != tuple(mask.shape[:2]):
-            raise MapMatchedValueError(
-                f"query_embeddings must be (B, T, D) with (B, T) = {tuple(mask.shape[:2])}, "
-                f"got {tuple(query_embeddings.shape)}"
-            )
-        from ...kernels.transitions import query_source_cosine
-
-        queries, passages = query_embeddings.to(mask.device), passage_embeddings.to(mask.device)
-        parts = [
-            query_source_cosine(queries[start:start + chunk], passages[index[start:start + chunk].clamp_min(0)])
-            for start in range(0, index.shape[0], chunk)
-        ]
-        features = torch.cat(parts).to(torch.float64) if parts else normalized.new_zeros((0, 0, 0, 1))
-    else:
-        following = normalized[:, 1:]
-        # shape: (B, T-1, M_from, M_to): the passage of candidate j of turn t is candidate k of turn t+1
-        same = (index[:, :-1, :, None] == index[:, 1:, None, :]) & mask[:, 1:, None, :]
-        lowest = torch.where(mask[:, 1:], following, _INF).amin(dim=-1, keepdim=True)
-        lowest = torch.where(torch.isfinite(lowest), lowest, 0.0)
-        matched = torch.where(same, following.unsqueeze(2), 0.0).sum(dim=-1)
-        features = torch.where(same.any(dim=-1), matched, lowest).unsqueeze(-1)
-    # shape: (B, T-1, M, 1): a real source candidate with a real next turn
-    sources = (mask[:, :-1] & mask[:, 1:].any(dim=-1, keepdim=True)).unsqueeze(-1)
-    return torch.where(sources, features, 0.0)
+    return shared_gate_features(index, normalized, mask, query_embeddings, passage_embeddings, chunk)
 
 
 class GatedState(NamedTuple):
@@ -162,7 +130,7 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
                                  features[train], lookup.maximum_distance, options, f"the gated fit of fold {held_out}")
         models.append(model)
         params.append(_gated_params(model))
-    feature = "query-source cosine" if queries is not None else "score-level query-source match"
+    feature = GATE_FEATURE_NAMES[0] if queries is not None else GATE_FEATURE_NAMES[1]
     return GatedState(fold, features, tuple(models), feature, tuple(params))
 
 
