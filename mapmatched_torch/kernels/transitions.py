@@ -357,7 +357,7 @@ def transitions_fingerprint(model: object) -> Dict[str, object]:
     digest = hashlib.sha256()
     state = model.state_dict() if hasattr(model, "state_dict") else {}
     for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
+        tensor = state[name].detach().to("cpu").contiguous().reshape(-1)
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return {

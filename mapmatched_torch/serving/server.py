@@ -46,6 +46,7 @@ from ..retrieval.session import (
     MapMatchedRetriever,
     as_turn_candidates,
     check_retriever_options,
+    learned_transitions,
     normalize_turn,
     provider_answer_name,
 )
@@ -159,6 +160,9 @@ class MapMatchedServer:
         neighborhood_cache: int = 65536,
         turn_capacity: int = 8,
         settings: Optional[DecodeSettings] = None,
+        transitions: Any = None,
+        passage_embeddings: Optional[torch.Tensor] = None,
+        passage_ids: Optional[Sequence[str]] = None,
     ) -> None:
         self.graph, self.candidate_limit, self.settings, self.context_radius, self.context_limit = (
             check_retriever_options(
@@ -175,6 +179,11 @@ class MapMatchedServer:
                 context_limit,
             )
         )
+        # a learned transition model (checked; its beta becomes the settings' transition_weight)
+        self.learned = learned_transitions(transitions, self.graph, passage_embeddings, passage_ids)
+        self.transitions = None if self.learned is None else self.learned.model
+        if self.learned is not None:
+            self.settings = self.learned.settings(self.settings)
         self.provider = provider
         self._retriever: Optional[MapMatchedRetriever] = None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -189,6 +198,7 @@ class MapMatchedServer:
             device=self.device,
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
             turn_capacity=check_positive_int(turn_capacity, "turn_capacity"),
+            learned=self.learned,
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
         # slot -> (the text of a query it stepped, its turn count right after): that query
@@ -214,8 +224,19 @@ class MapMatchedServer:
                 settings=self.settings,
                 context_radius=self.context_radius,
                 context_limit=self.context_limit,
+                **self._learned_options(),
             )
         return self._retriever
+
+    def _learned_options(self) -> Dict[str, Any]:
+        """The ``transitions=`` keywords of this server's learned model (empty without one)."""
+        learned = self.learned
+        if learned is None:
+            return {}
+        ids = None
+        if learned.passage_embeddings is not None:
+            ids = sorted(learned.rows, key=learned.rows.__getitem__)
+        return {"transitions": learned.model, "passage_embeddings": learned.passage_embeddings, "passage_ids": ids}
 
     @property
     def store(self) -> SessionStore:
@@ -364,7 +385,7 @@ class MapMatchedServer:
     @_serialized
     def step_slots(
         self, slots: torch.Tensor, codes: torch.Tensor, scores: torch.Tensor, *, contexts: bool = True,
-        synchronize: bool = True,
+        synchronize: bool = True, query_embeddings: Optional[torch.Tensor] = None,
     ) -> TensorStep:
         """The tensor step: one new turn for each of S sessions given by slot, nothing
         made per session.
@@ -394,6 +415,10 @@ class MapMatchedServer:
                 with ``synchronize=True``. The table grows outside the step: the step
                 reads the lengths back only when the table may be full
                 (``turn_capacity`` sizes it ahead).
+            query_embeddings: ``(S, D)`` the new turns' query embeddings, needed when the
+                server's learned transition model gates on the query-source cosine
+                (``passage_embeddings=``; its look-up of the previous candidates' rows
+                reads the host).
 
         Returns:
             A :class:`~mapmatched_torch.serving.session_store.TensorStep` on the server's
@@ -410,7 +435,8 @@ class MapMatchedServer:
         written = decoder.steps_written
         with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
             try:  # all or nothing, as in step()
-                step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize)
+                step = self._store.step(slots, codes, scores, contexts=contexts, synchronize=synchronize,
+                                        query_embeddings=query_embeddings)
                 self._refuse_overflowing_traces(step, slots.to(self.device), None, range(slots.shape[0]))
             except BaseException:
                 if decoder.steps_written != written and decoder.can_undo:  # (no host read)
@@ -451,13 +477,19 @@ class MapMatchedServer:
                             check_nonnegative_int(warmup, "warmup"))
 
     @_serialized
-    def step(self, turns: Mapping[SessionId, Any]) -> Tuple[StepResults, Dict[SessionId, Exception]]:
+    def step(
+        self, turns: Mapping[SessionId, Any], *, query_embeddings: Optional[Mapping[SessionId, Any]] = None
+    ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """Decode one new turn for every session in ``turns``, in one batched pass.
 
         Args:
             turns: session ID -> that session's new candidates (``ScoredCandidate``
                 objects or ``(chunk_id, score)`` pairs, provider order), or a query
                 string when the server has a provider.
+            query_embeddings: session ID -> the new turn's query embedding ``(D,)``, for
+                a learned transition model that gates on the query-source cosine (a
+                query string's default: the provider's ``embed_query``); a session past
+                its first turn without one fails alone.
 
         Returns:
             ``(results, errors)``: each successful session's
@@ -496,6 +528,9 @@ class MapMatchedServer:
                 continue
             ids.append(session_id)
             kept_rows.append(kept)
+        embeddings = None
+        if self.learned is not None and self.learned.needs_query:
+            ids, kept_rows, embeddings = self._query_rows(ids, kept_rows, queries, query_embeddings or {}, errors)
         if not ids:
             return self._results([], None, None, {}), errors
         width = self.candidate_limit
@@ -504,11 +539,33 @@ class MapMatchedServer:
         raw = packed_rows([list(map(_SCORE, kept)) for kept in kept_rows], width, 0.0, torch.float64)
         candidates = dict(zip(ids, kept_rows))
         return self._run(ids, codes, raw, errors, lambda key, code, turn: _candidate_error(
-            code, candidates[key], self.settings.score_normalization, turn), queries), errors
+            code, candidates[key], self.settings.score_normalization, turn), queries, embeddings), errors
+
+    def _query_rows(self, ids, kept_rows, queries, given, errors):
+        """``(ids, kept_rows, (S, D) query embeddings)`` of a step whose learned model reads
+        the query embeddings: a session past its first turn without one fails alone."""
+        learned = self.learned
+        embed = getattr(self.provider, "embed_query", None)
+        rows, kept, vectors = [], [], []
+        for session_id, row in zip(ids, kept_rows):
+            vector = given.get(session_id)
+            if vector is None and session_id in queries and callable(embed):
+                vector = embed(queries[session_id])
+            try:
+                if vector is None and self._store.decoder.length(self._sessions[session_id]) == 0:
+                    vector = torch.zeros(learned.passage_embeddings.shape[1])  # (a first turn's is not read)
+                vectors.append(learned.check_query(vector).reshape(-1))
+            except MapMatchedValueError as error:
+                errors[session_id] = error
+                continue
+            rows.append(session_id)
+            kept.append(row)
+        return rows, kept, torch.stack(vectors) if vectors else None
 
     @_serialized
     def step_indexed(
-        self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor
+        self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor, *,
+        query_embeddings: Optional[torch.Tensor] = None,
     ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """:meth:`step` for candidates given as tensors of graph node indices (no Python
         object per candidate): what a dense provider on the device returns.
@@ -520,6 +577,8 @@ class MapMatchedServer:
                 ``-1`` padding after each row's candidates; columns past
                 ``candidate_limit`` are cut.
             scores: ``(S, K)`` floating raw scores (padding entries are ignored).
+            query_embeddings: ``(S, D)`` the new turns' query embeddings, needed when a
+                learned transition model gates on the query-source cosine.
 
         Returns:
             As :meth:`step`; the results equal :meth:`step` with the same candidates as
@@ -563,7 +622,7 @@ class MapMatchedServer:
             pairs = [ScoredCandidate(names[node], score) for node, score in zip(listed[:kept], raw[:kept])]
             return _candidate_error(code, pairs, self.settings.score_normalization, turn)
 
-        return self._run(ids, candidates, scores, errors, row_error), errors
+        return self._run(ids, candidates, scores, errors, row_error, None, query_embeddings), errors
 
     def _run(
         self,
@@ -573,6 +632,7 @@ class MapMatchedServer:
         errors: Dict[SessionId, Exception],
         row_error: Callable[[SessionId, StepCode, int], Exception],
         queries: Optional[Mapping[SessionId, str]] = None,
+        embeddings: Optional[torch.Tensor] = None,
     ) -> StepResults:
         """The tensor step of ``ids`` (one row each), their failures into ``errors`` (made
         by ``row_error(session ID, code, turn index)``), the successes as StepResults;
@@ -585,7 +645,8 @@ class MapMatchedServer:
         written = decoder.steps_written
         with deferred_sigint():  # SIGINT arrives once the step is committed or taken back
             try:  # all or nothing: anything raised below (even KeyboardInterrupt) takes the step back
-                results, updates = self._run_step(ids, slots, codes, raw, before, errors, row_error, queries)
+                results, updates = self._run_step(ids, slots, codes, raw, before, errors, row_error, queries,
+                                                  embeddings)
             except BaseException:
                 if decoder.steps_written != written and decoder.can_undo:  # (not taken back already)
                     decoder.undo_last()
@@ -593,9 +654,9 @@ class MapMatchedServer:
             self._previous_queries.update(updates)
         return results
 
-    def _run_step(self, ids, slots, codes, raw, before, errors, row_error, queries):
+    def _run_step(self, ids, slots, codes, raw, before, errors, row_error, queries, embeddings=None):
         """The body of :meth:`_run`: ``(results, the previous queries to record)``."""
-        step = self._store.step(slots, codes, raw)
+        step = self._store.step(slots, codes, raw, query_embeddings=embeddings)
         status = step.status.tolist()
         failed = [row for row, code in enumerate(status) if code]
         rows = {key: row for row, key in enumerate(ids)}
@@ -791,6 +852,8 @@ class MapMatchedServer:
             "fixed_lag": settings.fixed_lag,
             "context_radius": self.context_radius,
             "context_limit": self.context_limit,
+            # a learned transition model's fingerprint (only with one: fixed-beta states are unchanged)
+            **({"transitions": self.learned.fingerprint()} if self.learned is not None else {}),
         }
 
     @_serialized
@@ -859,8 +922,9 @@ class MapMatchedServer:
         options = self._options()
         if state["options"] != options:
             saved = state["options"] if isinstance(state["options"], dict) else {}
-            named = [f"{key} (saved {saved.get(key, 'absent')!r}, this {value!r})" for key, value in options.items()
-                     if saved.get(key, "absent") != value] or [f"saved {state['options']!r}"]
+            keys = [*options, *(key for key in saved if key not in options)]  # (a learned model's, saved or here)
+            named = [f"{key} (saved {saved.get(key, 'absent')!r}, this {options.get(key, 'absent')!r})" for key in keys
+                     if saved.get(key, "absent") != options.get(key, "absent")] or [f"saved {state['options']!r}"]
             raise MapMatchedValueError("refusing the server state: it was saved with other options: "
                                        f"{'; '.join(named)}; nothing was changed")
         self._restore(lambda: (state["sessions"], state["previous_queries"], store))

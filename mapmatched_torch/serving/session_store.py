@@ -34,6 +34,8 @@ from ..graph.protocols import TensorGraph
 from ..kernels import fused_step
 from ..kernels.normalization import normalize_score_rows, normalize_score_rows_on_device
 from ..kernels.slot_decoder import PayloadSpec, SlotDecoder
+from ..kernels.gate_features import step_features
+from ..retrieval.learned import LearnedTransitions
 from ..retrieval.streaming import step_distances
 from .codes import ChunkCodes
 from .contexts import ContextTable
@@ -132,6 +134,13 @@ class SessionStore:
         context_radius, context_limit: the contexts' neighbourhood radius and cut.
         capacity: initial slots. turn_capacity: initial turns per slot (grows by
         doubling, shrinks back to it). dtype, device: of the dynamic program.
+        learned: a learned transition model with its feature inputs
+            (:class:`~mapmatched_torch.retrieval.learned.LearnedTransitions`), or None for
+            the fixed ``-(beta * d)``: each step then computes the gate features of the
+            moves out of every slot's previous turn
+            (:func:`~mapmatched_torch.kernels.gate_features.step_features`, the
+            evaluation's) and the slot decoder makes the moves with the model; the
+            path's ``transitions`` are the model's costs.
     """
 
     def __init__(
@@ -147,9 +156,12 @@ class SessionStore:
         device: Optional[torch.device] = None,
         neighborhood_cache: int = 65536,
         turn_capacity: int = 8,
+        learned: Optional[LearnedTransitions] = None,
     ) -> None:
         self.graph = graph
         self.codes = ChunkCodes(graph)
+        self.learned = learned
+        self._queries: Optional[Tensor] = None  # the current step's (S, D) query embeddings
         self.decoder = SlotDecoder(
             width,
             settings=settings,
@@ -158,6 +170,7 @@ class SessionStore:
             dtype=dtype,
             device=device,
             payload=_PAYLOAD,
+            transitions=None if learned is None else learned.model,
         )
         self.device = self.decoder.device
         self.width = width
@@ -195,7 +208,8 @@ class SessionStore:
     # ------------------------------------------------------------------- a step
 
     def step(
-        self, slots: Tensor, codes: Tensor, raw: Tensor, *, contexts: bool = False, synchronize: bool = True
+        self, slots: Tensor, codes: Tensor, raw: Tensor, *, contexts: bool = False, synchronize: bool = True,
+        query_embeddings: Optional[Tensor] = None,
     ) -> TensorStep:
         """Decode one new turn for each of S sessions (see :class:`TensorStep`).
 
@@ -207,6 +221,8 @@ class SessionStore:
             contexts: also compute the contexts.
             synchronize: False: no host read from the tensors given to the result
                 returned (:meth:`_step_on_device`).
+            query_embeddings: (S, D) the new turns' query embeddings, for a learned
+                model's cosine gate feature (else unused).
 
         Returns:
             A :class:`TensorStep`; rows that fail change nothing.
@@ -215,6 +231,7 @@ class SessionStore:
         slots, codes = slots.to(device), codes.to(device)
         raw = raw.to(device, torch.float64)
         count = slots.shape[0]
+        self._queries = self._checked_queries(query_embeddings, count)
         if not synchronize:
             return self._step_on_device(slots, codes, raw, contexts)
         checked = fused_step.checked_rows(slots, self._live, codes, raw, len(self.codes), width, _CHECK_ORDER)
@@ -301,6 +318,8 @@ class SessionStore:
         if rows.shape[0] == count:  # no copies when every row is clean
             stepped = self._decode(slots, kept, kept_raw, normalized, real)
         else:
+            if self._queries is not None:
+                self._queries = self._queries[rows]
             stepped = self._decode(slots[rows], kept[rows], kept_raw[rows], normalized[rows], real[rows])
         ok = stepped["ok"]
         status[rows[~ok]] = int(StepCode.DECODE_OVERFLOW)
@@ -375,10 +394,13 @@ class SessionStore:
             # slot's saved links never depend on its batch-mates)
             distances = torch.where((lengths > 0).view(-1, 1, 1),
                                     self._distances(slots, lengths, codes, synchronize=not spare), 0.0)
+        features = None
+        if distances is not None and self.learned is not None and self.learned.needs_features:
+            features = self._features(slots, lengths, codes, normalized, real, spare, active)
         previous = decoder.payload("path", spare_slot=spare)[slots].clone()
         step = decoder.step(
             slots, normalized, real, distances, payload={"codes": codes, "raw": raw, "normalized": normalized},
-            active=active,
+            active=active, features=features,
         )
         ok = step.ok
         # shape: (S, T) the path before this step (the table may have grown its turns)
@@ -426,7 +448,10 @@ class SessionStore:
         lag = decoder.fixed_lag
         committed = (step.lengths - lag - 1).clamp_min(-1) if lag is not None else torch.full_like(step.lengths, -1)
         emissions = torch.where(advanced, decoder.emission_weight * scores, 0.0)
-        transitions = torch.where(advanced, decoder.settings.transition_cost(step.path_distances), 0.0)
+        if self.learned is not None:  # the learned model's costs along the path
+            transitions = decoder.path_costs(slots, step.paths, spare_slot=spare_slot)
+        else:
+            transitions = torch.where(advanced, decoder.settings.transition_cost(step.path_distances), 0.0)
         newest = codes[slots, last]
         return {
             "chunks": torch.where(step.lengths > 0, path.gather(1, last.unsqueeze(1)).squeeze(1), -1),
@@ -459,6 +484,44 @@ class SessionStore:
         return step_distances(
             self.graph, [row if row else None for row in before], after, self.width, self.device
         )
+
+    def _checked_queries(self, query_embeddings: Optional[Tensor], count: int) -> Optional[Tensor]:
+        """The step's ``(S, D)`` query embeddings on the device, checked (None when the
+        learned model does not read them)."""
+        if self.learned is None or not self.learned.needs_query:
+            return None
+        if query_embeddings is None:
+            return None  # (refused in _features, only when a slot has a previous turn)
+        queries = self.learned.check_query(query_embeddings)
+        if queries.dim() != 2 or queries.shape[0] != count:
+            raise MapMatchedValueError(
+                f"query_embeddings must be (S, D) with S = {count} rows, got {tuple(queries.shape)}"
+            )
+        return queries.to(self.device)
+
+    def _features(self, slots: Tensor, lengths: Tensor, codes: Tensor, normalized: Tensor, real: Tensor,
+                  spare: bool, active: Optional[Tensor] = None) -> Tensor:
+        """(S, M, 1) float64 gate features of the moves out of each slot's last turn into
+        the new one (:func:`~mapmatched_torch.kernels.gate_features.step_features`: chunk
+        codes are the identities; with passage embeddings, the codes' rows, looked up by
+        chunk ID on the host)."""
+        learned = self.learned
+        assert learned is not None
+        previous = self.decoder.payload("codes", spare_slot=spare)[slots, (lengths - 1).clamp_min(0)]
+        started = lengths > 0 if active is None else (lengths > 0) & active
+        previous = torch.where(started.unsqueeze(1), previous, -1)
+        previous_mask = previous >= 0
+        if not learned.needs_query:
+            return step_features(previous, previous_mask, codes, normalized, real)
+        queries = self._queries
+        if queries is None:
+            queries = learned.check_query(None)  # raises: the cosine needs the query embeddings
+        rows = torch.tensor(learned.embedding_rows(self.codes.names(previous.view(-1).tolist())),
+                            dtype=torch.long).view(previous.shape)
+        passages = learned.passage_embeddings
+        assert passages is not None
+        return step_features(rows.to(self.device), previous_mask, codes, normalized, real, queries,
+                             passages.to(self.device))
 
     # ----------------------------------------------------------- persistence
 

@@ -169,9 +169,11 @@ class StepRecord:
         reuse: the previous step's ``(path, trace)`` when it was built: their steps
             are kept where the path is unchanged, as a session keeps them, so a result
             costs O(new and revised turns), not O(T).
+        costs: ``(T,)`` a learned transition model's cost of the move into each turn
+            along the path, or None for the fixed model.
     """
 
-    __slots__ = ("turns", "length", "row", "distances", "finals", "revised", "_reuse", "_decoded", "_result")
+    __slots__ = ("turns", "length", "row", "distances", "finals", "revised", "costs", "_reuse", "_decoded", "_result")
 
     def __init__(
         self,
@@ -182,8 +184,10 @@ class StepRecord:
         finals: Tuple[float, ...],
         revised: Tuple[int, ...],
         reuse: Optional[Tuple[DecodedPath, RetrievalTrace]] = None,
+        costs: Optional[Tuple[float, ...]] = None,
     ) -> None:
         self.turns, self.length, self.row, self.distances, self.finals = turns, length, row, distances, finals
+        self.costs = costs
         self.revised, self._reuse = revised, reuse
         # (the new turn's candidates, path, ranking, trace)
         self._decoded: Optional[Tuple[tuple, DecodedPath, Optional[Tuple[CandidateScore, ...]], RetrievalTrace]] = None
@@ -205,6 +209,7 @@ class StepRecord:
                 trellis, self.row, self.distances, self.finals,
                 settings=retriever.settings,
                 reuse=previous_path.steps if previous_path is not None else (),
+                cost_row=self.costs,
             )
             revised = check_revisions(self.revised, committed_through(self.length - 1, retriever.settings.fixed_lag))
             self._decoded = (last, path, ranking, turn_trace(retriever, trellis, path, revised, previous_trace))
@@ -378,6 +383,7 @@ class StepResults(Mapping):
             record = self._records[session_id] = StepRecord(
                 turns, length, tuple(lists["path_index"][row][:length]), tuple(lists["distances"][row][:length]),
                 tuple(lists["final_scores"][row][:count]), revised, reuse,
+                tuple(lists["transitions"][row][:length]) if "transitions" in lists else None,
             )
         return record
 
@@ -430,6 +436,8 @@ class StepResults(Mapping):
                 name: getattr(step, name).tolist()
                 for name in ("chunks", "lengths", "path_index", "distances", "final_scores", "revised")
             }
+            if getattr(self._retriever, "learned", None) is not None:  # a learned model's costs
+                lists["transitions"] = step.transitions.tolist()
             lists["slots"] = self._slots.tolist()
             lists["slot_set"] = set(lists["slots"])
             self._lists = lists
