@@ -254,11 +254,16 @@ def enumerate_paths(emissions: Tensor, transitions: Tensor, mask_b: Tensor) -> B
 
 
 def random_slot_run(backend: str, dtype: torch.dtype, lag: Optional[int], beta: float, seed: int, *,
-                    width: int = 5, slots: int = 6, turns: int = 7, device: Union[str, torch.device] = "cpu"):
+                    width: int = 5, slots: int = 6, turns: int = 7, device: Union[str, torch.device] = "cpu",
+                    learned: Optional[str] = None):
     """Every step output and the final state of a random :class:`~mapmatched_torch.kernels.slot_decoder.SlotDecoder`
     run on the kernel ``backend`` (:func:`~mapmatched_torch.kernels.backend.use_backend`'s names): random subsets of
     slots step each turn, with exact ties (integer scores and distances) in about a third of the turns, an
     overflowing row now and then, and slots released and reallocated. Two backends' runs must be equal bit for bit.
+    ``learned``: ``"gated"`` or ``"calibrated"`` decodes with a random
+    :class:`~mapmatched_torch.kernels.transitions.GatedTransitions` of beta ``beta`` (a gate on one random
+    feature per move; ``"calibrated"`` also saturates the distances) in place of the fixed model, and each
+    output also holds the learned costs along the paths.
 
     Returns:
         ``(outputs, tensors)``: one tuple of :class:`~mapmatched_torch.kernels.slot_decoder.SlotStep` tensors per
@@ -268,11 +273,19 @@ def random_slot_run(backend: str, dtype: torch.dtype, lag: Optional[int], beta: 
 
     from .kernels.backend import use_backend
     from .kernels.slot_decoder import SlotDecoder
+    from .kernels.transitions import GatedTransitions
 
     with use_backend(backend):
         rng = random.Random(seed)
         generator = torch.Generator().manual_seed(seed)
-        decoder = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=2, dtype=dtype, device=device)
+        model = None
+        if learned is not None:
+            model = GatedTransitions(beta, num_features=1, calibrate=learned == "calibrated", cap=1.5, device=device)
+            with torch.no_grad():
+                model.gate_bias.fill_(rng.uniform(-1.0, 1.0))
+                model.gate_weights.fill_(rng.uniform(-2.0, 2.0))
+        decoder = SlotDecoder(width, transition_weight=beta, fixed_lag=lag, capacity=2, dtype=dtype, device=device,
+                              transitions=model)
         table = [decoder.allocate() for _ in range(slots)]
         outputs = []
         for _ in range(turns):
@@ -288,8 +301,14 @@ def random_slot_run(backend: str, dtype: torch.dtype, lag: Optional[int], beta: 
                 distances = torch.rand(count, width, width, generator=generator, dtype=torch.float64) * 3
             if rng.random() < 0.1:  # an overflowing row
                 scores[0] = 1e308 if dtype == torch.float64 else 1e38
-            step = decoder.step(picked.to(device), scores.to(device), mask.to(device), distances.to(device))
-            outputs.append(tuple(step))
+            if model is None:
+                step = decoder.step(picked.to(device), scores.to(device), mask.to(device), distances.to(device))
+                outputs.append(tuple(step))
+            else:
+                features = torch.randn(count, width, 1, generator=generator, dtype=torch.float64)
+                step = decoder.step(picked.to(device), scores.to(device), mask.to(device), distances.to(device),
+                                    features=features.to(device))
+                outputs.append(tuple(step) + (decoder.path_costs(picked.to(device), step.paths),))
             if rng.random() < 0.2:
                 released = rng.choice(table)
                 decoder.release(released)

@@ -42,8 +42,8 @@ __all__ = ["step", "backtrack"]
 def _step_kernel(
     prev_ptr, prev_allowed_ptr, started_ptr, em_ptr, mask_ptr, tr_ptr, dist_ptr,
     alpha_ptr, bp_ptr, links_ptr, nonfinite_ptr,
-    beta_ptr, M,
-    BLOCK_M: tl.constexpr, FROM_DISTANCES: tl.constexpr,
+    beta_ptr, factor_ptr, M,
+    BLOCK_M: tl.constexpr, FROM_DISTANCES: tl.constexpr, PER_MOVE: tl.constexpr,
 ):
     s = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_M)
@@ -54,7 +54,11 @@ def _step_kernel(
     previous = tl.load(prev_ptr + s * M + offs, mask=inside, other=0.0)
     emission = tl.load(em_ptr + s * M + offs, mask=inside, other=0.0)
     before = tl.where(started, tl.where(allowed, previous, float("-inf")), 0.0)
-    if FROM_DISTANCES:
+    if PER_MOVE:
+        # a learned model: (calibrated) float64 distances in tr_ptr times -(beta * gate) of each source j
+        factor = tl.load(factor_ptr + s * M + offs, mask=inside, other=0.0)
+        tile = (_load_tile(tr_ptr + s * M * M, offs, inside, M) * factor[:, None]).to(previous.dtype)
+    elif FROM_DISTANCES:
         # -beta read as float64 from memory: a Python float argument would arrive as float32
         negative_beta = tl.load(beta_ptr)
         tile = (_load_tile(dist_ptr + s * M * M, offs, inside, M) * negative_beta).to(previous.dtype)
@@ -123,10 +127,13 @@ def _beta_on(value: float, device: torch.device) -> Tensor:
 
 def step(previous: Tensor, previous_allowed: Tensor, started: Tensor, emissions: Tensor, mask: Tensor,
          transitions: Optional[Tensor], distances: Tensor, negative_beta: float,
-         alpha: Tensor, backpointers: Tensor, links: Tensor, nonfinite: Tensor) -> None:
+         alpha: Tensor, backpointers: Tensor, links: Tensor, nonfinite: Tensor,
+         factors: Optional[Tensor] = None) -> None:
     """One step of S slots into ``alpha`` (S, M), ``backpointers`` (S, M) long, ``links``
     (S, M) float64 and ``nonfinite`` (S,) bool, as the numba step writes them;
-    ``transitions`` None: made from ``distances`` times ``negative_beta``."""
+    ``transitions`` None: made from ``distances`` times ``negative_beta``; ``factors``
+    (S, M) float64 given: ``transitions`` are float64 (calibrated) distances, each row j
+    weighed by ``factors[s, j]`` (a learned model's ``-(beta * gate)``)."""
     check_device(emissions)
     count, width = emissions.shape
     if count == 0:
@@ -139,8 +146,10 @@ def step(previous: Tensor, previous_allowed: Tensor, started: Tensor, emissions:
         emissions.contiguous(), mask.contiguous().view(torch.uint8),
         transitions.contiguous() if transitions is not None else distances, distances,
         alpha, backpointers, links, flags,
-        _beta_on(float(negative_beta), emissions.device), width,
-        BLOCK_M=block, FROM_DISTANCES=transitions is None, num_warps=warps_for(block), enable_fp_fusion=False,
+        _beta_on(float(negative_beta), emissions.device),
+        factors.to(torch.float64).contiguous() if factors is not None else distances, width,
+        BLOCK_M=block, FROM_DISTANCES=transitions is None, PER_MOVE=factors is not None,
+        num_warps=warps_for(block), enable_fp_fusion=False,
     )
     nonfinite.copy_(flags != 0)
 

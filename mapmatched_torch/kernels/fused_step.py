@@ -57,6 +57,9 @@ class _Stamps:
 
 _STAMPS = _Stamps()
 
+#: The numba step's ``factors`` of the fixed model: none (an empty (0, 0) array).
+_NO_FACTORS = torch.zeros((0, 0), dtype=torch.float64)
+
 
 def max_plus_step(
     previous: Tensor,
@@ -67,6 +70,7 @@ def max_plus_step(
     transitions: Optional[Tensor],
     distances: Tensor,
     transition_weight: Optional[float] = None,
+    factors: Optional[Tensor] = None,
 ) -> Optional[FusedStep]:
     """The fused step, or None where it does not apply.
 
@@ -83,6 +87,12 @@ def max_plus_step(
         transition_weight: beta, when ``transitions`` is None: the transitions are then
             :func:`~mapmatched_torch.kernels.transitions.weighted_transitions` of the
             distances, made in the kernel (no (S, M, M) temporary).
+        factors: (S, M) float64 a learned model's per-move factor ``-(beta * gate)`` of
+            each source candidate (:meth:`~.transitions.GatedTransitions.move_factors`):
+            ``transitions`` are then the float64 distances the moves weigh (the
+            calibrated ones, or ``distances`` themselves) and the kernel makes
+            ``transitions[s, j, i] * factors[s, j]`` rounded to the table's dtype, what
+            the model's ``forward`` makes, bit for bit.
 
     Returns:
         A :class:`FusedStep` equal to the torch step's values bit for bit, or None.
@@ -103,6 +113,10 @@ def max_plus_step(
             torch.empty((count, width), dtype=torch.float64, device=device),
             torch.empty(count, dtype=torch.bool, device=device),
         )
+        if factors is not None:
+            _triton_step.step(previous, previous_allowed, started, emissions, mask, transitions.to(torch.float64),
+                              distances, 0.0, *step, factors=factors)
+            return step
         _triton_step.step(previous, previous_allowed, started, emissions, mask,
                           None if transitions is None else transitions.to(dtype), distances,
                           move_factor(float(transition_weight)) if transitions is None else 0.0, *step)
@@ -114,13 +128,18 @@ def max_plus_step(
     links = torch.empty((count, width), dtype=torch.float64)
     nonfinite = torch.empty(count, dtype=torch.bool)
     constants = torch.tensor([0.0, -float("inf")], dtype=dtype)
-    from_distances = transitions is None
-    moves = torch.zeros((1, 1, 1), dtype=dtype) if from_distances else transitions.to(dtype)
+    from_distances = transitions is None or factors is not None
+    if factors is not None:  # (calibrated) float64 distances, weighed per source candidate in the kernel
+        moves, per_move = transitions.to(torch.float64), factors.to(torch.float64)
+    else:
+        moves = torch.zeros((1, 1, 1), dtype=dtype) if from_distances else transitions.to(dtype)
+        per_move = _NO_FACTORS
+    negative_beta = move_factor(float(transition_weight)) if transitions is None else 0.0
     arrays = tuple(
         tensor.contiguous().numpy()
         for tensor in (previous, previous_allowed, started, emissions, mask, moves, distances.double())
     ) + (alpha.numpy(), backpointers.numpy(), links.numpy(), nonfinite.numpy(), constants.numpy(),
-         from_distances, move_factor(float(transition_weight)) if from_distances else 0.0)
+         from_distances, negative_beta, per_move.contiguous().numpy())
     blocks = numba_runtime.blocks_for(torch.get_num_threads(), count)
     numba_runtime.call(kernels.step_parallel, kernels.step_serial, arrays, blocks)
     return FusedStep(alpha, backpointers, links, nonfinite)

@@ -17,9 +17,13 @@ import numpy as np
 
 @numba.njit(cache=True, nogil=True)
 def _row(s, previous, previous_allowed, started, emissions, mask, transitions, distances, alpha, backpointers,
-         links, nonfinite, constants, from_distances, negative_beta):
+         links, nonfinite, constants, from_distances, negative_beta, factors):
     """With ``from_distances`` the transitions are ``distances * negative_beta`` rounded to
-    the table's dtype (``weighted_transitions``), made here (``transitions`` unread).
+    the table's dtype (``weighted_transitions``), made here (``transitions`` unread); with
+    ``from_distances`` and a non-empty ``factors`` (S, M) (a learned model's per-move
+    factor ``-(beta * gate)``), they are ``transitions[s, j, i] * factors[s, j]`` rounded
+    likewise, ``transitions`` then holding the (calibrated) float64 distances the moves
+    weigh (``distances`` stay the raw ones, for the links).
 
     The predecessor loop is the outer one, so the inner loop runs along a row of the
     transitions and vectorizes; ``alpha[s]`` and ``backpointers[s]`` hold the running
@@ -44,6 +48,14 @@ def _row(s, previous, previous_allowed, started, emissions, mask, transitions, d
         if not allowed:
             value = before + zero  # every move from j is 0
             for i in range(width):
+                if j == 0 or value > best[i] or (value != value and best[i] == best[i]):
+                    best[i] = value
+                    best_j[i] = j
+        elif from_distances and factors.shape[0] > 0:
+            row = transitions[s, j]
+            factor = factors[s, j]
+            for i in range(width):
+                value = before + (cast(row[i] * factor) if real[i] else zero)
                 if j == 0 or value > best[i] or (value != value and best[i] == best[i]):
                     best[i] = value
                     best_j[i] = j
@@ -76,20 +88,20 @@ def _row(s, previous, previous_allowed, started, emissions, mask, transitions, d
 
 @numba.njit(cache=True, nogil=True)
 def step_serial(previous, previous_allowed, started, emissions, mask, transitions, distances, alpha, backpointers,
-                links, nonfinite, constants, from_distances, negative_beta):
+                links, nonfinite, constants, from_distances, negative_beta, factors):
     for s in range(emissions.shape[0]):
         _row(s, previous, previous_allowed, started, emissions, mask, transitions, distances, alpha, backpointers,
-             links, nonfinite, constants, from_distances, negative_beta)
+             links, nonfinite, constants, from_distances, negative_beta, factors)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def step_parallel(previous, previous_allowed, started, emissions, mask, transitions, distances, alpha, backpointers,
-                  links, nonfinite, constants, from_distances, negative_beta, blocks):
+                  links, nonfinite, constants, from_distances, negative_beta, factors, blocks):
     rows = emissions.shape[0]
     for block in numba.prange(blocks):
         for s in range(block * rows // blocks, (block + 1) * rows // blocks):
             _row(s, previous, previous_allowed, started, emissions, mask, transitions, distances, alpha,
-                 backpointers, links, nonfinite, constants, from_distances, negative_beta)
+                 backpointers, links, nonfinite, constants, from_distances, negative_beta, factors)
 
 
 #: Slots whose back-pointer chains one backtrack group follows side by side.

@@ -440,14 +440,22 @@ class SlotDecoder(HoldsSettings):
         weighted = torch.where(mask, self.emission_weight * emissions.to(self.device, torch.float64), 0.0).to(self.dtype)
         if distances is None or not self.mode.uses_distances:
             distances = None
-        moves = None
+        moves = factors = None
         if self.transitions is not None and distances is not None:
             distances = distances.to(self.device, torch.float64)
-            with torch.no_grad():  # shape: (S, M, M) the learned model's moves
-                moves = self.transitions(distances, None if features is None else features.to(self.device), self.dtype)
+            features = None if features is None else features.to(self.device)
+            with torch.no_grad():
+                if self.fixed_lag is None and hasattr(self.transitions, "move_factors"):
+                    # shape: (S, M) -(beta * gate) per source and (S, M, M) the distances they weigh:
+                    # the fused step makes the moves in its kernel
+                    per_source = self.transitions.move_factors(features)
+                    factors = (per_source.to(torch.float64).expand(distances.shape[:-1]),
+                               self.transitions.calibrated(distances).to(torch.float64))
+                else:  # shape: (S, M, M) the learned model's moves (a lag's window keeps them)
+                    moves = self.transitions(distances, features, self.dtype)
         ok = self.advance(
             slots, weighted, mask, moves, distances, payload=payload,
-            weigh=distances is not None and moves is None, active=active,
+            weigh=distances is not None and moves is None and factors is None, active=active, factors=factors,
         )
         try:  # all or nothing: the decode after the write failing (even KeyboardInterrupt) takes the write back
             if active is not None:
@@ -470,6 +478,7 @@ class SlotDecoder(HoldsSettings):
         payload: Optional[Dict[str, Tensor]] = None,
         weigh: bool = False,
         active: Optional[Tensor] = None,
+        factors: Optional[tuple] = None,
     ) -> Tensor:
         """Add one turn to each of S distinct slots, from inputs already weighted.
 
@@ -501,6 +510,10 @@ class SlotDecoder(HoldsSettings):
                 slots may be anything, their masks empty), overflowing rows likewise,
                 and growth is decided by :meth:`reserve_turn` (no read unless the table
                 may be full). ``ok`` is then False for inactive rows too.
+            factors: ``((S, M) per-source factors, (S, M, M) float64 distances)`` of a
+                learned model (:meth:`step` makes them; ``transitions`` None, no lag):
+                the moves are ``distances[s, j, i] * factors[s, j]`` in the table's
+                dtype, made by the fused step in its kernel where it applies.
 
         Returns:
             ``ok``: (S,) bool, False where a forward score overflowed.
@@ -542,6 +555,17 @@ class SlotDecoder(HoldsSettings):
         previous_allowed = state["allowed"][slots, previous_turn]
         previous_scores = state["alphas"][slots, previous_turn]
         step = None
+        if factors is not None and self.mode is not DecodingMode.POINTWISE:
+            # a learned model's per-move factors, weighed in the fused kernel: no (S, M, M) transitions
+            per_source, weighed = factors[0].to(self.device), factors[1].to(self.device)
+            step = fused_step.max_plus_step(
+                previous_scores, previous_allowed, started, weighted, mask, weighed, distances, None, per_source
+            )
+            if step is None:  # the torch path: the same product, as a tensor
+                transitions = (weighed * per_source.unsqueeze(-1)).to(self.dtype)
+            factors = (per_source, weighed)
+        elif factors is not None:
+            factors = None
         if weigh and self.fixed_lag is None:  # the fused step weighs the distances itself: no (S, M, M) temporary
             step = fused_step.max_plus_step(
                 previous_scores, previous_allowed, started, weighted, mask, None, distances, self.transition_weight
@@ -576,7 +600,12 @@ class SlotDecoder(HoldsSettings):
             "emissions": weighted,
         }
         if self.transitions is not None:  # shape: (S, M) the move into each candidate
-            new["link_transitions"] = _links(transitions, step.backpointers)
+            if transitions is None and factors is not None:  # (made in the kernel: the same product)
+                new["link_transitions"] = (
+                    _links(factors[1], step.backpointers) * factors[0].gather(1, step.backpointers)
+                ).to(self.dtype)
+            else:
+                new["link_transitions"] = _links(transitions, step.backpointers)
         nonfinite = step.nonfinite
         updates = {}  # (name, turn index tensor) -> (S, M) values, written for ok rows
         argmax = None

@@ -305,11 +305,20 @@ class GatedTransitions(nn.Module):
             features: per-move features ``(..., M or 1, K)`` (required when K > 0).
             dtype: cast the result to this dtype.
         """
+        factors = self.move_factors(features)
+        # shape: (..., M, 1) per source candidate, or 0-d without a gate
+        transitions = self.calibrated(distances) * (factors.unsqueeze(-1) if factors.dim() else factors)
+        return transitions if dtype is None else transitions.to(dtype)
+
+    def move_factors(self, features: Optional[Tensor] = None) -> Tensor:
+        """``-(beta * gate)``: what each (calibrated) distance out of a source candidate is
+        multiplied by, ``(..., M or 1)`` (0-d ``-beta`` without a gate). :meth:`forward` is
+        ``calibrated(d) * move_factors(features)[..., None]`` (the fixed model's
+        ``d * -beta`` when the gate is 1), and the fused serving step multiplies by the
+        same factors in its kernel, so both make the same bits."""
         beta = self.effective_transition_weight
         gate = self.gate(features)
-        if gate is not None:
-            beta = (beta * gate).unsqueeze(-1)
-        return weighted_transitions(self.calibrated(distances), beta, dtype)
+        return move_factor(beta if gate is None else beta * gate)
 
     def bind(self, features: Optional[Tensor]) -> "BoundTransitions":
         """A :class:`TransitionModel` (for :func:`decode_weighted`, sessions, the server)

@@ -146,3 +146,19 @@ def test_the_code_stamps_are_kept_across_calls_and_grow_once():
     wide = torch.tensor([[array.shape[0] + 5, 0, array.shape[0] + 5]])
     assert fused_step.first_occurrences(wide, None).tolist() == [[array.shape[0] + 5, 0]]
     assert fused_step._STAMPS.array.shape[0] >= array.shape[0] + 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("lag", [None, 1])
+@pytest.mark.parametrize("learned", ["gated", "calibrated"])
+def test_a_learned_models_moves_made_in_the_kernel_equal_the_torch_step(dtype, lag, learned):
+    """A GatedTransitions' per-move factors -(beta * gate) weighed in the numba kernel
+    (no lag; with one, its transitions are given): every output, the learned costs along
+    the paths and the final table, bit for bit."""
+    for seed in range(3):
+        fused = random_slot_run("auto", dtype, lag, 0.8, seed, learned=learned)
+        reference = random_slot_run("torch", dtype, lag, 0.8, seed, learned=learned)
+        for got, want in zip(fused[0], reference[0]):
+            assert all(same_bits(a, b) for a, b in zip(got, want))
+        assert all(same_bits(fused[1][name], reference[1][name]) for name in reference[1])
+        assert "link_transitions" in reference[1]

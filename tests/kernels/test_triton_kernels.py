@@ -255,3 +255,23 @@ def test_the_serving_step_equals_the_torch_step_bit_for_bit(monkeypatch, device,
             assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(got, want))
         assert all(torch.equal(_bits(triton_state[name]), _bits(torch_state[name])) for name in torch_state)
     assert launches
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("learned", ["gated", "calibrated"])
+def test_the_serving_step_with_a_learned_model_equals_the_torch_step_bit_for_bit(monkeypatch, device, dtype, learned):
+    """A GatedTransitions' per-move factors weighed in the Triton step (PER_MOVE): every
+    output, the learned costs along the paths and the final table."""
+    from mapmatched_torch.kernels import _triton_step
+
+    launches = []
+    original = _triton_step.step
+    monkeypatch.setattr(_triton_step, "step", lambda *a, **k: (launches.append(k.get("factors")), original(*a, **k))[1])
+    triton_out, triton_state = random_slot_run("triton", dtype, None, 0.7, 0, slots=5, turns=5, device=device,
+                                               learned=learned)
+    torch_out, torch_state = random_slot_run("torch", dtype, None, 0.7, 0, slots=5, turns=5, device=device,
+                                             learned=learned)
+    for got, want in zip(triton_out, torch_out):
+        assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(got, want))
+    assert all(torch.equal(_bits(triton_state[name]), _bits(torch_state[name])) for name in torch_state)
+    assert any(factors is not None for factors in launches)
