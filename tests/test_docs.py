@@ -58,6 +58,8 @@ PAGE_EXPECTED_OUTPUT = {
     "serving/serving-many-conversations": ["{'alice': 'gpu'} MapMatchedValueError"],
     "serving/serving-many-conversations-2": ["{'alice': 'gpu', 'bob': 'billing'}"],
     "serving/serving-many-conversations-3": ["[0, 0] ['gpu', 'billing']", "[[1, 2], [3, 4]] torch.Size([2, 3])"],
+    "serving/serving-a-learned-transition-model": ["('intro', 'setup', 'gpu') [0.0, 1.0294, 0.7233]",
+                                                   "score-level query-source match"],
     "adapters/drop-in-adapters-langchain-llamaindex-qdrant-chroma": ["decoded start"],
     "adapters/drop-in-adapters-langchain-llamaindex-qdrant-chroma-2": ["[('setup', False), ('gpu', True), ('intro', True), ('faq', False)]"],
     "adapters/drop-in-adapters-langchain-llamaindex-qdrant-chroma-3": ["('setup', 'gpu')"],
