@@ -37,6 +37,7 @@ gets ``ok = False`` and its slot is left exactly as it was; the others commit.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
@@ -185,6 +186,8 @@ class SlotDecoder(HoldsSettings):
         self.width = check_positive_int(width, "width")
         self._payload = {f"payload.{name}": PayloadSpec(*spec) for name, spec in (payload or {}).items()}
         self.transitions = None if transitions is None else check_learned_transitions(transitions)
+        # the table's device too (a copy: the caller's module stays where it is)
+        self.transitions = _on_device(self.transitions, torch.empty(0, device=device).device)
         learned = ("link_transitions",) if self.transitions is not None else ()
         self._names = _STATE_TENSORS + learned + tuple(self._payload)
         self.settings = DecodeSettings.resolve(
@@ -959,6 +962,16 @@ class SlotDecoder(HoldsSettings):
         with deferred_sigint():
             self._storage, self._tensors = storage, views
             self._longest_bound, self._free, self._allocated, self._undo = longest, free, allocated, None
+
+
+def _on_device(model: Any, device: torch.device) -> Any:
+    """A learned model (an ``nn.Module``) whose parameters are on ``device``: itself when
+    they are, else a copy moved there; anything else unchanged."""
+    if not isinstance(model, torch.nn.Module):
+        return model
+    if all(tensor.device == device for tensor in (*model.parameters(), *model.buffers())):
+        return model
+    return copy.deepcopy(model).to(device)
 
 
 def _views(storage: Dict[str, Tensor]) -> Dict[str, Tensor]:

@@ -26,6 +26,7 @@ and the normalization stay the caller's.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -44,7 +45,10 @@ class LearnedTransitions:
     """A learned transition model and the embeddings its gate feature reads (see the module).
 
     Args:
-        model: the transition model (checked: type, K in {0, 1}, beta >= 0).
+        model: the transition model (checked: type, K in {0, 1}, beta >= 0). A module is
+            held as a frozen copy (no gradients), so what decodes, what a saved state's
+            fingerprint names and what the reference is given stay one model even if the
+            caller keeps training theirs.
         graph: the corpus graph (its node IDs are the default ``passage_ids``).
         passage_embeddings: ``(N, D)`` floating, or None for the score-level feature.
         passage_ids: the N chunk IDs of its rows (default: the graph's
@@ -62,7 +66,10 @@ class LearnedTransitions:
         passage_embeddings: Optional[Tensor] = None,
         passage_ids: Optional[Sequence[str]] = None,
     ) -> None:
-        self.model = check_learned_transitions(model)
+        model = check_learned_transitions(model)
+        if isinstance(model, torch.nn.Module):
+            model = copy.deepcopy(model).requires_grad_(False)
+        self.model = model
         self.passage_embeddings: Optional[Tensor] = None
         self.rows: Dict[str, int] = {}
         if passage_embeddings is None:

@@ -162,6 +162,9 @@ class SessionStore:
         self.codes = ChunkCodes(graph)
         self.learned = learned
         self._queries: Optional[Tensor] = None  # the current step's (S, D) query embeddings
+        # the passage embeddings on the store's device, moved once
+        self._passages = None if learned is None or learned.passage_embeddings is None else \
+            learned.passage_embeddings.to(device if device is not None else "cpu")
         self.decoder = SlotDecoder(
             width,
             settings=settings,
@@ -518,10 +521,9 @@ class SessionStore:
             queries = learned.check_query(None)  # raises: the cosine needs the query embeddings
         rows = torch.tensor(learned.embedding_rows(self.codes.names(previous.view(-1).tolist())),
                             dtype=torch.long).view(previous.shape)
-        passages = learned.passage_embeddings
-        assert passages is not None
+        assert self._passages is not None
         return step_features(rows.to(self.device), previous_mask, codes, normalized, real, queries,
-                             passages.to(self.device))
+                             self._passages.to(self.device))
 
     # ----------------------------------------------------------- persistence
 
