@@ -33,6 +33,8 @@ TESTED_ELSEWHERE = {
     "kernels/states.py": ("tests/kernels/test_decode.py",),
     "kernels/fused_cpu_kernels.py": ("tests/kernels/test_fused.py",),
     "kernels/fused_step_kernels.py": ("tests/kernels/test_fused_step.py",),
+    # the slot table's save and load: round trips, crafted states and bit flips, with the table
+    "kernels/slot_persistence.py": ("tests/kernels/test_slot_decoder.py", "tests/serving/test_server.py"),
     "kernels/normalization_kernels.py": ("tests/kernels/test_normalization.py",),  # both paths, bit for bit
     "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
     # the import mode and device checks of every Triton kernel, through the kernels

@@ -365,7 +365,7 @@ def _used_decoder():
 
 def _resealed(state):
     """An edited state with a valid checksum (as a deliberate forgery would have)."""
-    from mapmatched_torch.kernels.slot_decoder import _checksum
+    from mapmatched_torch.kernels.slot_persistence import _checksum
 
     state["checksum"] = _checksum(state)
     return state
