@@ -23,6 +23,7 @@ TESTED_ELSEWHERE = {
     "core/graph_types.py": ("tests/standalone/test_graph.py", "tests/graph/test_cache.py"),  # GraphEdge, CacheInfo
     "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
+    "core/trace_build.py": ("tests/core/test_trace.py",),  # build_trace and classify_move, with the trace
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks
     # shard(): its blocks and errors, and the sharded eval and fit equal to one process
     "core/sharding.py": ("tests/eval/test_distributed.py", "tests/fit/test_distributed_fit.py"),
