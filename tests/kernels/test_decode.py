@@ -15,9 +15,8 @@ from mapmatched_torch.kernels import chain
 from mapmatched_torch.core.errors import MapMatchedValueError
 from mapmatched_torch.core.models import DecoderCandidate
 from mapmatched_torch.fit.model import MapMatchedModel
+from mapmatched_torch.kernels.states import FixedLagState, ViterbiState
 from mapmatched_torch.kernels.decode import (
-    FixedLagState,
-    ViterbiState,
     fixed_lag_viterbi,
     forward_scores,
     geodesic_viterbi,
