@@ -552,7 +552,7 @@ class MapMatchedServer:
             if vector is None and session_id in queries and callable(embed):
                 vector = embed(queries[session_id])
             try:
-                if vector is None and self._store.decoder.length(self._sessions[session_id]) == 0:
+                if vector is None and self._store.decoder.length(self._sessions[self._known(session_id)]) == 0:
                     vector = torch.zeros(learned.passage_embeddings.shape[1])  # (a first turn's is not read)
                 vectors.append(learned.check_query(vector).reshape(-1))
             except MapMatchedValueError as error:
