@@ -354,7 +354,8 @@ def check_learned_transitions(model: object, what: str = "transitions") -> "Gate
             "(kernels/gate_features.py): it must be 0 or 1"
         )
     raw = getattr(model, "transition_weight", None)
-    beta = float(raw.detach()) if isinstance(raw, Tensor) else float(model.effective_transition_weight)
+    value = raw if isinstance(raw, Tensor) else model.effective_transition_weight
+    beta = float(value.detach()) if isinstance(value, Tensor) else float(value)
     if not math.isfinite(beta) or beta < 0.0:
         raise MapMatchedValueError(f"{what} has transition_weight {beta!r}: it must be finite and nonnegative")
     return model  # type: ignore[return-value]
