@@ -61,7 +61,7 @@ def transitions_config(model: torch.nn.Module, feature: Optional[str] = None) ->
     gate = getattr(model, "transition_model", None)
     if gate is None:
         return None
-    cap = float(torch.nn.functional.softplus(gate.cap_parameter)) if gate.calibrate else 10.0
+    cap = float(torch.nn.functional.softplus(gate.cap_parameter.detach())) if gate.calibrate else 10.0
     return {"kind": "gated", "num_features": int(gate.num_features), "calibrate": bool(gate.calibrate),
             "cap": cap, "feature": feature}
 
