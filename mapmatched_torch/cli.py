@@ -20,6 +20,13 @@ report (``--output``, its old name, is still accepted)::
 
     mapmatched-torch fit --data ../shared/data/inscit_dev --json /tmp/inscit-weights.json
 
+``fit --method {map-matched,gated,mixed,mixed+gated,auto} --out DIR`` writes one model
+directory (:mod:`mapmatched_torch.fit.artifacts`; the learned methods fitted on every
+conversation by :mod:`mapmatched_torch.eval.model_fit`, ``auto`` the one with the best
+cross-fitted nDCG@3) that ``MapMatchedRetriever.from_pretrained(DIR, graph=...)`` loads::
+
+    mapmatched-torch fit --data ../shared/data/inscit_dev --embedder wordllama --method auto --out /tmp/model
+
 ``mapmatched-torch graph build`` writes a graph artifact (kNN graph, calibrated bound,
 ball table; :mod:`mapmatched_torch.eval.graph_command`) that ``eval`` and ``fit`` read
 with ``--graph-dir``::
