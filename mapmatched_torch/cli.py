@@ -752,7 +752,8 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
     from .core.errors import MapMatchedValueError
     from .core.files import write_text_atomic
     from .eval.distributed import world_size
-    from .eval.model_fit import EVAL_METHODS, choose_method, cross_fitted_metrics, fit_learned
+    from .eval.model_fit import (EVAL_METHODS, choose_method, cross_fitted_metrics, fit_learned, fit_map_matched,
+                                 learned_payload, pointwise_model)
     from .eval.report import sanitize
     from .eval.runner import main_process
 
@@ -779,12 +780,18 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
         _status(args, f"{PROG} fit: fitting {method} on every conversation")
         fitted = fit_learned(inputs, method, seed=args.seed, score_normalization=args.score_normalization,
                              method_options=_method_options(args))
-        payload = _learned_payload(args, inputs, fitted)
+        payload = learned_payload(inputs, fitted, seed=args.seed, method_options=_method_options(args))
     elif selection is not None and selection["chosen"] == "pointwise":
-        fitted = _pointwise_model(args.score_normalization)
-        payload = _learned_payload(args, inputs, fitted)
+        fitted = pointwise_model(args.score_normalization)
+        payload = learned_payload(inputs, fitted, seed=args.seed, method_options=_method_options(args))
     else:
-        fitted, payload, notes = _fit_weights(args, inputs, device)
+        fraction = args.validation_fraction
+        if fraction is None:  # a handful of validation conversations stops on noise: fit to convergence instead
+            fraction = 0.2 if inputs.num_conversations >= _FIT_VALIDATION_MINIMUM else 0.0
+        fitted, payload, notes = fit_map_matched(
+            inputs, optimizer=args.optimizer, max_iterations=args.max_iterations, validation_fraction=fraction,
+            patience=args.patience, score_normalization=args.score_normalization, seed=args.seed, device=device,
+            progress=False if args.quiet else None, status=lambda message: _status(args, f"{PROG} fit: {message}"))
     payload = sanitize({**payload, "method": fitted.method, "cross_fitted": metrics, "selection": selection,
                         "model_dir": args.out})
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
@@ -808,94 +815,6 @@ def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int
                   f"beta={fitted.settings.transition_weight:.6g}{kept}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0
-
-
-def _pointwise_model(normalization: str) -> Any:
-    """``auto``'s model when pointwise wins: map-matching with lambda 1 and beta 0."""
-    from .core.settings import DecodeSettings
-    from .eval.model_fit import FittedModel
-    from .fit.model import MapMatchedModel
-
-    return FittedModel("map-matched", MapMatchedModel(1.0, 0.0), DecodeSettings(1.0, 0.0, None, normalization),
-                       None, None)
-
-
-def _learned_payload(args: argparse.Namespace, inputs: Any, fitted: Any) -> Dict[str, Any]:
-    """The JSON of a model fitted by :func:`~mapmatched_torch.eval.model_fit.fit_learned` (or pointwise)."""
-    from .fit.artifacts import transitions_config
-
-    transitions = transitions_config(fitted.model, fitted.feature)
-    if transitions is not None:
-        gate = fitted.model.transition_model
-        transitions.update({"gate_bias": float(gate.gate_bias), "gate_weights": gate.gate_weights.tolist(),
-                            "feature_mean": gate.feature_mean.tolist(), "feature_std": gate.feature_std.tolist()})
-    return {"lambda": fitted.settings.emission_weight, "beta": fitted.settings.transition_weight,
-            "mixing": fitted.mixing, "transitions": transitions, "data": inputs.name, "info": dict(inputs.info),
-            "options": {"score_normalization": args.score_normalization, "seed": args.seed,
-                        "method_options": _method_options(args)}}
-
-
-def _fit_weights(args: argparse.Namespace, inputs: Any, device: Any) -> Tuple[Any, Dict[str, Any], Tuple[str, ...]]:
-    """``--method map-matched``: :func:`mapmatched_torch.fit.fit_weights` with the validation options;
-    ``(FittedModel, JSON payload, warnings)``."""
-    from .core.settings import DecodeSettings
-    from .eval.distributed import world_size
-    from .eval.methods import labelled_conversations
-    from .eval.model_fit import FittedModel
-    from .fit import fit_weights
-    from .fit.model import MapMatchedModel
-
-    conversations = labelled_conversations(inputs)
-    fraction = args.validation_fraction
-    if fraction is None:  # a handful of validation conversations stops on noise: fit to convergence instead
-        fraction = 0.2 if len(conversations) >= _FIT_VALIDATION_MINIMUM else 0.0
-    _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer}, "
-                  + (f"{fraction:g} held out for early stopping)" if fraction else
-                     "no validation split: fitted to convergence)"))
-    result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
-                         optimizer=args.optimizer, max_iterations=args.max_iterations,
-                         validation_fraction=fraction, patience=args.patience, seed=args.seed, device=device,
-                         progress=False if args.quiet else None)
-    notes = _fit_notes(result, args.patience)
-    gold = (inputs.info.get("gold_missing") or {}).get("labelled_turns_without_gold_in_corpus", 0)
-    payload = {
-        "lambda": result.emission_weight,
-        "beta": result.transition_weight,
-        "data": inputs.name,
-        "info": dict(inputs.info),
-        "options": {"optimizer": args.optimizer, "max_iterations": args.max_iterations,
-                    "validation_fraction": fraction, "patience": args.patience,
-                    "score_normalization": args.score_normalization, "seed": args.seed},
-        "n_conversations": result.n_conversations, "n_turns": result.n_turns,
-        "n_labelled_turns": result.n_labelled_turns,
-        # one name per count: gold outside the candidates (the fit cannot use the turn), of which gold outside
-        # the corpus (info.gold_missing, what --qrels in-corpus drops)
-        "n_gold_not_among_candidates": result.n_gold_missing, "n_gold_not_in_corpus": gold,
-        "kept_starting_point": result.best_iteration == 0, "warnings": list(notes),
-        "n_train_conversations": result.n_train_conversations,
-        "n_validation_conversations": result.n_validation_conversations,
-        "validation_ndcg_before": result.validation_ndcg_before,
-        "validation_ndcg_after": result.validation_ndcg_after,
-        "best_iteration": result.best_iteration, "stopped": result.stopped,
-        "world_size": world_size(),
-    }
-    payload["validation"] = {key: payload[key] for key in (
-        "n_validation_conversations", "validation_ndcg_before", "validation_ndcg_after", "best_iteration", "stopped")}
-    settings = DecodeSettings(result.emission_weight, result.transition_weight, None, args.score_normalization)
-    model = MapMatchedModel(result.emission_weight, result.transition_weight)
-    return FittedModel("map-matched", model, settings, None, None), payload, notes
-
-
-def _fit_notes(result: Any, patience: int) -> Tuple[str, ...]:
-    """What ``fit`` warns about: a fit that returned its starting point (best iteration 0)."""
-    if result.best_iteration != 0:
-        return ()
-    how = (f"the validation loss of the {result.n_validation_conversations} held-out conversations never improved "
-           f"on the starting point's within --patience {patience} iterations" if result.stopped == "early_stopping"
-           else f"the fit stopped at once ({result.stopped})")
-    return (f"the fitted weights are the starting point (lambda={result.emission_weight:g}, "
-            f"beta={result.transition_weight:g}): {how}; nothing was learned. Try --validation-fraction 0 (fit to "
-            "convergence on every conversation), a larger --patience, or more conversations",)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

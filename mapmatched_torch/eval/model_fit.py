@@ -22,7 +22,7 @@ estimate how the model does on conversations it has not seen.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ from .methods.gated import fit_gated_rows, gated_trellis
 from .methods.mixed import fit_mixing_rows
 
 __all__ = ["FIT_METHODS", "EVAL_METHODS", "FittedModel", "cross_fitted_metrics", "choose_method", "fit_learned",
-           "online_scores"]
+           "fit_map_matched", "fit_notes", "pointwise_model", "learned_payload", "online_scores"]
 
 #: ``fit --method``'s choices.
 FIT_METHODS = ("map-matched", "gated", "mixed", "mixed+gated", "auto")
@@ -210,3 +210,92 @@ def online_scores(inputs: Any, model: Any) -> Tuple[Any, torch.Tensor]:
     distances = CorpusDistances(inputs.graph, inputs.passage_ids).consecutive(cands.index)
     scores = online_forward_scores(*weighted_trellis(normalized, distances, setting), cands.mask, settings.fixed_lag)
     return cands, torch.where(cands.mask, scores, -math.inf)
+
+
+def pointwise_model(normalization: str) -> FittedModel:
+    """``auto``'s model when pointwise wins: map-matching with lambda 1 and beta 0."""
+    from ..fit.model import MapMatchedModel
+
+    return FittedModel("map-matched", MapMatchedModel(1.0, 0.0), DecodeSettings(1.0, 0.0, None, normalization),
+                       None, None)
+
+
+def learned_payload(inputs: Any, fitted: FittedModel, *, seed: int,
+                    method_options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """``fit --json``'s summary of a model fitted by :func:`fit_learned` (or :func:`pointwise_model`):
+    lambda, beta, the mixing gates, the gate's values."""
+    from ..fit.artifacts import transitions_config
+
+    transitions = transitions_config(fitted.model, fitted.feature)
+    if transitions is not None:
+        gate = fitted.model.transition_model
+        transitions.update({"gate_bias": float(gate.gate_bias), "gate_weights": gate.gate_weights.tolist(),
+                            "feature_mean": gate.feature_mean.tolist(), "feature_std": gate.feature_std.tolist()})
+    return {"lambda": fitted.settings.emission_weight, "beta": fitted.settings.transition_weight,
+            "mixing": fitted.mixing, "transitions": transitions, "data": inputs.name, "info": dict(inputs.info),
+            "options": {"score_normalization": fitted.settings.score_normalization, "seed": seed,
+                        "method_options": dict(method_options or {})}}
+
+
+def fit_map_matched(inputs: Any, *, optimizer: str, max_iterations: int, validation_fraction: float, patience: int,
+                    score_normalization: str, seed: int, device: Any, progress: Optional[bool],
+                    status: Callable[[str], None]) -> Tuple[FittedModel, Dict[str, Any], Tuple[str, ...]]:
+    """``--method map-matched``: :func:`mapmatched_torch.fit.fit_weights` on the labelled
+    conversations with a validation split for early stopping.
+
+    Returns:
+        ``(FittedModel, fit --json's summary, warnings)`` (a warning when early stopping
+        kept the starting point: :func:`fit_notes`).
+    """
+    from .. import fit
+    from .distributed import world_size
+    from .methods import labelled_conversations
+
+    conversations = labelled_conversations(inputs)
+    status(f"fitting lambda and beta on {len(conversations)} conversations ({optimizer}, "
+           + (f"{validation_fraction:g} held out for early stopping)" if validation_fraction else
+              "no validation split: fitted to convergence)"))
+    result = fit.fit_weights(conversations, inputs.graph, score_normalization=score_normalization,
+                             optimizer=optimizer, max_iterations=max_iterations,
+                             validation_fraction=validation_fraction, patience=patience, seed=seed, device=device,
+                             progress=progress)
+    notes = fit_notes(result, patience)
+    gold = (inputs.info.get("gold_missing") or {}).get("labelled_turns_without_gold_in_corpus", 0)
+    payload = {
+        "lambda": result.emission_weight,
+        "beta": result.transition_weight,
+        "data": inputs.name,
+        "info": dict(inputs.info),
+        "options": {"optimizer": optimizer, "max_iterations": max_iterations,
+                    "validation_fraction": validation_fraction, "patience": patience,
+                    "score_normalization": score_normalization, "seed": seed},
+        "n_conversations": result.n_conversations, "n_turns": result.n_turns,
+        "n_labelled_turns": result.n_labelled_turns,
+        # one name per count: gold outside the candidates (the fit cannot use the turn), of which gold outside
+        # the corpus (info.gold_missing, what --qrels in-corpus drops)
+        "n_gold_not_among_candidates": result.n_gold_missing, "n_gold_not_in_corpus": gold,
+        "kept_starting_point": result.best_iteration == 0, "warnings": list(notes),
+        "n_train_conversations": result.n_train_conversations,
+        "n_validation_conversations": result.n_validation_conversations,
+        "validation_ndcg_before": result.validation_ndcg_before,
+        "validation_ndcg_after": result.validation_ndcg_after,
+        "best_iteration": result.best_iteration, "stopped": result.stopped,
+        "world_size": world_size(),
+    }
+    payload["validation"] = {key: payload[key] for key in (
+        "n_validation_conversations", "validation_ndcg_before", "validation_ndcg_after", "best_iteration", "stopped")}
+    settings = DecodeSettings(result.emission_weight, result.transition_weight, None, score_normalization)
+    model = fit.MapMatchedModel(result.emission_weight, result.transition_weight)
+    return FittedModel("map-matched", model, settings, None, None), payload, notes
+
+
+def fit_notes(result: Any, patience: int) -> Tuple[str, ...]:
+    """What ``fit`` warns about: a fit that returned its starting point (best iteration 0)."""
+    if result.best_iteration != 0:
+        return ()
+    how = (f"the validation loss of the {result.n_validation_conversations} held-out conversations never improved "
+           f"on the starting point's within --patience {patience} iterations" if result.stopped == "early_stopping"
+           else f"the fit stopped at once ({result.stopped})")
+    return (f"the fitted weights are the starting point (lambda={result.emission_weight:g}, "
+            f"beta={result.transition_weight:g}): {how}; nothing was learned. Try --validation-fraction 0 (fit to "
+            "convergence on every conversation), a larger --patience, or more conversations",)
