@@ -30,6 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.model_artifacts import (
     ARTIFACT_FILES,
@@ -106,8 +107,7 @@ def save_model(
         MapMatchedValueError: ``path`` exists (and is not a model directory to
             overwrite), or an unknown method.
     """
-    if method not in MODEL_METHODS:
-        raise MapMatchedValueError(f"unknown model method {method!r} (expected one of {', '.join(MODEL_METHODS)})")
+    check_choice("model method", method, MODEL_METHODS)
     target = Path(path)
     if target.exists() and not (overwrite and target.is_dir() and is_model_artifact(target)):
         why = "give a new directory for the model" if not overwrite else "it is not a model directory, refusing to replace it"

@@ -29,6 +29,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
+from ..core.checks import check_choice
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..core.model_artifacts import check_fingerprints, read_artifact
 from ..core.settings import DecodeSettings
@@ -83,9 +84,10 @@ def load_model(
     check_fingerprints(files, graph=graph, embedder=embedder, strict=strict)
     config = files.config
     method = config["method"]
-    if method not in MODEL_METHODS:
-        raise MapMatchedValueError(f"damaged model artifact {files.folder}: unknown method {method!r} "
-                                   f"(expected one of {', '.join(MODEL_METHODS)})")
+    try:
+        check_choice("model method", method, MODEL_METHODS)
+    except MapMatchedValueError as error:
+        raise MapMatchedValueError(f"damaged model artifact {files.folder}: {error}") from None
     try:
         settings = DecodeSettings(**{name: config["settings"][name] for name in _SETTINGS})
         state = torch.load(files.folder / "weights.pt", map_location="cpu", weights_only=True)
