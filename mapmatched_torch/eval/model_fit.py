@@ -22,7 +22,7 @@ estimate how the model does on conversations it has not seen.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ from .methods.gated import fit_gated_rows, gated_trellis
 from .methods.mixed import fit_mixing_rows
 
 __all__ = ["FIT_METHODS", "EVAL_METHODS", "FittedModel", "cross_fitted_metrics", "choose_method", "fit_learned",
-           "fit_map_matched", "fit_notes", "pointwise_model", "learned_payload", "online_scores"]
+           "fit_map_matched", "fit_notes", "pointwise_model", "learned_payload", "online_scores", "online_rankings"]
 
 #: ``fit --method``'s choices.
 FIT_METHODS = ("map-matched", "gated", "mixed", "mixed+gated", "auto")
@@ -299,3 +299,21 @@ def fit_notes(result: Any, patience: int) -> Tuple[str, ...]:
     return (f"the fitted weights are the starting point (lambda={result.emission_weight:g}, "
             f"beta={result.transition_weight:g}): {how}; nothing was learned. Try --validation-fraction 0 (fit to "
             "convergence on every conversation), a larger --patience, or more conversations",)
+
+
+def online_rankings(inputs: Any, model: Any) -> Dict[Tuple[int, int], Tuple[str, List[Tuple[str, float]]]]:
+    """:func:`online_scores` as a session reports them: for every real turn ``(conversation, turn)``,
+    the chunk the evaluation ranks first (the first maximum in candidate order, the decoded chunk)
+    and its ``(chunk ID, forward score)`` list sorted by (-score, chunk ID), a session's
+    ``candidate_ranking`` order (the evaluation breaks exact score ties by candidate order instead)."""
+    from ..kernels.online import rank_slots
+
+    cands, scores = online_scores(inputs, model)
+    order = rank_slots(scores, cands.mask)
+    ids = inputs.passage_ids
+    out: Dict[Tuple[int, int], Tuple[str, List[Tuple[str, float]]]] = {}
+    for b, t in cands.valid.nonzero().tolist():
+        pairs = [(ids[i], s) for i, s, keep in
+                 zip(cands.index[b, t].tolist(), scores[b, t].tolist(), cands.mask[b, t].tolist()) if keep]
+        out[b, t] = (ids[int(cands.index[b, t, order[b, t, 0]])], sorted(pairs, key=lambda p: (-p[1], p[0])))
+    return out

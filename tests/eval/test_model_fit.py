@@ -20,7 +20,7 @@ from mapmatched_torch.eval.embedders import make_embedder
 from mapmatched_torch.eval.inputs import inputs_from_dataset
 from mapmatched_torch.eval.methods import map_matched_orders, pointwise_order
 from mapmatched_torch.eval.methods.registry import Setting
-from mapmatched_torch.eval.model_fit import choose_method, online_scores
+from mapmatched_torch.eval.model_fit import choose_method, online_rankings, online_scores
 from mapmatched_torch.fit.artifacts import save_model
 from mapmatched_torch.fit.model import MapMatchedModel
 from mapmatched_torch.kernels.online import rank_slots
@@ -44,7 +44,7 @@ def tiny():
 
 def _eval_rankings(inputs, model):
     """Per (conversation, turn): (chunk the eval decodes, its (chunk ID, score) ranking in the session's
-    tie order), from the eval's own code, checked against the method's order."""
+    tie order), checked against the order the method itself computes with the eval's code."""
     cands, scores = online_scores(inputs, model)
     normalized = normalize_candidate_scores(cands.scores, cands.mask, model.settings.score_normalization)
     settings = model.settings
@@ -55,16 +55,12 @@ def _eval_rankings(inputs, model):
         setting = Setting(settings.emission_weight, settings.transition_weight, settings.fixed_lag)
         order = map_matched_orders(normalized, distances, cands.mask, (setting,))[0]
     assert torch.equal(order, rank_slots(scores, cands.mask))  # the eval ranks by these scores
+    rankings = online_rankings(inputs, model)
     ids = inputs.passage_ids
-    out = {}
-    for b in range(cands.shape[0]):
-        for t in range(cands.shape[1]):
-            if not bool(cands.valid[b, t]):
-                continue
-            pairs = [(ids[int(i)], float(s)) for i, s, keep in
-                     zip(cands.index[b, t].tolist(), scores[b, t].tolist(), cands.mask[b, t].tolist()) if keep]
-            out[b, t] = (ids[int(cands.index[b, t, order[b, t, 0]])], sorted(pairs, key=lambda p: (-p[1], p[0])))
-    return out
+    for (b, t), (chunk, _) in rankings.items():
+        assert chunk == ids[int(cands.index[b, t, order[b, t, 0]])]
+    assert len(rankings) == int(cands.valid.sum())
+    return rankings
 
 
 def _assert_parity(folder, dataset, embedder, inputs, provider):
