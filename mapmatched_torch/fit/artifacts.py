@@ -42,6 +42,7 @@ from ..core.model_artifacts import (
     is_model_artifact,
 )
 from ..core.settings import DecodeSettings
+from ..core.signals import deferred_sigint
 from ..retrieval.pretrained import MODEL_METHODS, LoadedModel, load_model
 
 __all__ = ["ARTIFACT_FORMAT", "PROBE_TEXTS", "LoadedModel", "graph_fingerprint", "embedder_fingerprint",
@@ -130,13 +131,14 @@ def save_model(
     _write_json(partial / "metrics.json", dict(metrics or {}))
     _write_json(partial / "manifest.json", {"format": ARTIFACT_FORMAT,
                                             "files": {name: file_sha256(partial / name) for name in ARTIFACT_FILES}})
-    if target.exists():  # an old model directory: moved aside, replaced, removed
-        old = target.with_name(target.name + ".old")
-        if old.exists():
+    with deferred_sigint():  # Ctrl-C waits for the renames: the old model or the new one, never neither
+        if target.exists():  # an old model directory: moved aside, replaced, removed
+            old = target.with_name(target.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            target.rename(old)
+            partial.rename(target)
             shutil.rmtree(old)
-        target.rename(old)
-        partial.rename(target)
-        shutil.rmtree(old)
-    else:
-        partial.rename(target)
+        else:
+            partial.rename(target)
     return target
