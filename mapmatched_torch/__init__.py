@@ -96,6 +96,9 @@ _LAZY = {
     "set_log_likelihood": ".fit.loss",
     "sample_paths": ".kernels.sampling",
     "sample_conversations": ".fit.sampling",
+    # fitted model directories (``mapmatched-torch fit --out``)
+    "save_model": ".fit.artifacts",
+    "load_model": ".retrieval.pretrained",
     # providers
     "FAISSProvider": ".providers.faiss",
     "FAISSIndex": ".providers.faiss",

@@ -20,6 +20,13 @@ report (``--output``, its old name, is still accepted)::
 
     mapmatched-torch fit --data ../shared/data/inscit_dev --json /tmp/inscit-weights.json
 
+``fit --method {map-matched,gated,mixed,mixed+gated,auto} --out DIR`` writes one model
+directory (:mod:`mapmatched_torch.fit.artifacts`; the learned methods fitted on every
+conversation by :mod:`mapmatched_torch.eval.model_fit`, ``auto`` the one with the best
+cross-fitted nDCG@3) that ``MapMatchedRetriever.from_pretrained(DIR, graph=...)`` loads::
+
+    mapmatched-torch fit --data ../shared/data/inscit_dev --embedder wordllama --method auto --out /tmp/model
+
 ``mapmatched-torch graph build`` writes a graph artifact (kNN graph, calibrated bound,
 ball table; :mod:`mapmatched_torch.eval.graph_command`) that ``eval`` and ``fit`` read
 with ``--graph-dir``::
@@ -185,6 +192,22 @@ def _add_data_options(command: argparse.ArgumentParser) -> None:
                            help="candidates per turn (default: 20 for data, 16 for the synthetic benchmark)")
 
 
+def _add_learning_options(group: Any) -> None:
+    """The learned methods' options that ``eval`` and ``fit`` share (same names, same meaning)."""
+    group.add_argument("--fit-folds", type=_positive_int, default=2,
+                       help="cross-fitting folds of the learned methods (fitted, gated, mixed, mixed+gated)")
+    group.add_argument("--gated-calibrate", action="store_true",
+                       help="the gated method also learns a distance saturation cap (for graphs whose far jumps "
+                            "cost a full bound, e.g. --graph section)")
+    group.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
+                       help="ridge on the mixed methods' query-mixing gates (default: 0)")
+    group.add_argument("--mixing-context", choices=("chunk", "chunk+query"), default=None,
+                       help="the mixed methods' context sources: the previous decoded passage and the previous "
+                            "query (default), or the passage alone")
+    group.add_argument("--mixing-temperature", type=_positive_float, default=None, metavar="T",
+                       help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``mapmatched-torch`` argument parser (subcommands ``eval`` and ``fit``)."""
     from ._version import __version__
@@ -212,24 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--methods", type=_name_list, default=DEFAULT_METHODS, help="methods, comma-separated")
     grid.add_argument("--maximal-marginal-relevance-lambda", type=_unit_interval, default=0.7,
                       dest="relevance_weight", help="Maximal Marginal Relevance lambda (1 = pure relevance)")
-    grid.add_argument("--fit-folds", type=_positive_int, default=2,
-                      help="cross-fitting folds of the learned methods (fitted, gated, mixed, mixed+gated)")
     grid.add_argument("--selection-folds", type=_positive_int, default=5,
                       help="folds of the headline's cross-fitted selection (each ranked by the method best on the "
                            "others; at most one per conversation)")
     grid.add_argument("--fold-repeats", type=_positive_int, default=1, metavar="R",
                       help="fold splits (seeds seed..seed+R-1): report each cross-fitted method's mean and range "
                            "over them beside the bootstrap interval")
-    grid.add_argument("--gated-calibrate", action="store_true",
-                      help="the gated method also learns a distance saturation cap (for graphs whose far jumps "
-                           "cost a full bound, e.g. --graph section)")
-    grid.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
-                      help="ridge on the mixed methods' query-mixing gates (default: 0)")
-    grid.add_argument("--mixing-context", choices=("chunk", "chunk+query"), default=None,
-                      help="the mixed methods' context sources: the previous decoded passage and the previous "
-                           "query (default), or the passage alone")
-    grid.add_argument("--mixing-temperature", type=_positive_float, default=None, metavar="T",
-                      help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
+    _add_learning_options(grid)
 
     stats = ev.add_argument_group("slices, intervals, verdict")
     stats.add_argument("--bootstrap", type=_nonnegative_int, default=1000, metavar="N",
@@ -279,6 +291,12 @@ def _add_fit_parser(commands: Any) -> None:
     )
     _add_data_options(fit)
     options = fit.add_argument_group("fitting")
+    from .eval.model_fit import FIT_METHODS
+
+    options.add_argument("--method", choices=FIT_METHODS, default="map-matched",
+                         help="the model: map-matched (lambda and beta), gated (learned transitions), mixed (query "
+                              "mixing), mixed+gated, or auto (the one with the best cross-fitted nDCG@3, as eval's "
+                              "headline selection picks)")
     options.add_argument("--optimizer", choices=("lbfgs", "adam"), default="lbfgs", help="optimizer")
     options.add_argument("--max-iterations", type=_positive_int, default=100, help="LBFGS steps or Adam epochs")
     options.add_argument("--validation-fraction", type=float, default=None,
@@ -290,10 +308,14 @@ def _add_fit_parser(commands: Any) -> None:
     options.add_argument("--score-normalization", choices=("zscore", "center", "none"), default="zscore",
                          help="normalization of the candidate scores per turn")
     options.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the validation split")
-    run = fit.add_argument_group("running and output")
+    _add_learning_options(options)
+    run = fit.add_argument_group("running and output (at least one of --json and --out)")
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    run.add_argument("--json", "--output", dest="json", metavar="PATH", required=True,
+    run.add_argument("--json", "--output", dest="json", metavar="PATH",
                      help="write the fitted weights (JSON) here; --output is the old name, still accepted")
+    run.add_argument("--out", metavar="DIR", help="write the model directory here (weights, config, fingerprints of "
+                     "the graph and the embedder, cross-fitted metrics), what MapMatchedRetriever.from_pretrained "
+                     "loads; an existing model directory is replaced, any other directory refused")
     run.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 
@@ -433,6 +455,8 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         problem = _unwritable(path.parent)
         if problem is not None:
             parser.error(f"{option} {value}: {problem}")
+    if args.command == "fit":
+        _check_model_dir(parser, args)
     if args.command != "eval":
         return
     if args.json and args.markdown and Path(args.json).resolve() == Path(args.markdown).resolve():
@@ -446,6 +470,23 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"--plots {args.plots}: {problem}")
 
 
+def _check_model_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``fit``: --json or --out; --out a new path or a model directory (replaced), nothing else."""
+    if args.json is None and args.out is None:
+        parser.error("fit needs --json PATH (the fitted weights as JSON) or --out DIR (the model directory), or both")
+    if args.out is None:
+        return
+    from .core.model_artifacts import is_model_artifact
+
+    path = Path(args.out)
+    if path.exists() and not (path.is_dir() and is_model_artifact(path)):
+        what = "a directory that is not a model directory" if path.is_dir() else "a file"
+        parser.error(f"--out {args.out}: is {what}; refusing to replace it (give a new path or a model directory)")
+    problem = _unwritable(path.parent)
+    if problem is not None:
+        parser.error(f"--out {args.out}: {problem}")
+
+
 def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if (args.cast_qrels or args.cast_passages) and not args.cast_topics:
         parser.error("--cast-qrels and --cast-passages need --cast-topics")
@@ -455,14 +496,14 @@ def _check_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error("--embedder sentence-transformers needs --model PATH")
     if args.graph_dir and args.graph:
         parser.error("--graph-dir loads a saved graph: leave --graph out")
+    if args.fit_folds < 2:
+        parser.error(f"--fit-folds must be >= 2, got {args.fit_folds}")
     if args.command == "fit":
         if args.validation_fraction is not None and not 0.0 <= args.validation_fraction < 1.0:
             parser.error(f"--validation-fraction must be in [0, 1), got {args.validation_fraction}")
         return
     if not 0.0 < args.confidence < 1.0:
         parser.error(f"--confidence must be in (0, 1), got {args.confidence}")
-    if args.fit_folds < 2:
-        parser.error(f"--fit-folds must be >= 2, got {args.fit_folds}")
     if args.selection_folds < 2:
         parser.error(f"--selection-folds must be >= 2, got {args.selection_folds}")
     if args.entropy_threshold is not None and not math.isfinite(args.entropy_threshold):
@@ -544,8 +585,13 @@ def _inputs(args: argparse.Namespace, device: Any) -> Any:
         raise MapMatchedValueError("--stream draws the synthetic benchmark chunk by chunk; a data option (--data, "
                                    "--inscit, ...) is loaded whole: leave --stream out")
     progress = False if args.quiet else None
-    make = lambda: make_embedder(args.embedder, dim=args.embedding_dim, model=args.model, device=device,  # noqa: E731
-                                 seed=args.seed, progress=progress_wanted(progress, main_process()))
+
+    def make() -> Any:  # made once; fit fingerprints it in its model directory
+        if getattr(args, "embedder_object", None) is None:
+            args.embedder_object = make_embedder(args.embedder, dim=args.embedding_dim, model=args.model,
+                                                 device=device, seed=args.seed,
+                                                 progress=progress_wanted(progress, main_process()))
+        return args.embedder_object
     if dataset is not None:
         _status(args, f"{PROG} {args.command}: {dataset.name}: {len(dataset)} conversations, {dataset.num_turns} turns, "
                       f"{dataset.labelled_turn_count} labelled, {len(dataset.passages)} passages")
@@ -692,74 +738,83 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _fit_and_write(args: argparse.Namespace, device: Any, started: float) -> int:
-    """Fit (sharded inside a process group) and, on rank 0 alone, write the JSON."""
+    """Fit (sharded inside a process group) and, on rank 0 alone, write the JSON and the model directory.
+
+    ``--method map-matched`` fits lambda and beta (:func:`mapmatched_torch.fit.fit_weights`);
+    the learned methods are fitted on every conversation by
+    :func:`mapmatched_torch.eval.model_fit.fit_learned`; ``auto`` first runs the
+    evaluation's cross-fitted methods and fits the one
+    :func:`~mapmatched_torch.eval.model_fit.choose_method` picks. With ``--out`` (or a
+    method other than map-matched) the cross-fitted metrics are computed too.
+    """
     import json
 
+    from .core.errors import MapMatchedValueError
     from .core.files import write_text_atomic
     from .eval.distributed import world_size
-    from .eval.methods import labelled_conversations
+    from .eval.model_fit import (EVAL_METHODS, choose_method, cross_fitted_metrics, fit_learned, fit_map_matched,
+                                 learned_payload, pointwise_model)
     from .eval.report import sanitize
     from .eval.runner import main_process
-    from .fit import fit_weights
 
     if world_size() > 1:
+        if args.method != "map-matched" or args.out:
+            raise MapMatchedValueError("under torchrun fit shards --method map-matched with --json only; fit the other "
+                                       "methods and write --out in one process")
         _status(args, f"{PROG} fit: sharding the batches over {world_size()} processes ({_backend()})")
     inputs = _inputs(args, device)
-    conversations = labelled_conversations(inputs)
-    fraction = args.validation_fraction
-    if fraction is None:  # a handful of validation conversations stops on noise: fit to convergence instead
-        fraction = 0.2 if len(conversations) >= _FIT_VALIDATION_MINIMUM else 0.0
-    _status(args, f"{PROG} fit: fitting lambda and beta on {len(conversations)} conversations ({args.optimizer}, "
-                  + (f"{fraction:g} held out for early stopping)" if fraction else
-                     "no validation split: fitted to convergence)"))
-    result = fit_weights(conversations, inputs.graph, score_normalization=args.score_normalization,
-                         optimizer=args.optimizer, max_iterations=args.max_iterations,
-                         validation_fraction=fraction, patience=args.patience, seed=args.seed, device=device,
-                         progress=False if args.quiet else None)
-    notes = _fit_notes(result, args.patience)
-    gold = (inputs.info.get("gold_missing") or {}).get("labelled_turns_without_gold_in_corpus", 0)
-    payload = sanitize({
-        "lambda": result.emission_weight,
-        "beta": result.transition_weight,
-        "data": inputs.name,
-        "info": dict(inputs.info),
-        "options": {"optimizer": args.optimizer, "max_iterations": args.max_iterations,
-                    "validation_fraction": fraction, "patience": args.patience,
-                    "score_normalization": args.score_normalization, "seed": args.seed},
-        "n_conversations": result.n_conversations, "n_turns": result.n_turns,
-        "n_labelled_turns": result.n_labelled_turns,
-        # one name per count: gold outside the candidates (the fit cannot use the turn), of which gold outside
-        # the corpus (info.gold_missing, what --qrels in-corpus drops)
-        "n_gold_not_among_candidates": result.n_gold_missing, "n_gold_not_in_corpus": gold,
-        "kept_starting_point": result.best_iteration == 0, "warnings": list(notes),
-        "n_train_conversations": result.n_train_conversations,
-        "n_validation_conversations": result.n_validation_conversations,
-        "validation_ndcg_before": result.validation_ndcg_before,
-        "validation_ndcg_after": result.validation_ndcg_after,
-        "best_iteration": result.best_iteration, "stopped": result.stopped,
-        "world_size": world_size(),
-    })
+    method, metrics, selection = args.method, None, None
+    if args.out or method != "map-matched":
+        names = list(EVAL_METHODS)[1:] if method == "auto" else [method]
+        _status(args, f"{PROG} fit: cross-fitted metrics of {', '.join(names)} ({args.fit_folds} folds)")
+        metrics = cross_fitted_metrics(inputs, names, seed=args.seed, fit_folds=args.fit_folds,
+                                       score_normalization=args.score_normalization,
+                                       method_options=_method_options(args))
+        if method == "auto":
+            chosen, selection = choose_method(metrics)
+            method = "map-matched" if chosen == "pointwise" else chosen  # pointwise: map-matching with beta = 0
+            _status(args, f"{PROG} fit: auto chose {chosen} (cross-fitted nDCG@3 "
+                          + ", ".join(f"{k} {v:.4f}" for k, v in selection["candidates"].items() if v is not None) + ")")
+    notes: Tuple[str, ...] = ()
+    if method != "map-matched":
+        _status(args, f"{PROG} fit: fitting {method} on every conversation")
+        fitted = fit_learned(inputs, method, seed=args.seed, score_normalization=args.score_normalization,
+                             method_options=_method_options(args))
+        payload = learned_payload(inputs, fitted, seed=args.seed, method_options=_method_options(args))
+    elif selection is not None and selection["chosen"] == "pointwise":
+        fitted = pointwise_model(args.score_normalization)
+        payload = learned_payload(inputs, fitted, seed=args.seed, method_options=_method_options(args))
+    else:
+        fraction = args.validation_fraction
+        if fraction is None:  # a handful of validation conversations stops on noise: fit to convergence instead
+            fraction = 0.2 if inputs.num_conversations >= _FIT_VALIDATION_MINIMUM else 0.0
+        fitted, payload, notes = fit_map_matched(
+            inputs, optimizer=args.optimizer, max_iterations=args.max_iterations, validation_fraction=fraction,
+            patience=args.patience, score_normalization=args.score_normalization, seed=args.seed, device=device,
+            progress=False if args.quiet else None, status=lambda message: _status(args, f"{PROG} fit: {message}"))
+    payload = sanitize({**payload, "method": fitted.method, "cross_fitted": metrics, "selection": selection,
+                        "model_dir": args.out})
     if not main_process():  # a worker rank: it took the same steps, rank 0 writes
         return 0
     for note in notes:  # also with --quiet: the weights are not fitted
         print(f"{PROG} fit: warning: {note}", file=sys.stderr, flush=True)
-    path = write_text_atomic(args.json, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
-    kept = " (the starting point: early stopping kept iteration 0)" if result.best_iteration == 0 else ""
-    _status(args, f"wrote {path}: lambda={result.emission_weight:.6g} beta={result.transition_weight:.6g}{kept}")
+    if args.json:
+        path = write_text_atomic(args.json, json.dumps(payload, sort_keys=True, allow_nan=False, indent=2) + "\n")
+        _status(args, f"wrote {path}")
+    if args.out:
+        from .fit.artifacts import save_model
+
+        save_model(args.out, fitted.model, fitted.settings, graph=inputs.graph,
+                   embedder=getattr(args, "embedder_object", None), method=fitted.method, mixing=fitted.mixing,
+                   metrics=sanitize({"cross_fitted": metrics, "validation": payload.get("validation")}),
+                   feature=fitted.feature, candidate_limit=int(inputs.candidates.shape[2]), selection=selection,
+                   overwrite=True)
+        _status(args, f"wrote {args.out} ({fitted.method} model directory)")
+    kept = " (the starting point: early stopping kept iteration 0)" if payload.get("kept_starting_point") else ""
+    _status(args, f"{PROG} fit: {fitted.method} lambda={fitted.settings.emission_weight:.6g} "
+                  f"beta={fitted.settings.transition_weight:.6g}{kept}")
     _status(args, f"{PROG} fit: done in {time.perf_counter() - started:.1f} s")
     return 0
-
-
-def _fit_notes(result: Any, patience: int) -> Tuple[str, ...]:
-    """What ``fit`` warns about: a fit that returned its starting point (best iteration 0)."""
-    if result.best_iteration != 0:
-        return ()
-    how = (f"the validation loss of the {result.n_validation_conversations} held-out conversations never improved "
-           f"on the starting point's within --patience {patience} iterations" if result.stopped == "early_stopping"
-           else f"the fit stopped at once ({result.stopped})")
-    return (f"the fitted weights are the starting point (lambda={result.emission_weight:g}, "
-            f"beta={result.transition_weight:g}): {how}; nothing was learned. Try --validation-fraction 0 (fit to "
-            "convergence on every conversation), a larger --patience, or more conversations",)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

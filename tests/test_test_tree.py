@@ -27,6 +27,8 @@ TESTED_ELSEWHERE = {
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks
     # shard(): its blocks and errors, and the sharded eval and fit equal to one process
     "core/sharding.py": ("tests/eval/test_distributed.py", "tests/fit/test_distributed_fit.py"),
+    # reading a model directory: through the writer's tests and from_pretrained's
+    "core/model_artifacts.py": ("tests/fit/test_artifacts.py", "tests/retrieval/test_pretrained.py"),
     # kernels/: the argument checks and the streaming states of the functional API, tested
     # with it; the fused decoders' numba kernels and the runtime that calls every numba
     # kernel, through the fused decoders

@@ -338,6 +338,23 @@ class ConversationViews:
     trace = _view("trace", "The conversation's latest trace (``trace.render()`` prints it).")
 
 
+def pretrained_engine(
+    path: Any, *, graph: Any, provider: Any, embedder: Any, strict: bool, session_id: Any,
+    options: Optional[Dict[str, Any]],
+) -> Any:
+    """The engine of an adapter's ``from_pretrained``: a
+    :meth:`MapMatchedRetriever.from_pretrained <mapmatched_torch.MapMatchedRetriever.from_pretrained>`
+    (``session_id`` None) or a :meth:`MapMatchedServer.from_pretrained
+    <mapmatched_torch.serving.MapMatchedServer.from_pretrained>` (a ``session_id``), ``options``
+    the engine's other keyword arguments."""
+    arguments = dict(graph=graph, provider=provider, embedder=embedder, strict=strict, **dict(options or {}))
+    if session_id is None:
+        return MapMatchedRetriever.from_pretrained(path, **arguments)
+    from ..serving.server import MapMatchedServer
+
+    return MapMatchedServer.from_pretrained(path, **arguments)
+
+
 def adapter_arguments(
     engine: Any,
     session_id: Any,

@@ -104,6 +104,7 @@ from ._chunk_text import FrameworkProvider, TextMemory, check_remember
 from ._conversation import (
     ConversationViews,
     adapter_arguments,
+    pretrained_engine,
 )
 from ._turn_report import context_contents, entry_metadata
 
@@ -485,6 +486,19 @@ def _retriever_class() -> type:
             """:meth:`batch` with ``ainvoke``: each turn is awaited before the next."""
             iterator = self.abatch_as_completed(inputs, config, return_exceptions=return_exceptions, **kwargs)
             return [out async for _, out in iterator]
+
+        @classmethod
+        def from_pretrained(
+            cls, path: Any, *, graph: Any, provider: Any = None, embedder: Any = None, strict: bool = True,
+            session_id: Any = None, engine_options: Any = None, **adapter_options: Any,
+        ) -> Any:
+            """A retriever over a fitted model directory (``mapmatched-torch fit --out DIR``): the
+            conversation is a ``MapMatchedRetriever.from_pretrained`` session, or with ``session_id``
+            a ``MapMatchedServer.from_pretrained`` server's (``engine_options``: their other keyword
+            arguments); ``adapter_options`` are :func:`as_langchain_retriever`'s (``documents``, ...)."""
+            engine = pretrained_engine(path, graph=graph, provider=provider, embedder=embedder, strict=strict,
+                                       session_id=session_id, options=engine_options)
+            return as_langchain_retriever(engine, session_id=session_id, **adapter_options)
 
     MapMatchedLangChainRetriever.__module__ = __name__
     return MapMatchedLangChainRetriever

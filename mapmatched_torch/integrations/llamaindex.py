@@ -87,6 +87,7 @@ from ._conversation import (
     Conversation,
     ConversationViews,
     adapter_arguments,
+    pretrained_engine,
 )
 from ._turn_report import context_contents, entry_metadata
 
@@ -310,6 +311,19 @@ def _retriever_class() -> type:
                 score = None if entry.candidate is None else entry.candidate.raw_score
                 out.append(NodeWithScore(node=node, score=score))
             return out
+
+        @classmethod
+        def from_pretrained(
+            cls, path: Any, *, graph: Any, provider: Any = None, embedder: Any = None, strict: bool = True,
+            session_id: Any = None, engine_options: Any = None, **adapter_options: Any,
+        ) -> Any:
+            """A retriever over a fitted model directory (``mapmatched-torch fit --out DIR``): the
+            conversation is a ``MapMatchedRetriever.from_pretrained`` session, or with ``session_id``
+            a ``MapMatchedServer.from_pretrained`` server's (``engine_options``: their other keyword
+            arguments); ``adapter_options`` are :func:`as_llamaindex_retriever`'s (``nodes``, ...)."""
+            engine = pretrained_engine(path, graph=graph, provider=provider, embedder=embedder, strict=strict,
+                                       session_id=session_id, options=engine_options)
+            return as_llamaindex_retriever(engine, session_id=session_id, **adapter_options)
 
     MapMatchedLlamaIndexRetriever.__module__ = __name__
     return MapMatchedLlamaIndexRetriever

@@ -250,6 +250,35 @@ class MapMatchedRetriever(HoldsSettings):
                     f"(StandaloneDecoder); {type(decoder).__name__} does neither"
                 )
 
+    @classmethod
+    def from_pretrained(
+        cls, path: Any, *, graph: CorpusGraph, provider: Optional[CandidateProvider] = None, embedder: Any = None,
+        strict: bool = True, **options: Any,
+    ) -> "MapMatchedRetriever":
+        """A retriever that applies a fitted model directory (``mapmatched-torch fit --out DIR``) as
+        the evaluation's method applied it (:func:`~mapmatched_torch.retrieval.pretrained.pretrained_options`).
+
+        Args:
+            path: the model directory.
+            graph: the corpus graph; refused unless it has the fitted graph's node IDs
+                and maximum distance.
+            provider: the candidate provider (a mixed model wraps it in its
+                ``QueryMixingProvider``; it must then search by vector).
+            embedder: when given, refused unless it is the fit's embedder (fingerprint).
+            strict: False warns about a differing graph or embedder instead.
+            **options: the other keyword arguments (``decoder``, ``candidate_limit``,
+                default the fit's, ``context_radius``, ...); the settings come from the model.
+
+        Raises:
+            MapMatchedValueError: a damaged or mismatched model directory.
+            NotImplementedError: a gated model, while this class takes no ``transitions=``.
+        """
+        from .pretrained import pretrained_options
+
+        _, kwargs = pretrained_options(cls, path, graph=graph, provider=provider, embedder=embedder, strict=strict,
+                                       options=options)
+        return cls(graph, **kwargs)
+
     def session(self) -> "MapMatchedSession":
         """Open a new conversation."""
         return MapMatchedSession(self)

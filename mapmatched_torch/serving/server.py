@@ -211,6 +211,20 @@ class MapMatchedServer:
         self._lock = threading.RLock()  # one call at a time: see "Concurrency" above
         self._fingerprint: Optional[Dict[str, Any]] = None  # the graph's, made on first save or load
 
+    @classmethod
+    def from_pretrained(
+        cls, path: Any, *, graph: CorpusGraph, provider: Any = None, embedder: Any = None, strict: bool = True,
+        **options: Any,
+    ) -> "MapMatchedServer":
+        """A server that applies a fitted model directory as the evaluation's method applied it:
+        :meth:`MapMatchedRetriever.from_pretrained <mapmatched_torch.MapMatchedRetriever.from_pretrained>`'s
+        arguments, ``**options`` this class's (``device``, ``capacity``, ...)."""
+        from ..retrieval.pretrained import pretrained_options
+
+        _, kwargs = pretrained_options(cls, path, graph=graph, provider=provider, embedder=embedder, strict=strict,
+                                       options=options)
+        return cls(graph, **kwargs)
+
     @property
     def retriever(self) -> MapMatchedRetriever:
         """A :class:`~mapmatched_torch.MapMatchedRetriever` with this server's graph,

@@ -308,7 +308,8 @@ def test_fit_takes_the_data_options_of_eval(fixtures, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ([], "the following arguments are required: --json/--output"),
+        ([], "fit needs --json PATH (the fitted weights as JSON) or --out DIR (the model directory), or both"),
+        (["--out", "m", "--method", "best"], "invalid choice: 'best'"),
         (["--output", "w.json", "--validation-fraction", "1"], "--validation-fraction must be in [0, 1)"),
         (["--output", "w.json", "--optimizer", "sgd"], "invalid choice"),
         (["--output", "w.json", "--bootstrap", "3"], "unrecognized arguments: --bootstrap"),

@@ -878,3 +878,34 @@ def test_missing_langchain_names_the_extra() -> None:
 
 def test_importing_the_library_does_not_import_langchain() -> None:
     assert modules_loaded_by_importing("LangChainProvider, as_langchain_retriever", "langchain") == []
+
+
+def test_from_pretrained_builds_the_retriever_of_a_model_directory(tmp_path) -> None:
+    from mapmatched_torch import InMemoryCorpusGraph
+    from mapmatched_torch.core.settings import DecodeSettings
+    from mapmatched_torch.fit.artifacts import save_model
+    from mapmatched_torch.fit.model import MapMatchedModel
+    from mapmatched_torch.integrations.langchain import MapMatchedLangChainRetriever
+
+    graph = InMemoryCorpusGraph.from_edges([("a", "b"), ("b", "c")])
+    folder = save_model(tmp_path / "m", MapMatchedModel(1.0, 2.0), DecodeSettings(1.0, 2.0), graph=graph,
+                        candidate_limit=2)
+    answers = {"q1": [ScoredCandidate("a", 1.0), ScoredCandidate("c", 0.5)],
+               "q2": [ScoredCandidate("c", 1.0), ScoredCandidate("b", 0.99)]}
+
+    class Provider:
+        def candidates(self, query: str, limit: int) -> Sequence[ScoredCandidate]:
+            return answers[query][:limit]
+
+    documents = {chunk: f"text of {chunk}" for chunk in "abc"}
+    retriever = MapMatchedLangChainRetriever.from_pretrained(folder, graph=graph, provider=Provider(),
+                                                             documents=documents)
+    assert retriever.session.retriever.settings == DecodeSettings(1.0, 2.0)
+    assert retriever.invoke("q1")[0].page_content == "text of a"
+    expected = MapMatchedRetriever(graph, provider=Provider(), candidate_limit=2, transition_weight=2.0).session()
+    expected.retrieve("q1")
+    assert retriever.invoke("q2")[0].metadata["map_matched"]["chunk_id"] == expected.retrieve("q2").chunk_id
+    served = MapMatchedLangChainRetriever.from_pretrained(folder, graph=graph, provider=Provider(), session_id="s",
+                                                          documents=documents, engine_options={"capacity": 2})
+    assert served.server.settings.transition_weight == 2.0 and [d.page_content for d in served.invoke("q1")][0] == \
+        "text of a"

@@ -514,3 +514,31 @@ def test_missing_llamaindex_names_the_extra() -> None:
 
 def test_importing_the_library_does_not_import_llamaindex() -> None:
     assert modules_loaded_by_importing("LlamaIndexProvider, as_llamaindex_retriever", "llama_index") == []
+
+
+def test_from_pretrained_builds_the_retriever_of_a_model_directory(tmp_path) -> None:
+    from mapmatched_torch import InMemoryCorpusGraph
+    from mapmatched_torch.core.settings import DecodeSettings
+    from mapmatched_torch.fit.artifacts import save_model
+    from mapmatched_torch.fit.model import MapMatchedModel
+    from mapmatched_torch.integrations.llamaindex import MapMatchedLlamaIndexRetriever
+
+    graph = InMemoryCorpusGraph.from_edges([("a", "b"), ("b", "c")])
+    folder = save_model(tmp_path / "m", MapMatchedModel(1.0, 2.0), DecodeSettings(1.0, 2.0), graph=graph)
+    answers = {"q1": [ScoredCandidate("a", 1.0), ScoredCandidate("c", 0.5)],
+               "q2": [ScoredCandidate("c", 1.0), ScoredCandidate("b", 0.99)]}
+
+    class Provider:
+        def candidates(self, query: str, limit: int) -> Sequence[ScoredCandidate]:
+            return answers[query][:limit]
+
+    nodes = {chunk: f"text of {chunk}" for chunk in "abc"}
+    retriever = MapMatchedLlamaIndexRetriever.from_pretrained(folder, graph=graph, provider=Provider(), nodes=nodes)
+    assert retriever.session.retriever.settings == DecodeSettings(1.0, 2.0)
+    assert retriever.retrieve("q1")[0].node.get_content() == "text of a"
+    expected = MapMatchedRetriever(graph, provider=Provider(), transition_weight=2.0).session()
+    expected.retrieve("q1")
+    assert retriever.retrieve("q2")[0].node.metadata["map_matched"]["chunk_id"] == expected.retrieve("q2").chunk_id
+    served = MapMatchedLlamaIndexRetriever.from_pretrained(folder, graph=graph, provider=Provider(), session_id=7,
+                                                           nodes=nodes)
+    assert served.server.settings.transition_weight == 2.0 and served.session_id == 7

@@ -16,7 +16,8 @@ from ..candidates import Candidates, normalize_candidate_scores
 from .fitted import cross_fitting_folds
 from .registry import MethodBatch, MethodOptions, MethodOutput, MethodUnavailable, _ranked
 
-__all__ = ["relevant_candidates", "gate_features", "GatedState", "GATED_RANKINGS"]
+__all__ = ["relevant_candidates", "gate_features", "GatedState", "GatedTrellis", "gated_trellis", "fit_gated_rows",
+           "GATED_RANKINGS"]
 
 def relevant_candidates(candidates: Candidates, qrels: Any) -> Tensor:
     """(B, T, M) bool: the real candidates with a qrel grade > 0 (the gold sets of the CRF likelihood).
@@ -106,8 +107,6 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
     benchmark) instead of keeping the scale in beta. Distances and features are
     computed once for all conversations ((B, T-1, M, M) float64).
     """
-    from ..distances import CorpusDistances
-
     folds = options.fit_folds
     cands = inputs.candidates
     batch = cands.shape[0]
@@ -116,22 +115,52 @@ def _prepare_gated(inputs: Any, options: MethodOptions) -> GatedState:
     if cands.shape[1] < 2:
         raise MethodUnavailable("the gated method needs conversations of at least 2 turns (it gates the moves)")
     fold = cross_fitting_folds(batch, folds, options.seed).to(cands.mask.device)
-    normalized = normalize_candidate_scores(cands.scores, cands.mask, options.score_normalization)
-    queries = getattr(inputs, "query_embeddings", None)
-    passages = inputs.passage_embeddings if queries is not None else None
-    features = gate_features(cands, normalized, queries, passages)
-    lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
-    distances = lookup.consecutive(cands.index)
-    relevant = relevant_candidates(cands, inputs.qrels)
+    trellis = gated_trellis(inputs, options)
     models, params = [], []
     for held_out in range(folds):
         train = (fold != held_out).nonzero().flatten()
-        model = _fit_gated_model(cands.select(train), normalized[train], distances[train], relevant[train],
-                                 features[train], lookup.maximum_distance, options, f"the gated fit of fold {held_out}")
-        models.append(model)
-        params.append(_gated_params(model))
+        models.append(fit_gated_rows(trellis, train, options, f"the gated fit of fold {held_out}"))
+        params.append(_gated_params(models[-1]))
+    return GatedState(fold, trellis.features, tuple(models), trellis.feature, tuple(params))
+
+
+class GatedTrellis(NamedTuple):
+    """Every conversation's tensors the gated fit reads (:func:`gated_trellis`).
+
+    Attributes:
+        candidates: (B, T, M). normalized: (B, T, M) float64. distances: (B, T-1, M, M)
+        float64 ``[b, t, from, to]``. relevant: (B, T, M) bool. features: (B, T-1, M, 1)
+        float64 (:func:`gate_features`). maximum_distance: the graph bound. feature: the
+        feature's name for reports and model artifacts.
+    """
+
+    candidates: Candidates
+    normalized: Tensor
+    distances: Tensor
+    relevant: Tensor
+    features: Tensor
+    maximum_distance: float
+    feature: str
+
+
+def gated_trellis(inputs: Any, options: MethodOptions) -> GatedTrellis:
+    """The gated fit's tensors of every conversation of ``inputs`` (distances and features computed once)."""
+    from ..distances import CorpusDistances
+
+    cands = inputs.candidates
+    normalized = normalize_candidate_scores(cands.scores, cands.mask, options.score_normalization)
+    queries = getattr(inputs, "query_embeddings", None)
+    passages = inputs.passage_embeddings if queries is not None else None
+    lookup = CorpusDistances(inputs.graph, inputs.passage_ids)
     feature = GATE_FEATURE_NAMES[0] if queries is not None else GATE_FEATURE_NAMES[1]
-    return GatedState(fold, features, tuple(models), feature, tuple(params))
+    return GatedTrellis(cands, normalized, lookup.consecutive(cands.index), relevant_candidates(cands, inputs.qrels),
+                        gate_features(cands, normalized, queries, passages), lookup.maximum_distance, feature)
+
+
+def fit_gated_rows(trellis: GatedTrellis, rows: Tensor, options: MethodOptions, what: str) -> Any:
+    """:func:`_fit_gated_model` on the conversations ``rows`` ((R,) long) of a :class:`GatedTrellis`."""
+    return _fit_gated_model(trellis.candidates.select(rows), trellis.normalized[rows], trellis.distances[rows],
+                            trellis.relevant[rows], trellis.features[rows], trellis.maximum_distance, options, what)
 
 
 def _fit_gated_model(cands: Candidates, normalized: Tensor, distances: Tensor, relevant: Tensor, features: Tensor,

@@ -17,7 +17,7 @@ from .gated import _fit_gated_model, _gated_order, _gated_params, _gated_ranking
 from .map_matched import pointwise_order
 from .registry import MethodBatch, MethodOptions, MethodOutput, MethodUnavailable, gather_passages
 
-__all__ = ["relevant_passages", "MixedState"]
+__all__ = ["relevant_passages", "MixedState", "fit_mixing_rows"]
 
 
 def relevant_passages(valid: Tensor, qrels: Any, num_passages: int) -> Tensor:
@@ -226,20 +226,42 @@ def _mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
 
 def _fit_mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
     """:func:`_mixing_folds` without the cache."""
-    from ...fit.query_mixing import fit_query_mixing
-    from ...providers.dense import DenseProvider
-    from ..candidates import retrieve_online
-
     queries, passages = getattr(inputs, "query_embeddings", None), inputs.passage_embeddings
     if queries is None or passages is None:
         raise MethodUnavailable("query mixing needs query and passage embeddings (a dataset with an embedder)")
     cands = inputs.candidates
-    batch, turns, width = cands.shape
+    batch, turns, _ = cands.shape
     folds = options.fit_folds
     if batch < folds:
         raise MethodUnavailable(f"cross-fitting with {folds} folds needs at least {folds} conversations, got {batch}")
     if turns < 2:
         raise MethodUnavailable("query mixing needs conversations of at least 2 turns (it mixes in the previous one)")
+    device = cands.mask.device
+    fold = cross_fitting_folds(batch, folds, options.seed).to(device)
+    fits, retrieved = [], []
+    for held_out in range(folds):
+        fit, mixed = fit_mixing_rows(inputs, options, fold != held_out, f"the query-mixing fit of fold {held_out}")
+        fits.append(fit)
+        retrieved.append(mixed)
+    return _MixingFolds(fold, tuple(fits), tuple(retrieved))
+
+
+def fit_mixing_rows(inputs: Any, options: MethodOptions, train: Tensor, what: str) -> Tuple[Any, Candidates]:
+    """The query-mixing gate fitted on the conversations ``train`` ((B,) bool) in rounds (steps 1
+    and 2 of :func:`_prepare_mixed`), and every conversation retrieved online with it.
+
+    Returns:
+        ``(QueryMixingFit, Candidates (B, T, M))``: the last round's fit and retrieval
+        (each turn's context: the previous turn's pointwise top passage).
+
+    Raises:
+        MethodUnavailable: the fit failed (``what`` names it).
+    """
+    from ...fit.query_mixing import fit_query_mixing
+    from ...providers.dense import DenseProvider
+    from ..candidates import retrieve_online
+
+    cands = inputs.candidates
     device = cands.mask.device
     rounds = max(1, int(options.extra.get("mixing_rounds", 2)))
     iterations = int(options.extra.get("mixing_iterations", 100))
@@ -251,27 +273,21 @@ def _fit_mixing_folds(inputs: Any, options: MethodOptions) -> _MixingFolds:
     temperature = {} if held_temperature is None else {
         "temperature": check_positive_finite(held_temperature, "the method option mixing_temperature (None: fitted)"),
         "fit_temperature": False}
-    provider = DenseProvider(passages, inputs.passage_ids, metric="inner_product", device=device)
-    queries, passages = queries.to(device), passages.to(device)
+    provider = DenseProvider(inputs.passage_embeddings, inputs.passage_ids, metric="inner_product", device=device)
+    queries, passages = inputs.query_embeddings.to(device), inputs.passage_embeddings.to(device)
     valid = cands.valid
     relevant = relevant_passages(valid, inputs.qrels, len(inputs.passage_ids))
-    fold = cross_fitting_folds(batch, folds, options.seed).to(device)
-    fits, retrieved = [], []
-    for held_out in range(folds):
-        train = fold != held_out
-        decoded, fit = cands.index[:, :, 0], None
-        for _ in range(rounds):
-            try:
-                rows, extra = _mixing_rows(queries, passages, decoded, relevant, valid, train, context != "chunk")
-                fit = fit_query_mixing(*rows, passages, iterations=iterations, l2=l2,
-                                       initial=None if fit is None else fit.mixing, **extra, **temperature)
-            except MapMatchedValueError as error:
-                raise MethodUnavailable(f"the query-mixing fit of fold {held_out} failed: {error}") from None
-            mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded)
-            decoded = mixed.index[:, :, 0]
-        fits.append(fit)
-        retrieved.append(mixed)
-    return _MixingFolds(fold, tuple(fits), tuple(retrieved))
+    decoded, fit = cands.index[:, :, 0], None
+    for _ in range(rounds):
+        try:
+            rows, extra = _mixing_rows(queries, passages, decoded, relevant, valid, train, context != "chunk")
+            fit = fit_query_mixing(*rows, passages, iterations=iterations, l2=l2,
+                                   initial=None if fit is None else fit.mixing, **extra, **temperature)
+        except MapMatchedValueError as error:
+            raise MethodUnavailable(f"{what} failed: {error}") from None
+        mixed = retrieve_online(queries, valid, provider, cands.shape[2], fit.mixing, passages, _pointwise_decoded)
+        decoded = mixed.index[:, :, 0]
+    return fit, mixed
 
 
 def _mixed_runner(name: str) -> Callable[[MethodBatch, MethodOptions], List[MethodOutput]]:
