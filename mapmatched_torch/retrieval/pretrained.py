@@ -15,8 +15,9 @@ share it), so that a session applies what the evaluation's method applied:
   previous query);
 - ``gated`` and ``mixed+gated``: the fitted
   :class:`~mapmatched_torch.kernels.transitions.GatedTransitions`, passed as
-  ``transitions=`` where the class accepts that keyword (else NotImplementedError
-  naming the missing piece).
+  ``transitions=`` (a class without that keyword raises NotImplementedError), with the
+  gate feature it was fitted on: the query-source cosine needs the caller's
+  ``passage_embeddings=`` (and ``passage_ids=``), the score-level feature refuses them.
 
 The writer is :func:`mapmatched_torch.fit.artifacts.save_model`.
 """
@@ -33,6 +34,7 @@ from ..core.checks import check_choice
 from ..core.errors import MapMatchedTypeError, MapMatchedValueError
 from ..core.model_artifacts import check_fingerprints, read_artifact
 from ..core.settings import DecodeSettings
+from ..kernels.gate_features import GATE_FEATURE_NAMES
 
 __all__ = ["MODEL_METHODS", "LoadedModel", "load_model", "transition_model", "pretrained_options"]
 
@@ -178,5 +180,23 @@ def pretrained_options(
             raise NotImplementedError(
                 f"{cls.__name__} does not take transitions= (learned transition models in sessions and the server, "
                 f"issue 33 item 2), so the {model.method!r} model at {path} cannot be applied as fitted")
+        _check_gate_feature(model, kwargs)
         kwargs["transitions"] = gate
     return model, kwargs
+
+
+def _check_gate_feature(model: LoadedModel, kwargs: Dict[str, Any]) -> None:
+    """The gate must read the feature it was fitted on: the query-source cosine needs the
+    caller's ``passage_embeddings=`` (the sessions' and the server's cosine), the
+    score-level feature must not get them (they would switch the feature)."""
+    feature = (model.config.get("transitions") or {}).get("feature")
+    given = kwargs.get("passage_embeddings") is not None
+    if feature == GATE_FEATURE_NAMES[0] and not given:
+        raise MapMatchedValueError(
+            f"the {model.method!r} model's gate was fitted on the {feature} (the new query's cosine to the previous "
+            "turn's passages): pass passage_embeddings= (N, D), the embeddings of the fit, and passage_ids= unless "
+            "the rows follow the graph's node order")
+    if feature == GATE_FEATURE_NAMES[1] and given:
+        raise MapMatchedValueError(
+            f"the {model.method!r} model's gate was fitted on the {feature}: leave passage_embeddings= out "
+            "(with them the gate would read the query-source cosine instead)")

@@ -1,5 +1,5 @@
 """from_pretrained: a model directory round-trips into retrievers and servers, and a mismatched,
-gated-without-transitions or damaged one is refused clearly."""
+gated one without its feature's inputs or a damaged one is refused clearly."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _gated_model() -> MapMatchedModel:
 
 
 @pytest.mark.parametrize("cls", [MapMatchedRetriever, MapMatchedServer])
-def test_a_gated_model_carries_its_transitions_and_names_the_missing_keyword(tmp_path, cls):
+def test_a_gated_model_is_served_with_its_fitted_transitions_and_feature(tmp_path, cls):
     model = _gated_model()
     folder = _save(tmp_path / "g", method="gated", model=model, settings=DecodeSettings(1.3, 0.7),
                    feature="query-source cosine")
@@ -87,16 +87,34 @@ def test_a_gated_model_carries_its_transitions_and_names_the_missing_keyword(tmp
     gate = transition_model(loaded)
     assert gate.state_dict().keys() == model.transition_model.state_dict().keys()
     assert all(torch.equal(gate.state_dict()[k], v) for k, v in model.transition_model.state_dict().items())
-    with pytest.raises(NotImplementedError, match=f"{cls.__name__} does not take transitions="):
+    # fitted on the cosine: the passages' embeddings are needed, as in the fit
+    with pytest.raises(MapMatchedValueError, match="fitted on the query-source cosine .*: pass passage_embeddings="):
         cls.from_pretrained(folder, graph=GRAPH)
+    passages = EMBEDDER.encode(list(IDS))
+    engine = cls.from_pretrained(folder, graph=GRAPH, passage_embeddings=passages, passage_ids=IDS)
+    weights = {k: v for k, v in engine.transitions.state_dict().items()}
+    assert all(torch.equal(weights[k], v) for k, v in model.transition_model.state_dict().items())
+    assert engine.settings.emission_weight == 1.3
+    score_level = _save(tmp_path / "s", method="gated", model=model, settings=DecodeSettings(1.3, 0.7),
+                        feature="score-level query-source match")
+    with pytest.raises(MapMatchedValueError, match="leave passage_embeddings= out"):
+        cls.from_pretrained(score_level, graph=GRAPH, passage_embeddings=passages, passage_ids=IDS)
+    assert cls.from_pretrained(score_level, graph=GRAPH).learned.passage_embeddings is None
 
-    class WithTransitions(cls):  # a class that takes the keyword gets the fitted model
-        def __init__(self, graph, *, transitions=None, **kwargs):
-            super().__init__(graph, **kwargs)
-            self.transitions = transitions
 
-    engine = WithTransitions.from_pretrained(folder, graph=GRAPH)
-    assert torch.equal(engine.transitions.gate_weights, model.transition_model.gate_weights)
+def test_a_gated_retriever_decodes_as_one_built_with_the_fitted_model(tmp_path):
+    model = _gated_model()
+    folder = _save(tmp_path / "g", method="gated", model=model, settings=DecodeSettings(1.3, 0.7),
+                   feature="query-source cosine")
+    passages = EMBEDDER.encode(list(IDS))
+    loaded = MapMatchedRetriever.from_pretrained(folder, graph=GRAPH, provider=_provider(),
+                                                 passage_embeddings=passages, passage_ids=IDS).session()
+    built = MapMatchedRetriever(GRAPH, provider=_provider(), settings=DecodeSettings(1.3, 0.7), transitions=model.transition_model,
+                                passage_embeddings=passages, passage_ids=IDS).session()
+    for query in ("a b", "c", "d a", "b"):
+        vector = torch.as_tensor(EMBEDDER.encode([query])[0])
+        got, want = loaded.retrieve(query, query_embedding=vector), built.retrieve(query, query_embedding=vector)
+        assert (got.path, got.candidate_ranking) == (want.path, want.candidate_ranking)
 
 
 def test_another_graph_or_embedder_is_refused_or_warned_with_strict_false(tmp_path):
