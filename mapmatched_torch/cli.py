@@ -201,9 +201,10 @@ def _add_learning_options(group: Any) -> None:
                             "cost a full bound, e.g. --graph section)")
     group.add_argument("--mixing-l2", type=_nonnegative_float, default=None, metavar="L2",
                        help="ridge on the mixed methods' query-mixing gates (default: 0)")
-    group.add_argument("--mixing-context", choices=("chunk", "chunk+query"), default=None,
-                       help="the mixed methods' context sources: the previous decoded passage and the previous "
-                            "query (default), or the passage alone")
+    group.add_argument("--mixing-context", choices=("chunk", "chunk+query", "chunk+searched"), default=None,
+                       help="the mixed methods' context sources: the previous decoded passage and the vector "
+                            "the previous turn searched (chunk+searched, default), the passage and the previous "
+                            "raw query (chunk+query), or the passage alone")
     group.add_argument("--mixing-temperature", type=_positive_float, default=None, metavar="T",
                        help="hold the mixed methods' softmax temperature at T > 0 (default: fitted with the gate)")
 
@@ -238,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--selection-folds", type=_positive_int, default=5,
                       help="folds of the headline's cross-fitted selection (each ranked by the method best on the "
                            "others; at most one per conversation)")
+    grid.add_argument("--selection-prefer", default="mixed", metavar="METHODS",
+                      help="comma-separated methods the headline's selection prefers, in order: a fold keeps the "
+                           "first that the other folds do not show worse than their best by more than "
+                           "--selection-margin standard errors (default: mixed; '' for always the best)")
+    grid.add_argument("--selection-margin", type=_nonnegative_float, default=1.0, metavar="Z",
+                      help="standard errors (conversations as units) a preferred method may trail by (default 1)")
     grid.add_argument("--fold-repeats", type=_positive_int, default=1, metavar="R",
                       help="fold splits (seeds seed..seed+R-1): report each cross-fitted method's mean and range "
                            "over them beside the bootstrap interval")
@@ -690,7 +697,9 @@ def _evaluate(args: argparse.Namespace, device: Any, started: float) -> int:
         lambdas=args.lambdas, betas=args.betas, lags=args.lags, methods=args.methods,
         relevance_weight=args.relevance_weight, n_bootstrap=args.bootstrap, confidence=args.confidence,
         seed=args.seed, tolerance=args.tolerance, entropy_threshold=args.entropy_threshold, fit_folds=args.fit_folds,
-        selection_folds=args.selection_folds, fold_repeats=args.fold_repeats, method_options=_method_options(args),
+        selection_folds=args.selection_folds,
+        selection_preference=tuple(name.strip() for name in args.selection_prefer.split(",") if name.strip()),
+        selection_margin=args.selection_margin, fold_repeats=args.fold_repeats, method_options=_method_options(args),
         split_conversation=args.split_conversation, batch_size=args.batch_size, device=device,
         progress=False if args.quiet else None,
     )

@@ -134,6 +134,24 @@ def contextual_call(provider: Any) -> Optional[Callable[..., Any]]:
     return _asked_in_context(provider, "retrieve_in_context", "previous_query")
 
 
+def searched_query(answer: Any, query: Optional[str]) -> Optional[str]:
+    """What a session (or the server) keeps as its previous query after a turn.
+
+    Args:
+        answer: the provider's answer for the turn. query: the turn's query text (None:
+            the turn came as candidates).
+
+    Returns:
+        the answer's ``searched_query`` when it has one equal to ``query`` (a recurrent
+        :class:`~mapmatched_torch.providers.query_mixing.QueryMixingProvider` answers
+        with the query text that also carries the vector it searched, a
+        :class:`~mapmatched_torch.providers.query_mixing.SearchedQuery`, handed back to
+        it at the next turn); else ``query`` itself.
+    """
+    found = getattr(answer, "searched_query", None)
+    return found if query is not None and isinstance(found, str) and found == query else query
+
+
 def contextual_batch_call(provider: Any) -> Optional[Callable[..., Any]]:
     """``ask(queries, limit, context_chunk_ids, previous_queries)`` for a provider with
     ``retrieve_batch_in_context`` (None for any other), as :func:`contextual_call`."""

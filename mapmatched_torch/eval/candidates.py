@@ -234,12 +234,14 @@ def retrieve_online(
     mixing: Any,
     passage_embeddings: Tensor,
     decoded: Callable[[int, Candidates], Tensor],
+    searched: Optional[Tensor] = None,
 ) -> Candidates:
     """Retrieve turn by turn with queries mixed with the previous turn's decoded passage.
 
     Turn t's query is ``mixing.apply(q_t, passage_embeddings[decoded at t-1], ...,
-    q_{t-1})`` (the previous raw query is its second source when the mix has one; turn 0
-    and conversations whose previous turn decoded nothing keep the raw query), searched
+    s_{t-1})`` (the second source when the mix has one: the previous raw query
+    ``s_{t-1} = q_{t-1}``, or with ``mixing.recurrent`` the vector turn t-1 searched;
+    turn 0 and conversations whose previous turn decoded nothing keep the raw query), searched
     with ``provider.search_tensors``; then ``decoded(t, candidates of turns 0..t)``
     says which passage the method decoded at turn t, as a session would, before turn
     t+1 is retrieved. With a zero mix every query is the raw one and the result equals
@@ -255,6 +257,8 @@ def retrieve_online(
         passage_embeddings: (P, D) the provider's rows (the context vectors).
         decoded: ``decoded(t, prefix) -> (B,) long`` passage index decoded at turn t
             (-1 where turn t is not real); ``prefix``: Candidates (B, t+1, M).
+        searched: None, or a (B, T, D) float tensor that receives the vector each real
+            turn searched (the fit's previous-source rows of a recurrent mix).
 
     Returns:
         :class:`Candidates` (B, T, min(limit, P)) on the provider's device.
@@ -271,14 +275,20 @@ def retrieve_online(
     mask = valid.unsqueeze(2).expand(-1, -1, width).clone()
     queries, passages = query_embeddings.to(device), passage_embeddings.to(device)
     previous = torch.full((batch,), -1, dtype=torch.long, device=device)
+    recurrent = bool(getattr(mixing, "recurrent", False))
+    # shape: (B, D) the vector each conversation searched at its latest turn (a recurrent mix's state)
+    state = queries[:, 0].clone()
     for turn in range(turns):
         rows = valid[:, turn]
         # shape: (B_t, D)
         vectors = queries[rows, turn]
         context = previous[rows]
-        # the previous turn's raw query: read only by a mix with a previous-query source
-        earlier = queries[rows, max(turn - 1, 0)]
+        # the previous turn's raw (or searched) query: read only by a mix with a previous-query source
+        earlier = state[rows] if recurrent else queries[rows, max(turn - 1, 0)]
         vectors = mixing.apply(vectors, passages[context.clamp_min(0)].to(vectors.dtype), context >= 0, earlier)
+        state[rows] = vectors.to(state.dtype)
+        if searched is not None:
+            searched[rows, turn] = vectors.to(device=searched.device, dtype=searched.dtype)
         scores, found = provider.search_tensors(vectors, width)
         index[rows, turn] = found.to(device=device, dtype=torch.long)
         values[rows, turn] = scores.to(device=device, dtype=torch.float64)

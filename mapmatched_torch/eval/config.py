@@ -48,6 +48,11 @@ class EvalConfig:
             best on the other selection folds. More folds than ``fit_folds`` make each
             choice on most of the data, so the folds agree on small sets
             (:mod:`~mapmatched_torch.eval.selection`).
+        selection_preference: registry method names the selection prefers, in order
+            (default ``("mixed",)``; ``()``: always the best on the other folds): a fold
+            keeps the first one the other folds do not show worse than their best by
+            more than ``selection_margin`` standard errors (conversations as units).
+        selection_margin: that margin (>= 0, default 1.0).
         fold_repeats: R >= 1 fold splits (seeds ``seed .. seed + R - 1``): with R > 1
             the cross-fitted rankings' slice means are also reported as a mean and
             range over R splits (:attr:`EvalResult.repeats`; the extra runs skip the bootstrap).
@@ -81,6 +86,8 @@ class EvalConfig:
     exact_normalization: bool = True
     fit_folds: int = 2
     selection_folds: int = 5
+    selection_preference: Tuple[str, ...] = ("mixed",)
+    selection_margin: float = 1.0
     fold_repeats: int = 1
     method_options: Mapping[str, Any] = field(default_factory=dict)
     primary: Optional[Setting] = None
@@ -127,6 +134,16 @@ class EvalConfig:
         if isinstance(self.selection_folds, bool) or not isinstance(self.selection_folds, int) \
                 or self.selection_folds < 2:
             raise MapMatchedValueError(f"selection_folds must be an int >= 2, got {self.selection_folds!r}")
+        if isinstance(self.selection_preference, str) or not all(
+                isinstance(name, str) for name in self.selection_preference):
+            raise MapMatchedValueError(f"selection_preference must be a sequence of method names, got "
+                                       f"{self.selection_preference!r}")
+        unknown = [name for name in self.selection_preference if name not in METHODS]
+        if unknown:
+            raise MapMatchedValueError(f"selection_preference names unknown methods {unknown}; known: {sorted(METHODS)}")
+        if isinstance(self.selection_margin, bool) or not isinstance(self.selection_margin, (int, float)) or not (
+                math.isfinite(self.selection_margin) and self.selection_margin >= 0):
+            raise MapMatchedValueError(f"selection_margin must be a finite number >= 0, got {self.selection_margin!r}")
         if isinstance(self.fold_repeats, bool) or not isinstance(self.fold_repeats, int) or self.fold_repeats < 1:
             raise MapMatchedValueError(f"fold_repeats must be an int >= 1 (1 = one fold split), got {self.fold_repeats!r}")
         return self
@@ -140,7 +157,8 @@ class EvalConfig:
             "seed": self.seed, "tolerance": self.tolerance, "entropy_threshold": self.entropy_threshold,
             "slice_emission_weight": self.slice_emission_weight, "score_normalization": self.score_normalization,
             "exact_normalization": self.exact_normalization, "fit_folds": self.fit_folds,
-            "selection_folds": self.selection_folds, "fold_repeats": self.fold_repeats, "method_options": dict(self.method_options),
+            "selection_folds": self.selection_folds, "selection_preference": list(self.selection_preference),
+            "selection_margin": self.selection_margin, "fold_repeats": self.fold_repeats, "method_options": dict(self.method_options),
             "primary": None if self.primary is None else self.primary.to_dict(),
             "device": None if self.device is None else str(self.device),
         }

@@ -389,8 +389,12 @@ def _select_headline(scored: _Scored, eligible: Tensor, conversation: Tensor, ba
         return None
     folds = min(config.selection_folds, batch)
     fold = cross_fitting_folds(batch, folds, config.seed).to(conversation.device)
-    chosen = cross_fitted_selection(scored.metrics, selection_candidates(scored.described), conversation, eligible,
-                                    fold, PRIMARY_METRIC)
+    candidates = selection_candidates(scored.described)
+    # the preferred methods' report keys, in the order of preference
+    preferred = [key for name in config.selection_preference for key in candidates
+                 if scored.described[key][0] == name]
+    chosen = cross_fitted_selection(scored.metrics, candidates, conversation, eligible, fold, PRIMARY_METRIC,
+                                    preferred, float(config.selection_margin))
     key = SELECTION_KEY_FORMAT.format(folds=folds)
     scored.metrics.add(key, chosen.metrics)
     scored.described[key] = (SELECTION_METHOD, chosen.params(PRIMARY_METRIC))

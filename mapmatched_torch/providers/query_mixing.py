@@ -29,6 +29,16 @@ context_chunk_id, previous_query=None)`` a :class:`~mapmatched_torch.MapMatchedS
 (and a :class:`~mapmatched_torch.MapMatchedServer`) calls with the chunk it decoded at
 the previous turn, and with the previous turn's query text when the wrapper's
 :attr:`~QueryMixingProvider.uses_previous_query` is true (:class:`ContextualProvider`).
+
+**The recurrent state** (``QueryMixing.recurrent``, issue 33): ``p`` is then the vector
+the previous turn *searched* (``s_t = q'_t``, one vector per conversation) instead of
+its raw query. The provider answers with a :class:`SearchedAnswer` that carries the
+query text with that vector (a :class:`SearchedQuery`, a ``str``); sessions and the
+server keep it as their previous query
+(:func:`~mapmatched_torch.core.protocols.searched_query`) and hand it back at the next
+turn, and the server saves its vector in its state (:func:`previous_query_entry`). A
+plain previous-query string (a state saved without the vector) is embedded, the raw
+previous query.
 """
 
 from __future__ import annotations
@@ -52,6 +62,10 @@ __all__ = [
     "QueryMixingProvider",
     "mixing_weights",
     "mixed_queries",
+    "SearchedQuery",
+    "SearchedAnswer",
+    "previous_query_entry",
+    "previous_query_of_entry",
 ]
 
 Number = Union[float, Tensor]
@@ -148,6 +162,11 @@ class QueryMixing:
         query_mix_weight, query_gate_bias, query_gate_weight, query_cosine_mean,
             query_cosine_std: the same five for the previous query's embedding ``p``
             (default 0: the chunk alone); ``mix_weight + query_mix_weight <= 1``.
+        recurrent: the second source ``p`` is the vector the previous turn *searched*
+            (its mixed query, a recurrent state of the conversation ``s_t = q'_t``)
+            instead of the previous raw query (default False). Sessions and the server
+            then hand the provider back the vector it searched at the previous turn
+            (:meth:`QueryMixingProvider.retrieve_with_state`).
 
     Example:
         >>> mixing = QueryMixing(0.5, 0.0, 0.0)  # a_t = 0.5 * sigmoid(0) = 0.25 for every query
@@ -169,8 +188,11 @@ class QueryMixing:
     query_gate_weight: float = 0.0
     query_cosine_mean: float = 0.0
     query_cosine_std: float = 1.0
+    recurrent: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recurrent, bool):
+            raise MapMatchedTypeError(f"recurrent must be True or False, got {self.recurrent!r}")
         for fields in (_CHUNK_FIELDS, _QUERY_FIELDS):
             weight_name, *gate_names, std_name = fields
             weight = check_finite(getattr(self, weight_name), weight_name)
@@ -197,8 +219,8 @@ class QueryMixing:
         """``query_mix_weight > 0``: the previous query's embedding is mixed in too."""
         return self.query_mix_weight > 0.0
 
-    def to_dict(self) -> Dict[str, float]:
-        """The ten values by name (JSON-friendly); ``QueryMixing(**d)`` rebuilds it."""
+    def to_dict(self) -> Dict[str, Any]:
+        """The ten values and ``recurrent`` by name (JSON-friendly); ``QueryMixing(**d)`` rebuilds it."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     def gate_values(self) -> Tuple[Tensor, ...]:
@@ -264,6 +286,73 @@ class QueryMixing:
                                           present=torch.stack(present, dim=1))
         keep = rows & (weights > 0).any(dim=1)
         return torch.where(keep.unsqueeze(-1), mixed.to(queries.dtype), queries)
+
+
+class SearchedQuery(str):
+    """A query's text that also carries the vector a recurrent :class:`QueryMixingProvider`
+    searched for it (``QueryMixing.recurrent``): the conversation's state.
+
+    It is a ``str`` (the query text), so sessions and the server keep it as their
+    previous query and hand it back at the next turn unchanged; the provider then mixes
+    :attr:`vector` in, where a plain string would be embedded again (the raw previous
+    query, e.g. after restoring a state saved without it).
+
+    Attributes:
+        vector: ``(D,)`` float tensor, the searched (mixed) query vector.
+
+    Example:
+        >>> state = SearchedQuery("and on a GPU?", torch.tensor([0.6, 0.8]))
+        >>> state == "and on a GPU?", state.vector.tolist()
+        (True, [0.6000000238418579, 0.800000011920929])
+    """
+
+    vector: Tensor
+
+    def __new__(cls, text: str, vector: Tensor) -> "SearchedQuery":
+        if not isinstance(vector, Tensor) or vector.dim() != 1:
+            raise MapMatchedTypeError(f"a searched query's vector must be a (D,) tensor, got {vector!r}")
+        made = str.__new__(cls, text)
+        made.vector = vector
+        return made
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return SearchedQuery, (str(self), self.vector)
+
+
+class SearchedAnswer(tuple):
+    """A provider's answer (a tuple of :class:`ScoredCandidate`, equal to the plain
+    tuple) that also carries :attr:`searched_query`, the :class:`SearchedQuery` a
+    session keeps as its previous query
+    (:func:`~mapmatched_torch.core.protocols.searched_query`)."""
+
+    searched_query: SearchedQuery
+
+    def __new__(cls, candidates: Sequence[ScoredCandidate], searched: SearchedQuery) -> "SearchedAnswer":
+        made = tuple.__new__(cls, candidates)
+        made.searched_query = searched
+        return made
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return SearchedAnswer, (tuple(self), self.searched_query)
+
+
+def previous_query_entry(previous: str) -> List[Any]:
+    """How a saved server state stores a previous query: ``[text]``, or ``[text, vector
+    as floats]`` for a :class:`SearchedQuery` (exact: a float64 list holds any float32
+    or float64 vector); :func:`previous_query_of_entry` reverses it."""
+    if isinstance(previous, SearchedQuery):
+        return [str(previous), previous.vector.detach().to("cpu", torch.float64).tolist()]
+    return [str(previous)]
+
+
+def previous_query_of_entry(entry: Sequence[Any]) -> Optional[str]:
+    """The previous query of a saved ``[text]`` or ``[text, floats]`` (None: malformed)."""
+    if len(entry) == 1 and isinstance(entry[0], str) and entry[0]:
+        return entry[0]
+    if len(entry) == 2 and isinstance(entry[0], str) and entry[0] and isinstance(entry[1], (list, tuple)) and (
+            entry[1] and all(type(value) is float for value in entry[1])):
+        return SearchedQuery(entry[0], torch.tensor(entry[1], dtype=torch.float64))
+    return None
 
 
 @runtime_checkable
@@ -385,7 +474,13 @@ class QueryMixingProvider(CandidatesMethod):
             query: a non-empty query string. limit: a positive int.
             context_chunk_id: the chunk decoded at the previous turn, or None (no mix).
             previous_query: the previous turn's query text, or None (that source is off
-                for this call); read only when :attr:`uses_previous_query`.
+                for this call); read only when :attr:`uses_previous_query`. With a
+                recurrent mix, a :class:`SearchedQuery` (what the previous call answered
+                with) is mixed in by its vector.
+
+        Returns:
+            the candidates, best first; with a recurrent mix a :class:`SearchedAnswer`
+            (equal to that tuple) whose ``searched_query`` is this query's state.
 
         Raises:
             ValueError: a bad query or limit, or a context chunk the provider does not
@@ -416,7 +511,7 @@ class QueryMixingProvider(CandidatesMethod):
         known = [i for i in present if earlier[i] is not None] if self.uses_previous_query else []
         vectors = self.provider.embed_queries(queries)
         if known:
-            previous_vectors = self._embed_previous([earlier[i] for i in known], known)
+            previous_vectors = self._previous_vectors([earlier[i] for i in known], known, vectors)
         if present and not self.mixing.is_zero:
             ids = [check_chunk_id(contexts[i], f"context chunk ID {i}") for i in present]
             context_rows = torch.zeros_like(vectors)
@@ -430,4 +525,26 @@ class QueryMixingProvider(CandidatesMethod):
                 has_previous = torch.zeros_like(has_context)
                 has_previous[known] = True
             vectors = self.mixing.apply(vectors, context_rows, has_context, previous_rows, has_previous)
-        return self.provider.search_vectors(vectors, limit)
+        answers = self.provider.search_vectors(vectors, limit)
+        if not self.mixing.recurrent:
+            return answers
+        # the state each conversation hands back at its next turn: the vector searched now
+        return [SearchedAnswer(answer, SearchedQuery(query, vector.detach().clone()))
+                for answer, query, vector in zip(answers, queries, vectors)]
+
+    def _previous_vectors(self, previous: List[Any], rows: List[int], like: Tensor) -> Tensor:
+        """``(K, D)`` previous-source rows of ``rows``: a :class:`SearchedQuery`'s vector
+        where the mix is recurrent and has one, else the previous query embedded."""
+        searched = [self.mixing.recurrent and isinstance(text, SearchedQuery) for text in previous]
+        out = torch.empty((len(rows), like.shape[1]), dtype=like.dtype, device=like.device)
+        plain = [k for k, state in enumerate(searched) if not state]
+        if plain:
+            out[plain] = self._embed_previous([previous[k] for k in plain], [rows[k] for k in plain]).to(like)
+        for k, state in enumerate(searched):
+            if state:
+                vector = previous[k].vector
+                if vector.shape != (like.shape[1],):
+                    raise MapMatchedValueError(f"the searched previous query of query {rows[k]} has "
+                                               f"{tuple(vector.shape)} values, the queries {like.shape[1]}")
+                out[k] = vector.to(like)
+        return out

@@ -32,6 +32,7 @@ from ..core.protocols import (
     contextual_call,
     missing_members,
     provider_answer,
+    searched_query,
 )
 from ..core.scoring import normalize_candidates
 from ..core.settings import DecodeSettings, HoldsSettings
@@ -447,7 +448,8 @@ class MapMatchedSession:
         ``query`` is the turn's query text (None: given as candidates)."""
         with self._lock:
             result = self._locked_turn(candidates, what, query_embedding)
-            self._previous_query = query
+            # the text, or from a recurrent QueryMixingProvider the text with the vector it searched
+            self._previous_query = searched_query(candidates, query)
             return result
 
     def _locked_turn(self, candidates: Iterable[Any], what: str, query_embedding: Optional[Any] = None) -> RetrievalResult:

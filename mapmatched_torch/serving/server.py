@@ -39,8 +39,10 @@ from ..core.files import atomic_path
 from ..core.signals import deferred_sigint
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
-from ..core.protocols import CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer
+from ..core.protocols import (CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer,
+                              searched_query)
 from ..graph.protocols import TensorGraph
+from ..providers.query_mixing import previous_query_entry, previous_query_of_entry
 from ..core.settings import DecodeSettings
 from ..retrieval.session import (
     MapMatchedRetriever,
@@ -523,6 +525,8 @@ class MapMatchedServer:
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
+            # kept as each session's previous query: with a recurrent mix, the text and the vector it searched
+            queries = {key: searched_query(requests.get(key), text) for key, text in queries.items()}
         answer = ""
         if queries:
             contextual = callable(getattr(self.provider, "retrieve_in_context", None))
@@ -822,7 +826,7 @@ class MapMatchedServer:
         ``docs/serving-guarantees.md``): plain tensors and Python values, loadable with
         ``torch.load(..., weights_only=True)``."""
         sessions = [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()]
-        previous_queries = [[slot, text] for slot in sorted(self._previous_queries)
+        previous_queries = [[slot, *previous_query_entry(text)] for slot in sorted(self._previous_queries)
                             for text in [self._previous_query(slot)] if text is not None]
         store = self._store.state_dict()
         state: Dict[str, Any] = {
@@ -1112,11 +1116,12 @@ def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Di
                                    f"{type(entries).__name__}; nothing was changed")
     parsed: Dict[int, str] = {}
     for entry in entries:
-        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and type(entry[0]) is int
-                and entry[0] in live and entry[0] not in parsed and isinstance(entry[1], str) and entry[1]):
+        previous = previous_query_of_entry(entry[1:]) if isinstance(entry, (list, tuple)) else None
+        if not (previous is not None and type(entry[0]) is int and entry[0] in live and entry[0] not in parsed):
             raise MapMatchedValueError(f"refusing the server state: bad previous_queries entry {entry!r} (a live "
-                                       f"session's slot, once, and its query text); nothing was changed")
-        parsed[entry[0]] = entry[1]
+                                       f"session's slot, once, its query text and the vector searched for it, if "
+                                       f"any); nothing was changed")
+        parsed[entry[0]] = previous
     return parsed
 
 

@@ -460,3 +460,16 @@ def test_fit_writes_its_json_with_the_option_of_eval_and_keeps_output_as_an_alia
         build_parser().parse_args(["fit", "--help"])
     helps = " ".join(capsys.readouterr().out.split())
     assert "--json PATH, --output PATH write the fitted weights (JSON) here; --output is the old name" in helps
+
+
+def test_the_selection_preference_and_margin_reach_the_report(tmp_path, capsys):
+    args = build_parser().parse_args(["eval"])
+    assert (args.selection_prefer, args.selection_margin) == ("mixed", 1.0)
+    assert main(["eval", *FAST, "--selection-prefer", " fitted , ", "--selection-margin", "0.5",
+                 "--json", str(tmp_path / "p.json")]) == 0
+    config = json.loads((tmp_path / "p.json").read_text())["config"]
+    assert (config["selection_preference"], config["selection_margin"]) == (["fitted"], 0.5)
+    assert main(["eval", *FAST, "--selection-prefer", "", "--json", str(tmp_path / "q.json")]) == 0
+    assert json.loads((tmp_path / "q.json").read_text())["config"]["selection_preference"] == []
+    assert main(["eval", *FAST, "--selection-prefer", "nope"]) == 2
+    assert "unknown methods ['nope']" in capsys.readouterr().err

@@ -307,3 +307,65 @@ def test_a_failed_mixing_fit_is_reported_by_both_mixed_methods(inputs):
     for name in ("mixed", "mixed+gated"):
         with pytest.raises(methods.MethodUnavailable, match="needs at least one turn with a relevant passage"):
             METHODS[name].prepare(unlabelled, options)
+
+
+def test_the_recurrent_mix_searches_with_the_vector_the_previous_turn_searched(inputs):
+    """``chunk+searched``: the second source of turn t is the vector turn t-1 searched
+    (its mixed query), not its raw query; the first rounds differ only from turn 2 on."""
+    provider = DenseProvider(inputs.passage_embeddings, inputs.passage_ids, metric="inner_product")
+    raw = QueryMixing(0.3, 0.0, 0.0, query_mix_weight=0.5)
+    recurrent = dataclasses.replace(raw, recurrent=True)
+    first = lambda turn, prefix: prefix.index[:, turn, 0]  # noqa: E731
+    queries, valid = inputs.query_embeddings, inputs.candidates.valid
+    searched = torch.zeros_like(queries)
+    online = retrieve_online(queries, valid, provider, 5, recurrent, inputs.passage_embeddings, first, searched)
+    plain = retrieve_online(queries, valid, provider, 5, raw, inputs.passage_embeddings, first)
+    assert torch.equal(online.index[:, :2], plain.index[:, :2])
+    assert torch.equal(searched[:, 0], queries[:, 0])  # turn 0 has no context: its raw query
+    for turn in (1, 2, 3):
+        rows = valid[:, turn]
+        mixed = recurrent.apply(queries[rows, turn], inputs.passage_embeddings[online.index[rows, turn - 1, 0]],
+                                previous_queries=searched[rows, turn - 1])
+        assert torch.equal(searched[rows, turn], mixed)
+        assert torch.equal(online.index[rows, turn], provider.search_tensors(mixed, 5)[1])
+    assert not torch.equal(online.index[:, 2:], plain.index[:, 2:])
+
+
+def test_recurrent_mixed_rankings_equal_a_sessions_and_the_servers_turn_by_turn(inputs):
+    """Issue 33 item 5: for fold 0's fitted recurrent gate, the eval's ``mixed`` rankings
+    of fold 0's conversations are what sessions over a QueryMixingProvider retrieve turn
+    by turn, and what the server returns (restored from its saved state halfway)."""
+    from mapmatched_torch import MapMatchedRetriever
+    from mapmatched_torch.providers.query_mixing import QueryMixingProvider, SearchedQuery
+    from mapmatched_torch.serving import MapMatchedServer
+
+    options = MethodOptions(_options().settings, extra={**_options().extra, "mixing_context": "chunk+searched"})
+    state = METHODS["mixed"].prepare(inputs, options)
+    fitted = {key: value for key, value in state.params[0]["mixing"].items() if key in QueryMixing.__dataclass_fields__}
+    mixing = QueryMixing(**fitted)
+    assert mixing.recurrent and mixing.uses_previous_query and mixing.mix_weight > 0
+    table = {f"{b} {t}": inputs.query_embeddings[b, t] for b, length in enumerate(LENGTHS) for t in range(length)}
+    dense = DenseProvider(inputs.passage_embeddings, inputs.passage_ids, table.__getitem__, metric="inner_product")
+    provider = QueryMixingProvider(dense, mixing)
+    held = state.fold.eq(0).nonzero().flatten().tolist()
+    sessions = {b: MapMatchedRetriever(inputs.graph, provider=provider, candidate_limit=WIDTH,
+                                       transition_weight=0.0).session() for b in held}
+    server = MapMatchedServer(inputs.graph, provider=provider, candidate_limit=WIDTH, transition_weight=0.0)
+    for b in held:
+        server.open(b)
+    for turn in range(max(LENGTHS)):
+        asked = {b: f"{b} {turn}" for b in held if turn < LENGTHS[b]}
+        if turn == 2:  # the searched vectors survive a save and restore
+            saved = server.state_dict()
+            assert any(len(entry) == 3 for entry in saved["previous_queries"])
+            server = MapMatchedServer(inputs.graph, provider=provider, candidate_limit=WIDTH, transition_weight=0.0)
+            server.load_state_dict(saved)
+        results, errors = server.step(asked)
+        assert not errors
+        for b, query in asked.items():
+            expected = [inputs.passage_ids[i] for i in state.passages[b, turn].tolist()]
+            result = sessions[b].retrieve(query)
+            assert [c.chunk_id for c in result.candidates] == expected, (b, turn)
+            assert result.chunk_id == expected[0]
+            assert isinstance(sessions[b].previous_query, SearchedQuery)
+            assert results[b] == result

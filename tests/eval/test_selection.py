@@ -170,3 +170,47 @@ def test_the_quality_table_reads_the_report_and_stands_beside_the_readme_table(i
     project = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
     block = project.split(table.START, 1)[1].split(table.END, 1)[0]
     assert block.lstrip().startswith("Produced by:") and "python benchmarks/quality_table.py --data" in block
+
+
+def test_a_preferred_method_is_kept_unless_the_other_folds_show_it_worse_by_the_margin():
+    from mapmatched_torch.eval.selection import paired_gap
+
+    # six conversations, two turns each; folds {0, 1, 2} and {3, 4, 5}
+    conversation = torch.arange(6).repeat_interleave(2)
+    fold = torch.tensor([0, 0, 0, 1, 1, 1])
+    eligible = torch.ones(12, dtype=torch.bool)
+    noisy = _values(0.9, 0.7, 0.2, 0.4, 0.8, 0.6, 0.9, 0.7, 0.2, 0.4, 0.8, 0.6)
+    per_turn = {"pointwise": {"ndcg@3": torch.full((12,), 0.5, dtype=torch.float64)},
+                "best": {"ndcg@3": noisy + 0.05}, "liked": {"ndcg@3": noisy}}
+    keys = ["pointwise", "best", "liked"]
+    assert cross_fitted_selection(per_turn, keys, conversation, eligible, fold).choices == ("best", "best")
+    # "liked" trails by a constant 0.05: zero spread, so any margin keeps the best
+    assert cross_fitted_selection(per_turn, keys, conversation, eligible, fold, preferred=["liked"],
+                                  margin=5.0).choices == ("best", "best")
+    # a gap that varies by conversation: kept within its margin, not beyond it
+    jitter = _values(0.1, 0.1, -0.1, -0.1, 0.15, 0.15, 0.1, 0.1, -0.1, -0.1, 0.15, 0.15)
+    per_turn["liked"] = {"ndcg@3": noisy + 0.05 - jitter}
+    rows = fold[conversation] != 0
+    gap, spread = paired_gap(per_turn["best"]["ndcg@3"], per_turn["liked"]["ndcg@3"], conversation, rows)
+    sums = torch.tensor([0.2, -0.2, 0.3], dtype=torch.float64)  # conversations 3, 4, 5: two turns each
+    assert math.isclose(gap, 0.3 / 6) and math.isclose(spread, float((sums * 3 / 6).std()) / math.sqrt(3))
+    assert cross_fitted_selection(per_turn, keys, conversation, eligible, fold, preferred=["liked"],
+                                  margin=gap / spread * 1.01).choices == ("liked", "liked")
+    chosen = cross_fitted_selection(per_turn, keys, conversation, eligible, fold, preferred=["gone", "liked"],
+                                    margin=gap / spread * 0.99)
+    assert chosen.choices == ("best", "best") and chosen.preferred == ("liked",)
+    assert "within" in chosen.params("ndcg@3")["criterion"]
+    with pytest.raises(MapMatchedValueError, match="margin"):
+        cross_fitted_selection(per_turn, keys, conversation, eligible, fold, preferred=["liked"], margin=-1.0)
+
+
+def test_the_selection_preference_and_margin_are_checked_and_reported():
+    with pytest.raises(MapMatchedValueError, match="unknown methods"):
+        EvalConfig(selection_preference=("nope",)).check()
+    with pytest.raises(MapMatchedValueError, match="method names"):
+        EvalConfig(selection_preference="mixed").check()
+    with pytest.raises(MapMatchedValueError, match="selection_margin"):
+        EvalConfig(selection_margin=math.inf).check()
+    config = EvalConfig(selection_preference=("gated", "mixed"), selection_margin=0.5).check()
+    assert config.to_dict()["selection_preference"] == ["gated", "mixed"]
+    assert config.to_dict()["selection_margin"] == 0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, List, Optional
 
 import numpy as np
@@ -490,3 +491,59 @@ def test_a_turn_stepped_by_slot_ends_the_previous_query_as_a_candidates_turn_doe
     assert [entry[0] for entry in server.state_dict()["previous_queries"]] == [server.slot("b")]
     results, _ = server.step({"a": queries[2], "b": queries[3]})
     assert results["a"] == sessions["a"].retrieve(queries[2]) and results["b"] == sessions["b"].retrieve(queries[3])
+
+
+# ----------------------------------------------------------------- the recurrent state (issue 33 item 5)
+
+RECURRENT = dataclasses.replace(BOTH, recurrent=True)
+
+
+def test_a_recurrent_provider_answers_with_the_vector_it_searched_and_mixes_it_back_in(provider):
+    import pickle
+
+    from mapmatched_torch.core.protocols import searched_query
+    from mapmatched_torch.providers.query_mixing import SearchedAnswer, SearchedQuery
+
+    wrapped = QueryMixingProvider(provider, RECURRENT)
+    queries = list(QUERIES)
+    first = wrapped.retrieve_in_context(queries[0], 5, None)
+    assert isinstance(first, SearchedAnswer) and first == provider.search_vectors(provider.embed_queries(queries[:1]), 5)[0]
+    state = searched_query(first, queries[0])
+    assert isinstance(state, SearchedQuery) and state == queries[0]
+    assert torch.equal(state.vector, provider.embed_queries(queries[:1])[0])  # no context: the raw query searched
+    second = wrapped.retrieve_in_context(queries[1], 5, "chunk-3", previous_query=state)
+    mixed = RECURRENT.apply(provider.embed_queries(queries[1:2]), provider.chunk_embeddings(["chunk-3"]),
+                            previous_queries=state.vector[None])
+    assert second == provider.search_vectors(mixed, 5)[0] and torch.equal(second.searched_query.vector, mixed[0])
+    # a third turn mixes the second's searched vector, not its raw query
+    third = wrapped.retrieve_in_context(queries[2], 5, "chunk-7", previous_query=second.searched_query)
+    expected = RECURRENT.apply(provider.embed_queries(queries[2:3]), provider.chunk_embeddings(["chunk-7"]),
+                               previous_queries=mixed)
+    assert torch.equal(third.searched_query.vector, expected[0])
+    # a plain text (e.g. restored from an older state) is embedded: the raw previous query
+    plain = wrapped.retrieve_in_context(queries[2], 5, "chunk-7", previous_query=queries[1])
+    assert plain == QueryMixingProvider(provider, BOTH).retrieve_in_context(queries[2], 5, "chunk-7", queries[1])
+    # the state pickles, keeps its vector, and a candidates turn (no query) keeps none
+    copy = pickle.loads(pickle.dumps(second))
+    assert copy == second and torch.equal(copy.searched_query.vector, second.searched_query.vector)
+    assert searched_query(second, None) is None and searched_query(second, "other") == "other"
+    assert searched_query(QueryMixingProvider(provider, BOTH).retrieve(queries[0], 5), queries[0]) == queries[0]
+    with pytest.raises(ValueError, match="searched previous query of query 0 has"):
+        wrapped.retrieve_in_context(queries[1], 5, "chunk-3", previous_query=SearchedQuery("x", torch.ones(2)))
+
+
+def test_searched_queries_round_trip_through_saved_entries_and_bad_ones_are_named():
+    from mapmatched_torch.providers.query_mixing import SearchedQuery, previous_query_entry, previous_query_of_entry
+
+    vector = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    entry = previous_query_entry(SearchedQuery("where?", vector))
+    back = previous_query_of_entry(entry)
+    assert isinstance(back, SearchedQuery) and back == "where?" and torch.equal(back.vector.to(vector), vector)
+    assert previous_query_entry("where?") == ["where?"] and previous_query_of_entry(["where?"]) == "where?"
+    for bad in ([], [""], [3], ["x", []], ["x", [1]], ["x", [0.5], 1]):
+        assert previous_query_of_entry(bad) is None
+    with pytest.raises(TypeError, match=r"\(D,\) tensor"):
+        SearchedQuery("x", [1.0])
+    with pytest.raises(TypeError, match="recurrent"):
+        QueryMixing(0.5, recurrent=1)
+    assert QueryMixing(**RECURRENT.to_dict()) == RECURRENT

@@ -3,6 +3,7 @@ online with gated transitions (``mixed+gated``), cross-fitted."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -97,18 +98,21 @@ def _pointwise_decoded(turn: int, prefix: Candidates) -> Tensor:
 
 
 def _mixing_rows(queries: Tensor, passages: Tensor, decoded: Tensor, relevant: Tensor, valid: Tensor,
-                 train: Tensor, with_previous_query: bool) -> Tuple[Tuple[Tensor, ...], Dict[str, Tensor]]:
+                 train: Tensor, previous: Optional[Tensor]) -> Tuple[Tuple[Tensor, ...], Dict[str, Tensor]]:
     """The query-mixing fit's rows: turns t >= 1 of training conversations, with the
     passage decoded at t - 1 as context; ``((queries (N, D), contexts (N, D), relevant
-    (N, P)), keywords)``, the keywords holding ``previous_queries`` (N, D), the raw
-    queries of turns t - 1, when ``with_previous_query``."""
+    (N, P)), keywords)``, the keywords holding ``previous_queries`` (N, D), the rows of
+    turns t - 1 of ``previous`` ((B, T, D): the raw queries, or the vectors the turns
+    searched), unless ``previous`` is None (the chunk alone)."""
     # shape: (B, T-1)
     rows = valid[:, 1:] & valid[:, :-1] & train[:, None] & (decoded[:, :-1] >= 0)
-    extra = {"previous_queries": queries[:, :-1][rows]} if with_previous_query else {}
+    extra = {} if previous is None else {"previous_queries": previous[:, :-1][rows]}
     return (queries[:, 1:][rows], passages[decoded[:, :-1][rows]], relevant[:, 1:][rows]), extra
 
 
-_MIXING_CONTEXTS = ("chunk", "chunk+query")
+#: ``mixing_context`` values: the chunk alone, the chunk and the previous raw query, the
+#: chunk and the vector the previous turn searched (a recurrent state, ``QueryMixing.recurrent``).
+_MIXING_CONTEXTS = ("chunk", "chunk+query", "chunk+searched")
 
 
 def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) -> MixedState:
@@ -126,9 +130,11 @@ def _prepare_mixed(inputs: Any, options: MethodOptions, *, gated: bool = False) 
        gate (``options.extra["mixing_iterations"]``, default 100 LBFGS iterations;
        ``["mixing_l2"]``, default 0; ``["mixing_temperature"]``, default None: the
        softmax temperature fitted with the gate, a float: held at that value;
-       ``["mixing_context"]``, default ``"chunk+query"``: the previous raw query is a
-       second gated context source beside the decoded passage, ``"chunk"``: the
-       passage alone);
+       ``["mixing_context"]``, default ``"chunk+searched"``: the vector the previous
+       turn searched is a second gated context source beside the decoded passage (a
+       recurrent state, ``QueryMixing.recurrent``; each later round fits on the last
+       round's searched vectors, round 0 on the raw queries, which nothing mixed yet),
+       ``"chunk+query"``: the previous raw query is, ``"chunk"``: the passage alone);
     2. every conversation is retrieved again turn by turn
        (:func:`~mapmatched_torch.eval.candidates.retrieve_online` over the corpus
        embeddings, M candidates per turn as the raw query's), each query mixed with the
@@ -266,7 +272,7 @@ def fit_mixing_rows(inputs: Any, options: MethodOptions, train: Tensor, what: st
     rounds = max(1, int(options.extra.get("mixing_rounds", 2)))
     iterations = int(options.extra.get("mixing_iterations", 100))
     l2 = float(options.extra.get("mixing_l2", 0.0))
-    context = options.extra.get("mixing_context", "chunk+query")
+    context = options.extra.get("mixing_context", "chunk+searched")
     if context not in _MIXING_CONTEXTS:
         raise MapMatchedValueError(f"the method option mixing_context must be one of {_MIXING_CONTEXTS}, got {context!r}")
     held_temperature = options.extra.get("mixing_temperature")
@@ -277,16 +283,23 @@ def fit_mixing_rows(inputs: Any, options: MethodOptions, train: Tensor, what: st
     queries, passages = inputs.query_embeddings.to(device), inputs.passage_embeddings.to(device)
     valid = cands.valid
     relevant = relevant_passages(valid, inputs.qrels, len(inputs.passage_ids))
-    decoded, fit = cands.index[:, :, 0], None
+    width = cands.shape[2]
+    recurrent = context == "chunk+searched"
+    # round 0's contexts come from the raw queries' candidates, and nothing was mixed:
+    # the vectors its turns searched are the raw queries
+    decoded, fit, previous = cands.index[:, :, 0], None, None if context == "chunk" else queries
     for _ in range(rounds):
         try:
-            rows, extra = _mixing_rows(queries, passages, decoded, relevant, valid, train, context != "chunk")
+            rows, extra = _mixing_rows(queries, passages, decoded, relevant, valid, train, previous)
             fit = fit_query_mixing(*rows, passages, iterations=iterations, l2=l2,
                                    initial=None if fit is None else fit.mixing, **extra, **temperature)
         except MapMatchedValueError as error:
             raise MethodUnavailable(f"{what} failed: {error}") from None
-        mixed = retrieve_online(queries, valid, provider, cands.shape[2], fit.mixing, passages, _pointwise_decoded)
-        decoded = mixed.index[:, :, 0]
+        searched = torch.zeros_like(queries) if recurrent else None
+        if recurrent:
+            fit = dataclasses.replace(fit, mixing=dataclasses.replace(fit.mixing, recurrent=True))
+        mixed = retrieve_online(queries, valid, provider, width, fit.mixing, passages, _pointwise_decoded, searched)
+        decoded, previous = mixed.index[:, :, 0], searched if recurrent else previous
     return fit, mixed
 
 
