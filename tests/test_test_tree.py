@@ -22,6 +22,8 @@ TESTED_ELSEWHERE = {
     "core/embeddings.py": ("tests/standalone/test_knn.py", "tests/graph/test_knn.py"),  # the kNN input checks
     "core/graph_types.py": ("tests/standalone/test_graph.py", "tests/graph/test_cache.py"),  # GraphEdge, CacheInfo
     "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
+    # the per-turn helpers, through the sessions and the server that share them
+    "retrieval/turns.py": ("tests/retrieval/test_session.py", "tests/serving/test_server.py"),
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
     "core/trace_build.py": ("tests/core/test_trace.py",),  # build_trace and classify_move, with the trace
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks

@@ -1,7 +1,8 @@
 """Retrieval: sessions over a corpus graph, and the tensor decoder behind them.
 
-- :mod:`.session`: ``MapMatchedRetriever`` and ``MapMatchedSession`` (SPEC section 6),
-  contexts and turn results;
+- :mod:`.session`: ``MapMatchedRetriever`` and ``MapMatchedSession`` (SPEC section 6);
+- :mod:`.turns`: the per-turn work sessions and the server share (options, a turn's
+  candidates in, its trace, context and result out);
 - :mod:`.torch_decoder`: ``TorchDecoder``, the ``Decoder`` protocol on tensors;
 - :mod:`.trellis`: packing ragged trellises into padded tensors and back;
 - :mod:`.streaming`: one conversation decoded incrementally, and the host-side glue

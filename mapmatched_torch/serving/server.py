@@ -44,8 +44,8 @@ from ..core.protocols import (CorpusGraph, contextual_batch_call, contextual_cal
 from ..graph.protocols import TensorGraph
 from ..providers.query_mixing import previous_query_entry, previous_query_of_entry
 from ..core.settings import DecodeSettings
-from ..retrieval.session import (
-    MapMatchedRetriever,
+from ..retrieval.session import MapMatchedRetriever
+from ..retrieval.turns import (
     as_turn_candidates,
     check_retriever_options,
     learned_transitions,

@@ -30,7 +30,7 @@ from ..core.models import (
     trusted_constructor,
 )
 from ..core.path_reports import committed_through
-from ..retrieval.session import TurnOptions, check_revisions, turn_result, turn_trace
+from ..retrieval.turns import TurnOptions, check_revisions, turn_result, turn_trace
 from ..retrieval.streaming import report_step
 from .contexts import NeighborhoodCache
 from .session_store import SessionStore, TensorStep, context_codes

@@ -270,7 +270,7 @@ assert knn_module._load_scipy_sparse() is None
 assert faiss_adapter.FAISSDependencyUnavailableError is ours.FAISSDependencyUnavailableError
 # our own modules stay what they are
 import mapmatched_torch.graph, mapmatched_torch.retrieval
-assert hasattr(ours.graph, "TensorCorpusGraph") and hasattr(ours.retrieval, "context_chunk_ids")
+assert hasattr(ours.graph, "TensorCorpusGraph") and hasattr(ours.retrieval, "decode_turns")
 assert hasattr(graph_view, "InMemoryCorpusGraph") and not hasattr(graph_view, "TensorCorpusGraph")
 assert mapmatched.graph is graph_view and mapmatched.cmg is sys.modules["mapmatched_torch.standalone.cmg"]
 # no module file is loaded twice: every mapmatched.X is a module of ours or a view
