@@ -7,10 +7,21 @@ source reaches within the bound (a full bounded search), so a target absent from
 known to be beyond the bound; a partial row (the targets of a target-aware search)
 only answers the targets it holds.
 
-Rows are the unit of recency and eviction (least recently used first), bounded by a
-number of rows and a number of entries. All state is tensors on one device, lookups
-are vectorised (a sorted key array and ``searchsorted``), so a warm trellis batch is a
-handful of kernels on GPU.
+Two tiers, one memory bound (``16 * max_entries`` bytes, 256 MiB by default):
+
+- **dense rows** (on the CPU, when every node's complete row fits in the bound: ``8 *
+  N**2 <= 16 * max_entries`` and ``max_rows >= N``, i.e. N <= 5,792 by default): a
+  complete row is stored as N float64 values in a lazily filled ``(N, N)`` table (the
+  memory of a row is committed when it is first written: untouched rows cost no
+  memory). Inserting a row costs O(N), a lookup O(1) per pair. No eviction is ever
+  needed: every row fits, so the table is bounded by ``8 * N**2`` bytes. This is the
+  tier a small graph whose bound reaches most of it needs (a search covers the whole
+  graph anyway; see docs/scale.md): the searches then store complete rows here
+  (:attr:`DistanceCache.dense_rows`).
+- **sparse rows** (every other graph, and partial rows): rows are the unit of recency
+  and eviction (least recently used first), bounded by a number of rows and a number of
+  entries. All state is tensors on one device, lookups are vectorised (a sorted key
+  array and ``searchsorted``), so a warm trellis batch is a handful of kernels on GPU.
 
 Thread safety: every public method holds the cache's lock for its whole
 read-modify-write (a lookup also refreshes recency and counters; an insertion merges
@@ -31,9 +42,13 @@ import torch
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..core.graph_types import CacheInfo
+from ._memory import empty_in_huge_pages
 from .engines import compiled as _compiled
 
 __all__ = ["DistanceCache", "CacheInfo"]
+
+#: The table passed to the compiled grid lookup while no dense row exists.
+_NO_TABLE = torch.empty((0, 0), dtype=torch.float64)
 
 
 class DistanceCache:
@@ -44,11 +59,15 @@ class DistanceCache:
         max_rows: the most source rows kept, an ``int`` > 0.
         max_entries: the most ``(source, target)`` entries kept, an ``int`` > 0
             (16 bytes each). A row larger than this is dropped right after insertion.
+            ``16 * max_entries`` bytes is also the bound of the dense rows (see
+            :attr:`dense_rows`).
         device: where the state lives (the graph's device).
 
-    Cost: a lookup of Q pairs is O(Q log K) for K cached entries; an insertion of Q
-    new entries is O(K + Q log Q) (a merge of sorted keys, no full re-sort); memory is
-    16 bytes per entry plus 9 bytes per node.
+    Cost: sparse rows: a lookup of Q pairs is O(Q log K) for K cached entries; an
+    insertion of Q new entries is O(K + Q log Q) (a merge of sorted keys, no full
+    re-sort); memory is 16 bytes per entry plus 10 bytes per node. Dense rows: a lookup
+    is O(1) per pair; inserting R rows is O(R N); memory 8 bytes per entry of a filled
+    row.
 
     Thread-safe (see the module docstring); picklable (the lock is not pickled, a new
     one is made on unpickling).
@@ -74,11 +93,26 @@ class DistanceCache:
         with self._lock:
             state = dict(self.__dict__)
         del state["_lock"]  # locks cannot be pickled
+        if state["_table"] is not None:  # only the filled rows, not the (N, N) table
+            state["_table"] = state["_table"][state["_filled"]].clone()
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        rows = state["_table"]
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        if rows is not None:
+            self._table = None
+            self._write_rows(self._filled.nonzero().squeeze(1), rows)
+
+    @property
+    def dense_rows(self) -> bool:
+        """Whether complete rows are kept as dense rows of N values: on the CPU, when
+        every node's row fits in the memory bound (``8 * N**2 <= 16 * max_entries``)
+        and in the row capacity (``max_rows >= N``). Searches should then compute
+        complete rows (:meth:`insert_rows`): the next lookups of those sources are all hits."""
+        nodes = self.num_nodes
+        return self.device.type == "cpu" and self.max_rows >= nodes and 8 * nodes * nodes <= 16 * self.max_entries
 
     def clear(self) -> None:
         """Drop every row and reset the hit and miss counters."""
@@ -93,6 +127,11 @@ class DistanceCache:
         # shape: (N,) last use of each source row (0: not cached) and completeness
         self._stamp = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
         self._complete = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
+        # dense rows: the (N, N) table, allocated on the first row (its pages committed as
+        # rows are written), and (N,) which of its rows are filled; rows are written once
+        # and never evicted, so a snapshot of the mask stays valid while others are added
+        self._table: Optional[torch.Tensor] = None
+        self._filled = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
         self._clock = 0
         self._hits = 0
         self._misses = 0
@@ -105,12 +144,13 @@ class DistanceCache:
 
     @property
     def entry_count(self) -> int:
-        """K, the number of cached ``(source, target)`` entries."""
+        """K, the number of cached sparse ``(source, target)`` entries (dense rows not counted)."""
         with self._lock:
             return int(self._keys.numel())
 
     def entries(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every cached entry, sorted by (source, target).
+        """Every cached entry, sorted by (source, target): the sparse entries and the
+        entries within the bound of the dense rows.
 
         Returns:
             ``(sources, targets, values)``: ``(K,)`` int64, int64 and float64 on the
@@ -119,6 +159,14 @@ class DistanceCache:
         """
         with self._lock:
             keys, values = self._keys, self._values
+            filled = self._filled.nonzero().squeeze(1)
+            rows = None if self._table is None else self._table[filled]
+        if rows is not None:
+            row, target = torch.isfinite(rows).nonzero(as_tuple=True)
+            keys = torch.cat([keys, filled[row] * self.num_nodes + target])
+            values = torch.cat([values, rows[row, target]])
+            keys, order = torch.sort(keys)
+            values = values[order]
         sources = torch.div(keys, self.num_nodes, rounding_mode="floor")
         return sources, keys - sources * self.num_nodes, values.clone()
 
@@ -143,8 +191,10 @@ class DistanceCache:
             # a consistent snapshot (these arrays are replaced, never written in place)
             cached_keys, cached_values = self._keys, self._values
             row_start = self._row_start() if compiled and cached_keys.numel() else None
-            # shape: (Q,) whether the source's row is cached whole
+            # shape: (Q,) whether the source's row is cached whole, and whether densely
             whole = (self._stamp[sources] > 0) & self._complete[sources]
+            dense = self._filled[sources]
+            table = self._table
         if row_start is not None:
             # per query a search within its source's run: a few cache lines, not log K misses
             values, found = _compiled.compiled_lookup(
@@ -160,6 +210,10 @@ class DistanceCache:
             keys = sources * self.num_nodes + targets
             found = torch.zeros_like(keys, dtype=torch.bool)
             values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
+        if table is not None and bool(dense.any()):
+            rows = dense.nonzero().squeeze(1)
+            values[rows] = table[sources[rows], targets[rows]]
+            found = found | dense
         answered = found | whole
         with self._lock:
             self._count(sources, answered)
@@ -199,8 +253,10 @@ class DistanceCache:
         self._check_range(sources, targets, smallest=None)
         with self._lock:
             # a consistent snapshot (the arrays are replaced, never written in place; the
-            # completeness mask is a new tensor)
-            snapshot = (self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete)
+            # masks are new tensors; filled dense rows are never written again)
+            table = self._table if self._table is not None else _NO_TABLE
+            snapshot = (self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete,
+                        self._filled.clone(), table)
         values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
             *snapshot, sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
         )
@@ -262,7 +318,8 @@ class DistanceCache:
                 that source reaches within the bound (a full bounded row; ``inf``
                 entries are then unnecessary).
 
-        Entries already cached are kept (both are exact, hence equal). An insertion of
+        Entries already cached are kept (both are exact, hence equal), and so are the
+        dense rows (entries of their sources are not stored again). An insertion of
         more than ``max_entries`` entries is ignored (it could never fit).
         """
         if not sources.numel() or sources.numel() > self.max_entries:
@@ -273,6 +330,7 @@ class DistanceCache:
         first = torch.ones_like(keys, dtype=torch.bool)
         first[1:] = keys[1:] != keys[:-1]
         with self._lock:  # the check for cached keys and the merge are one atomic step
+            first &= ~self._filled[sources[order]]  # a dense row already holds every target
             if self._keys.numel():
                 position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
                 first &= self._keys[position] != keys
@@ -282,6 +340,39 @@ class DistanceCache:
             if complete:
                 self._complete[sources] = True
             self._evict()
+
+    def insert_rows(self, sources: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store complete bounded rows: as dense rows where :attr:`dense_rows`, else as
+        complete sparse rows (their entries within the bound).
+
+        Args:
+            sources: ``(R,)`` int64 distinct node indices.
+            rows: ``(R, N)`` float64, ``rows[r, v]`` = d(``sources[r]``, v), ``inf``
+                beyond the bound (:func:`~.shortest_paths.bounded_rows`).
+
+        Cost: dense: O(R N) (a copy of the rows not yet filled); sparse: as :meth:`insert`.
+        """
+        if not sources.numel():
+            return
+        if not self.dense_rows:  # each row holds its source (0.0): no source is left out
+            row, target = torch.isfinite(rows).nonzero(as_tuple=True)
+            self.insert(sources[row], target, rows[row, target], complete=True)
+            return
+        with self._lock:
+            fresh = ~self._filled[sources]
+            self._write_rows(sources[fresh], rows[fresh])
+            self._clock += 1
+            self._stamp[sources] = self._clock
+
+    def _write_rows(self, sources: torch.Tensor, rows: torch.Tensor) -> None:
+        """Fill dense rows (with the lock held, or unshared): the values first, then the mask."""
+        if not sources.numel():
+            return
+        if self._table is None:
+            # untouched pages of the table are not committed: 8 N bytes per filled row
+            self._table = empty_in_huge_pages((self.num_nodes, self.num_nodes), torch.float64)
+        self._table[sources] = rows
+        self._filled[sources] = True
 
     def _merge(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Merge sorted new keys (none already cached) into new sorted key and value
@@ -298,7 +389,7 @@ class DistanceCache:
 
     def _evict(self) -> None:
         """Drop least recently used rows until both capacities hold (with the lock held)."""
-        cached = (self._stamp > 0).nonzero().squeeze(1)
+        cached = ((self._stamp > 0) & ~self._filled).nonzero().squeeze(1)  # dense rows are never evicted
         if cached.numel() <= self.max_rows and self._keys.numel() <= self.max_entries:
             return
         # shape: (R,) cached rows, most recently used first, and their entry counts

@@ -377,8 +377,8 @@ def compiled_lookup(
 
 
 def compiled_lookup_grid(
-    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, complete: torch.Tensor, sources: torch.Tensor,
-    targets: torch.Tensor, nodes: int, bound: float,
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, complete: torch.Tensor, filled: torch.Tensor,
+    table: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, nodes: int, bound: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A :class:`~.cache.DistanceCache` lookup of every pair of index codes
     ``(sources[g, j], targets[g, i])``, with SPEC's distances of codes filled in.
@@ -386,6 +386,9 @@ def compiled_lookup_grid(
     Args:
         keys, values, row_start: as for :func:`compiled_lookup`.
         complete: ``(nodes,)`` bool, rows cached whole (a target absent is beyond the bound).
+        filled: ``(nodes,)`` bool, the sources whose dense row ``table[source]`` is
+            filled (``table``: ``(nodes, nodes)`` float64, ``inf`` beyond the bound;
+            ``(0, 0)`` when none is).
         sources: ``(G, M)`` int64 index codes; ``targets``: ``(G, M')``.
         bound: the maximum distance.
 
@@ -401,8 +404,9 @@ def compiled_lookup_grid(
     row_needed = np.empty((groups, width), dtype=np.bool_)
     row_hit = np.empty((groups, width), dtype=np.bool_)
     blocks = 1 if out.size < LOOKUP_SERIAL_BELOW else _blocks(None, groups)
-    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), sources.numpy(),
-                           targets.numpy(), int(nodes), float(bound), out, answered, row_needed, row_hit, blocks)
+    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), filled.numpy(),
+                           table.numpy(), sources.numpy(), targets.numpy(), int(nodes), float(bound), out, answered,
+                           row_needed, row_hit, blocks)
     return torch.from_numpy(out), torch.from_numpy(answered), torch.from_numpy(row_needed), torch.from_numpy(row_hit)
 
 

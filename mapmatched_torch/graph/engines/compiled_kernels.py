@@ -296,8 +296,8 @@ def lookup_serial(keys, values, row_start, sources, targets, nodes, out, found):
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit, block, blocks):
+def _lookup_grid_block(keys, values, row_start, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit, block, blocks):
     """The groups ``block * size ...`` of :func:`lookup_grid` (contiguous chunks). Per
     group the node targets are sorted once; each source row is then read forward
     from the first target's lower bound (one binary search per row, then a merge),
@@ -332,7 +332,17 @@ def _lookup_grid_block(keys, values, row_start, complete, sources, targets, node
                     answered[group, row, column] = False
             needed = False
             hit = True
-            if source >= 0 and count > 0:
+            if source >= 0 and count > 0 and filled[source]:  # a dense row: one read per target
+                for rank in range(count):
+                    column = order[rank]
+                    target = targets[group, column]
+                    if target == source:
+                        continue
+                    needed = True
+                    value = table[source, target]
+                    out[group, row, column] = bound if value > bound else value  # inf: beyond the bound
+                    answered[group, row, column] = True
+            elif source >= 0 and count > 0:
                 base = source * nodes
                 end = row_start[source + 1]
                 whole = complete[source]
@@ -368,25 +378,26 @@ def _lookup_grid_block(keys, values, row_start, complete, sources, targets, node
 
 
 @numba.njit(cache=True, parallel=True)
-def lookup_grid(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed, row_hit,
-                blocks):
+def lookup_grid(keys, values, row_start, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                row_needed, row_hit, blocks):
     """SPEC distances of the pairs ``(sources[g, j], targets[g, i])`` of index codes that
     need no search, written to ``out[g, j, i]`` (``answered[g, j, i]`` True): equal
     codes 0.0 (padding excepted), padding or unknown IDs ``bound``, node pairs the
-    cache holds (``inf`` -> ``bound``) or whose source row is ``complete`` (``bound``).
+    cache holds (``inf`` -> ``bound``) or whose source row is ``complete`` (``bound``);
+    a source whose dense row is ``filled`` reads ``table[source, target]`` instead.
     ``row_needed[g, j]``: row ``j`` of group ``g`` has a node pair; ``row_hit[g, j]``:
     each of them was answered. On ``blocks`` threads, split by group."""
     for block in numba.prange(blocks):
-        _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered,
-                           row_needed, row_hit, block, blocks)
+        _lookup_grid_block(keys, values, row_start, complete, filled, table, sources, targets, nodes, bound, out,
+                           answered, row_needed, row_hit, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def lookup_grid_serial(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit):
+def lookup_grid_serial(keys, values, row_start, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit):
     """:func:`lookup_grid` on the calling thread."""
-    _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit, 0, 1)
+    _lookup_grid_block(keys, values, row_start, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit, 0, 1)
 
 
 @numba.njit(cache=True, nogil=True)
