@@ -79,7 +79,10 @@ class TensorCorpusGraph:
         directed: whether edges are one-way (an undirected adjacency stores both directions).
         distance_cache_size: most source rows the distance cache keeps (default 65536).
         distance_cache_entries: most ``(source, target)`` entries it keeps (default
-            2**24, 256 MiB).
+            2**24, 256 MiB); where every node's complete row fits in those bytes (8 N**2,
+            N <= 5,792 by default, on the CPU) the cache keeps complete rows densely
+            instead (see :mod:`.cache`): a small graph's distances are then searched
+            once per source.
         memory_budget: bytes of search state per chunk of sources (default 1 GiB).
 
     Raises:
