@@ -20,14 +20,19 @@ Two tiers, one memory bound (``16 * max_entries`` bytes, 256 MiB by default):
   (:attr:`DistanceCache.dense_rows`).
 - **sparse rows** (every other graph, and partial rows): rows are the unit of recency
   and eviction (least recently used first), bounded by a number of rows and a number of
-  entries. All state is tensors on one device, lookups are vectorised (a sorted key
-  array and ``searchsorted``), so a warm trellis batch is a handful of kernels on GPU.
+  entries. Each row is one run of keys sorted by target in an arena (``source * N +
+  target`` keys and their values): an insertion writes the merged runs of the rows it
+  touches at the arena's end (O(those rows + the new entries), not O(the cache)), an
+  eviction only marks runs free, and the arena is compacted (O(live entries)) when the
+  free entries outnumber the live ones, so its cost is paid by the insertions and
+  evictions that freed them. All state is tensors on one device; a lookup is a binary
+  search within its source's run (compiled on the CPU, a fixed-depth vectorised search
+  elsewhere), so a warm trellis batch is a handful of kernels on GPU.
 
 Thread safety: every public method holds the cache's lock for its whole
-read-modify-write (a lookup also refreshes recency and counters; an insertion merges
-into new key and value arrays and swaps them in), so threads sharing one graph (a
-server's sessions) see one consistent state, and no method returns a view of the
-cache's storage. Searches run outside the lock (the graph looks up, searches, then
+read-modify-write (a lookup, which also refreshes recency and counters, reads the
+arena under it too), so threads sharing one graph (a server's sessions) see one
+consistent state, and no method returns a view of the cache's storage. Searches run outside the lock (the graph looks up, searches, then
 inserts); two threads may then search the same pair, and the second insertion keeps
 the first entry (both are exact, hence equal).
 """
@@ -63,9 +68,11 @@ class DistanceCache:
             :attr:`dense_rows`).
         device: where the state lives (the graph's device).
 
-    Cost: sparse rows: a lookup of Q pairs is O(Q log K) for K cached entries; an
-    insertion of Q new entries is O(K + Q log Q) (a merge of sorted keys, no full
-    re-sort); memory is 16 bytes per entry plus 10 bytes per node. Dense rows: a lookup
+    Cost: sparse rows: a lookup of Q pairs is O(Q log N); an insertion of Q new
+    entries is O((R + Q) log (R + Q)) for the R entries already cached in the rows it
+    touches (amortized, compaction included), whatever else the cache holds; memory is
+    16 bytes per arena entry (at most about four times ``max_entries``: live entries,
+    as many free ones, and room to grow) plus 26 bytes per node. Dense rows: a lookup
     is O(1) per pair; inserting R rows is O(R N); memory 8 bytes per entry of a filled
     row.
 
@@ -120,10 +127,15 @@ class DistanceCache:
             self._reset()
 
     def _reset(self) -> None:
-        # shape: (K,) sorted unique keys source * N + target, and their distances
+        # shape: (C,) the arena: keys source * N + target and their distances; row s is
+        # the run [start[s], stop[s]) sorted by key (empty: start == stop); entries past
+        # _used are free space, runs of evicted or rewritten rows are garbage
         self._keys = torch.empty(0, dtype=torch.long, device=self.device)
         self._values = torch.empty(0, dtype=torch.float64, device=self.device)
-        self._starts: Optional[torch.Tensor] = None  # (N + 1,) runs of the keys by source, or stale
+        self._start = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
+        self._stop = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
+        self._used = 0
+        self._live = 0
         # shape: (N,) last use of each source row (0: not cached) and completeness
         self._stamp = torch.zeros(self.num_nodes, dtype=torch.long, device=self.device)
         self._complete = torch.zeros(self.num_nodes, dtype=torch.bool, device=self.device)
@@ -146,7 +158,7 @@ class DistanceCache:
     def entry_count(self) -> int:
         """K, the number of cached sparse ``(source, target)`` entries (dense rows not counted)."""
         with self._lock:
-            return int(self._keys.numel())
+            return self._live
 
     def entries(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every cached entry, sorted by (source, target): the sparse entries and the
@@ -158,7 +170,7 @@ class DistanceCache:
             cache's storage.
         """
         with self._lock:
-            keys, values = self._keys, self._values
+            keys, values = self._runs((self._stop > self._start).nonzero().squeeze(1))
             filled = self._filled.nonzero().squeeze(1)
             rows = None if self._table is None else self._table[filled]
         if rows is not None:
@@ -186,38 +198,39 @@ class DistanceCache:
             ValueError: a node index outside ``[0, N)``.
         """
         self._check_range(sources, targets, smallest=0)
-        compiled = self.device.type == "cpu" and _compiled.available()
         with self._lock:
-            # a consistent snapshot (these arrays are replaced, never written in place)
-            cached_keys, cached_values = self._keys, self._values
-            row_start = self._row_start() if compiled and cached_keys.numel() else None
+            values, found = self._find(sources, targets)
             # shape: (Q,) whether the source's row is cached whole, and whether densely
             whole = (self._stamp[sources] > 0) & self._complete[sources]
             dense = self._filled[sources]
-            table = self._table
-        if row_start is not None:
-            # per query a search within its source's run: a few cache lines, not log K misses
-            values, found = _compiled.compiled_lookup(
-                cached_keys, cached_values, row_start, sources.contiguous(), targets.contiguous(), self.num_nodes
-            )
-        elif cached_keys.numel():
-            # shape: (Q,)
-            keys = sources * self.num_nodes + targets
-            position = torch.searchsorted(cached_keys, keys).clamp_(max=cached_keys.numel() - 1)
-            found = cached_keys[position] == keys
-            values = torch.where(found, cached_values[position], torch.inf)
-        else:
-            keys = sources * self.num_nodes + targets
-            found = torch.zeros_like(keys, dtype=torch.bool)
-            values = torch.full(keys.shape, torch.inf, dtype=torch.float64, device=keys.device)
-        if table is not None and bool(dense.any()):
-            rows = dense.nonzero().squeeze(1)
-            values[rows] = table[sources[rows], targets[rows]]
-            found = found | dense
-        answered = found | whole
-        with self._lock:
+            if self._table is not None and bool(dense.any()):
+                rows = dense.nonzero().squeeze(1)
+                values[rows] = self._table[sources[rows], targets[rows]]
+                found = found | dense
+            answered = found | whole
             self._count(sources, answered)
         return values, answered
+
+    def _find(self, sources: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(values, found)`` of ``(Q,)`` node pairs in the sparse rows (with the lock held):
+        per pair a binary search within its source's run."""
+        if not self._live or not sources.numel():
+            found = torch.zeros(sources.shape, dtype=torch.bool, device=self.device)
+            return torch.full(sources.shape, torch.inf, dtype=torch.float64, device=self.device), found
+        if self.device.type == "cpu" and _compiled.available():
+            return _compiled.compiled_lookup(self._keys, self._values, self._start, self._stop, sources.contiguous(),
+                                             targets.contiguous(), self.num_nodes)
+        # the same search, vectorised: a fixed number of halvings of every pair's run
+        keys = sources * self.num_nodes + targets
+        low, high = self._start[sources], self._stop[sources]
+        for _ in range(max(int(self.num_nodes).bit_length(), 1)):
+            middle = torch.div(low + high, 2, rounding_mode="floor")
+            less = (low < high) & (self._keys[middle.clamp(max=self._keys.numel() - 1)] < keys)
+            low = torch.where(less, middle + 1, low)
+            high = torch.where(less, high, middle)
+        position = low.clamp(max=self._keys.numel() - 1)
+        found = (low < self._stop[sources]) & (self._keys[position] == keys)
+        return torch.where(found, self._values[position], torch.inf), found
 
     @property
     def grid_lookup(self) -> bool:
@@ -252,17 +265,13 @@ class DistanceCache:
             raise MapMatchedRuntimeError("DistanceCache.lookup_grid needs a CPU cache and numba")
         self._check_range(sources, targets, smallest=None)
         with self._lock:
-            # a consistent snapshot (the arrays are replaced, never written in place; the
-            # masks are new tensors; filled dense rows are never written again)
             table = self._table if self._table is not None else _NO_TABLE
-            snapshot = (self._keys, self._values, self._row_start(), (self._stamp > 0) & self._complete,
-                        self._filled.clone(), table)
-        values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
-            *snapshot, sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
-        )
-        # shape: (G * M,) rows with a node pair: hits and misses per distinct source
-        needed = row_needed.view(-1)
-        with self._lock:
+            values, answered, row_needed, row_hit = _compiled.compiled_lookup_grid(
+                self._keys, self._values, self._start, self._stop, (self._stamp > 0) & self._complete, self._filled,
+                table, sources.contiguous(), targets.contiguous(), self.num_nodes, maximum_distance,
+            )
+            # shape: (G * M,) rows with a node pair: hits and misses per distinct source
+            needed = row_needed.view(-1)
             self._count(sources.reshape(-1)[needed], row_hit.view(-1)[needed])
         return values, answered
 
@@ -277,13 +286,15 @@ class DistanceCache:
                 what = "node indices must lie in [0, N)" if smallest is not None else "index codes must be < N"
                 raise MapMatchedValueError(f"{what} (N = {self.num_nodes}), got values from {int(low)} to {int(high)}")
 
-    def _row_start(self) -> torch.Tensor:
-        """``(N + 1,)`` int64 start of each source's run in the sorted keys (cached until
-        the keys change). Called with the lock held."""
-        if self._starts is None:
-            bounds = torch.arange(self.num_nodes + 1, dtype=torch.long, device=self.device) * self.num_nodes
-            self._starts = torch.searchsorted(self._keys, bounds)
-        return self._starts
+    def _runs(self, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of the runs of ``(R,)`` rows, one after another (new
+        tensors; with the lock held). Cost: O(R + their entries)."""
+        starts, counts = self._start[rows], self._stop[rows] - self._start[rows]
+        total = int(counts.sum()) if rows.numel() else 0
+        # shape: (total,) the arena position of every entry of the runs
+        offsets = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts)
+        positions = offsets + torch.arange(total, device=self.device)
+        return self._keys[positions], self._values[positions]
 
     def _count(self, sources: torch.Tensor, answered: torch.Tensor) -> None:
         """Count hits/misses per distinct source and refresh the cached rows' recency
@@ -330,10 +341,9 @@ class DistanceCache:
         first = torch.ones_like(keys, dtype=torch.bool)
         first[1:] = keys[1:] != keys[:-1]
         with self._lock:  # the check for cached keys and the merge are one atomic step
-            first &= ~self._filled[sources[order]]  # a dense row already holds every target
-            if self._keys.numel():
-                position = torch.searchsorted(self._keys, keys).clamp_(max=self._keys.numel() - 1)
-                first &= self._keys[position] != keys
+            sorted_sources = sources[order]
+            first &= ~self._filled[sorted_sources]  # a dense row already holds every target
+            first &= ~self._find(sorted_sources, keys - sorted_sources * self.num_nodes)[1]
             self._merge(keys[first], values[first])
             self._clock += 1
             self._stamp[sources] = self._clock
@@ -375,34 +385,68 @@ class DistanceCache:
         self._filled[sources] = True
 
     def _merge(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Merge sorted new keys (none already cached) into new sorted key and value
-        arrays (with the lock held; the old arrays stay valid for snapshots)."""
-        old = self._keys
-        # shape: (K + Q',) final position of every old and every new key
-        new_position = torch.searchsorted(old, keys) + torch.arange(keys.numel(), device=keys.device)
-        old_position = torch.searchsorted(keys, old) + torch.arange(old.numel(), device=old.device)
-        merged_keys = torch.empty(old.numel() + keys.numel(), dtype=torch.long, device=keys.device)
-        merged_values = torch.empty(merged_keys.shape, dtype=torch.float64, device=keys.device)
-        merged_keys[old_position], merged_values[old_position] = old, self._values
-        merged_keys[new_position], merged_values[new_position] = keys, values
-        self._keys, self._values, self._starts = merged_keys, merged_values, None
+        """Add sorted new keys (none already cached) with the lock held: the runs of the
+        rows they belong to, merged with them, are written at the arena's end (the old
+        runs become garbage). Cost: O((those runs + new) log (those runs + new))."""
+        if not keys.numel():
+            return
+        # shape: (R,) the rows touched; their old runs and the new entries, sorted by key
+        rows = torch.unique_consecutive(torch.div(keys, self.num_nodes, rounding_mode="floor"))
+        old_keys, old_values = self._runs(rows)
+        merged_keys, order = torch.sort(torch.cat([old_keys, keys]))
+        merged_values = torch.cat([old_values, values])[order]
+        self._reserve(merged_keys.numel())
+        self._live += keys.numel()
+        first = self._used
+        self._keys[first:first + merged_keys.numel()] = merged_keys
+        self._values[first:first + merged_keys.numel()] = merged_values
+        self._used += merged_keys.numel()
+        # shape: (R,) each touched row's new run
+        bounds = torch.searchsorted(merged_keys, torch.stack([rows * self.num_nodes, (rows + 1) * self.num_nodes]))
+        self._start[rows], self._stop[rows] = first + bounds[0], first + bounds[1]
+
+    def _reserve(self, count: int) -> None:
+        """Room for ``count`` more entries at the arena's end (with the lock held): first
+        by compaction when the garbage outnumbers the live entries, else by doubling."""
+        if self._used + count <= self._keys.numel():
+            return
+        if self._used - self._live >= self._live:  # the garbage outnumbers the live entries
+            self._compact()
+        if self._used + count > self._keys.numel():
+            capacity = max(2 * self._keys.numel(), self._used + count, 1024)
+            keys = torch.empty(capacity, dtype=torch.long, device=self.device)
+            values = torch.empty(capacity, dtype=torch.float64, device=self.device)
+            keys[: self._used], values[: self._used] = self._keys[: self._used], self._values[: self._used]
+            self._keys, self._values = keys, values
+
+    def _compact(self) -> None:
+        """Rewrite the live runs at the arena's start, by source (with the lock held; O(live))."""
+        rows = (self._stop > self._start).nonzero().squeeze(1)
+        counts = self._stop[rows] - self._start[rows]
+        keys, values = self._runs(rows)
+        self._keys[: keys.numel()], self._values[: keys.numel()] = keys, values
+        self._stop[rows] = torch.cumsum(counts, 0)
+        self._start[rows] = self._stop[rows] - counts
+        self._used = keys.numel()
 
     def _evict(self) -> None:
-        """Drop least recently used rows until both capacities hold (with the lock held)."""
+        """Drop least recently used rows until both capacities hold (with the lock held):
+        their runs become garbage."""
         cached = ((self._stamp > 0) & ~self._filled).nonzero().squeeze(1)  # dense rows are never evicted
-        if cached.numel() <= self.max_rows and self._keys.numel() <= self.max_entries:
+        if cached.numel() <= self.max_rows and self._live <= self.max_entries:
             return
         # shape: (R,) cached rows, most recently used first, and their entry counts
         rows = cached[torch.argsort(self._stamp[cached], descending=True, stable=True)]
-        counts = torch.bincount(self._keys // self.num_nodes, minlength=self.num_nodes)[rows]
+        counts = (self._stop - self._start)[rows]
         keep = (torch.arange(rows.numel(), device=rows.device) < self.max_rows) & (
             torch.cumsum(counts, 0) <= self.max_entries
         )
         dropped = rows[~keep]
         self._stamp[dropped] = 0
         self._complete[dropped] = False
-        alive = self._stamp[self._keys // self.num_nodes] > 0
-        self._keys, self._values, self._starts = self._keys[alive], self._values[alive], None
+        self._live -= int(counts[~keep].sum())
+        self._start[dropped] = 0
+        self._stop[dropped] = 0
 
     def to(self, device: Union[torch.device, str]) -> "DistanceCache":
         """An empty cache with the same capacities on ``device``."""

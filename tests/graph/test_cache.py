@@ -73,7 +73,9 @@ def test_merging_keeps_the_keys_sorted_and_unique(device) -> None:
             truth[source, target] = float(source * 100 + target)
         sources, targets = longs([p[0] for p in pairs], device), longs([p[1] for p in pairs], device)
         cache.insert(sources, targets, (sources * 100 + targets).double())
-    assert torch.all(cache._keys[1:] > cache._keys[:-1])
+    sources, targets, _ = cache.entries()
+    keys = sources * 50 + targets
+    assert torch.all(keys[1:] > keys[:-1]) and keys.numel() == len(truth) == cache.entry_count
     keys = list(truth)
     values, answered = cache.lookup(longs([k[0] for k in keys], device), longs([k[1] for k in keys], device))
     assert answered.all() and values.tolist() == [truth[k] for k in keys]
