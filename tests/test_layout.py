@@ -1,4 +1,5 @@
 """The package layout holds: parts import only the parts before them (lazy imports
+included), no two modules import each other (directly or through others, lazy imports
 included), no private name crosses a part, the plain-Python parts stay free of torch,
 and importing the package has no side effects."""
 
@@ -9,7 +10,7 @@ import importlib
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -63,10 +64,28 @@ def is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def imports(path: Path, module: str) -> Iterator[Tuple[int, str, List[str]]]:
-    """Every import of ``path`` as ``(line, absolute module, imported names)``, at any depth."""
+def type_checking_nodes(tree: ast.AST) -> set:
+    """The ids of every node under an ``if TYPE_CHECKING:`` body (imports for annotations
+    only: they never run, so they are no dependency, though they must keep the layout)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", "")
+            if name == "TYPE_CHECKING":
+                inside.update(id(child) for statement in node.body for child in ast.walk(statement))
+    return inside
+
+
+def imports(path: Path, module: str, *, runtime_only: bool = False) -> Iterator[Tuple[int, str, List[str]]]:
+    """Every import of ``path`` as ``(line, absolute module, imported names)``, at any depth
+    (``runtime_only``: without the imports under ``if TYPE_CHECKING:``)."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = type_checking_nodes(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name, []
@@ -150,8 +169,81 @@ def layout_problems(root: Path) -> List[str]:
     return problems
 
 
+def module_imports(root: Path) -> Dict[str, Set[str]]:
+    """Every module under ``root`` -> the modules of the same tree it imports at run time
+    (at any depth, lazy and string imports included; an import of a name that is not a
+    module counts as an import of its module)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph: Dict[str, Set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        for _, target, names in imports(path, module, runtime_only=True):
+            submodules = [f"{target}.{name}" for name in names if f"{target}.{name}" in paths]
+            pieces = target.split(".")
+            while pieces and ".".join(pieces) not in paths:
+                pieces.pop()
+            found = submodules + ([".".join(pieces)] if pieces else [])
+            graph[module].update(other for other in found if other != module)
+    return graph
+
+
+def import_cycles(root: Path) -> List[str]:
+    """One line per group of modules that import each other, directly or through others
+    (a strongly connected component of :func:`module_imports` with more than one module)."""
+    graph = module_imports(root)
+    order: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    groups: List[str] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append("modules that import each other: " + ", ".join(sorted(group)))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(groups)
+
+
 def test_the_package_follows_the_layout() -> None:
     assert layout_problems(PACKAGE_DIR) == []
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert import_cycles(PACKAGE_DIR) == []
+
+
+def test_the_cycle_checker_sees_lazy_indirect_cycles_and_not_annotations(tmp_path: Path) -> None:
+    root = tmp_path / PACKAGE
+    (root / "kernels").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "kernels" / "__init__.py").write_text("")
+    (root / "kernels" / "a.py").write_text("from .b import x\n")
+    (root / "kernels" / "b.py").write_text("def f():\n    from . import c\n")  # lazy
+    (root / "kernels" / "c.py").write_text('import importlib\nimportlib.import_module("mapmatched_torch.kernels.a")\n')
+    (root / "kernels" / "d.py").write_text("from .e import y\n")
+    (root / "kernels" / "e.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import z\n")
+    assert import_cycles(root) == [
+        "modules that import each other: mapmatched_torch.kernels.a, mapmatched_torch.kernels.b, mapmatched_torch.kernels.c"
+    ]
 
 
 def test_the_checker_catches_each_kind_of_break(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ TESTED_ELSEWHERE = {
     "core/graph_types.py": ("tests/standalone/test_graph.py", "tests/graph/test_cache.py"),  # GraphEdge, CacheInfo
     "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
+    "core/trace_build.py": ("tests/core/test_trace.py",),  # build_trace and classify_move, with the trace
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks
     # shard(): its blocks and errors, and the sharded eval and fit equal to one process
     "core/sharding.py": ("tests/eval/test_distributed.py", "tests/fit/test_distributed_fit.py"),
@@ -33,6 +34,8 @@ TESTED_ELSEWHERE = {
     "kernels/states.py": ("tests/kernels/test_decode.py",),
     "kernels/fused_cpu_kernels.py": ("tests/kernels/test_fused.py",),
     "kernels/fused_step_kernels.py": ("tests/kernels/test_fused_step.py",),
+    # the slot table's save and load: round trips, crafted states and bit flips, with the table
+    "kernels/slot_persistence.py": ("tests/kernels/test_slot_decoder.py", "tests/serving/test_server.py"),
     "kernels/normalization_kernels.py": ("tests/kernels/test_normalization.py",),  # both paths, bit for bit
     "kernels/numba_runtime.py": ("tests/kernels/test_fused.py", "tests/graph/test_shortest_paths.py"),
     # the import mode and device checks of every Triton kernel, through the kernels

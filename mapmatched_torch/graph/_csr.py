@@ -11,13 +11,14 @@ target), the order of :meth:`InMemoryCorpusGraph.edges`.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 
 from ..core.errors import MapMatchedValueError
 
-__all__ = ["CSRAdjacency", "build_csr", "infer_num_nodes", "INFERRED_NODES_FLOOR"]
+__all__ = ["CSRAdjacency", "build_csr", "infer_num_nodes", "INFERRED_NODES_FLOOR", "csr_fingerprint"]
 
 #: :func:`infer_num_nodes` accepts any N up to this many nodes; beyond it, only an N at
 #: most :data:`_INFERRED_NODES_PER_REFERENCED` times the distinct nodes the edges name.
@@ -227,3 +228,13 @@ def _check_edge_tensors(edge_index: Any, edge_weight: Any, num_nodes: int) -> No
             f"edge {position} ({source} -> {target}) of edge_index has node {value}, outside [0, {num_nodes}); "
             f"node indices must be below the number of nodes"
         )
+
+
+def csr_fingerprint(num_nodes: int, directed: bool, indptr: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> str:
+    """A SHA-256 of a graph's structure: N, direction and the CSR arcs (not the bound, not
+    the IDs): what :func:`~mapmatched_torch.graph.artifacts.graph_fingerprint` gives and a
+    ball table records of the graph it was built from."""
+    digest = hashlib.sha256(f"{int(num_nodes)}:{int(directed)}".encode())
+    for array in (indptr, indices, weights):
+        digest.update(array.detach().cpu().contiguous().numpy().data)
+    return digest.hexdigest()

@@ -40,7 +40,7 @@ import torch
 
 from ..core.checks import check_choice, check_positive_finite
 from ..core.errors import MapMatchedValueError
-from ._csr import CSRAdjacency
+from ._csr import CSRAdjacency, csr_fingerprint
 from .balls import FILES as BALL_FILES
 from .balls import BallTable, ball_size_summary
 from .neighborhood_table import CONTEXT_FILES, NeighborhoodTable
@@ -66,10 +66,7 @@ VERIFY_MODES = ("auto", "full", "size")
 def graph_fingerprint(graph: TensorCorpusGraph) -> str:
     """A SHA-256 of the graph's structure: N, direction and the CSR arcs (not the bound,
     not the IDs). A ball table records the fingerprint of the graph it was built from."""
-    digest = hashlib.sha256(f"{graph.num_nodes}:{int(graph.directed)}".encode())
-    for array in (graph.indptr, graph.indices, graph.weights):
-        digest.update(np.ascontiguousarray(array.cpu().numpy()).data)
-    return digest.hexdigest()
+    return csr_fingerprint(graph.num_nodes, graph.directed, graph.indptr, graph.indices, graph.weights)
 
 
 def _file_digests(path: Path) -> Dict[str, Any]:

@@ -50,7 +50,7 @@ from ..core.graph_types import (
 )
 from ..kernels.ragged import padded_rows
 from ..standalone.graph import InMemoryCorpusGraph
-from ._csr import CSRAdjacency
+from ._csr import CSRAdjacency, csr_fingerprint
 from ._memory import rows_per_chunk
 from . import convert
 from .cache import DistanceCache
@@ -568,13 +568,12 @@ class TensorCorpusGraph:
         Returns:
             ``self``.
         """
-        from .artifacts import graph_fingerprint
-
         bound = self._maximum_distance if bound is None else check_positive_finite(bound, "bound")
+        structure = (self.num_nodes, self.directed, self.indptr, self.indices, self.weights)
         table = build_ball_table(
             self._adjacency, bound, directory=directory, batch_size=batch_size,
-            fingerprint=graph_fingerprint(self) if directory is not None else "", memory_budget=self._memory_budget,
-            progress=progress,
+            fingerprint=csr_fingerprint(*structure) if directory is not None else "",
+            memory_budget=self._memory_budget, progress=progress,
         )
         return self.attach_balls(table)
 

@@ -35,8 +35,9 @@ Choices made where docs/spec.md is silent:
 - :func:`pointwise_decode` (beta = 0) raises on overflow exactly when the standalone
   decoder does: when any real candidate's forward score ``e + cumulative`` overflows.
 
-The streaming states :class:`ViterbiState` and :class:`FixedLagState` live in
-:mod:`mapmatched_torch.kernels.states` and are importable from here too.
+The streaming states, one turn at a time, are
+:class:`~mapmatched_torch.kernels.states.ViterbiState` and
+:class:`~mapmatched_torch.kernels.states.FixedLagState` (:mod:`.states`).
 """
 
 from __future__ import annotations
@@ -74,8 +75,6 @@ __all__ = [
     "marginals",
     "log_likelihood",
     "path_score",
-    "ViterbiState",
-    "FixedLagState",
 ]
 
 _INF = float("inf")
@@ -533,20 +532,3 @@ def path_score(emissions: Tensor, transitions: Tensor, mask: Tensor, paths: Tens
             prepared.active[:, t], (score + picked_transitions[:, t - 1]) + picked_emissions[:, t], score
         )
     return score
-
-
-# ---------------------------------------------------------------------- streaming
-
-#: The streaming states live in :mod:`.states` (views of the slot decoder); these names
-#: keep ``mapmatched_torch.kernels.decode.ViterbiState`` importing. Resolved on first
-#: access: :mod:`.states` imports this module (through the slot decoder), so an import
-#: here at load time would be circular.
-_STATES = ("ViterbiState", "FixedLagState")
-
-
-def __getattr__(name: str) -> object:
-    if name in _STATES:
-        from . import states
-
-        return getattr(states, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ from ..core.protocols import (
 )
 from ..core.scoring import normalize_candidates
 from ..core.settings import DecodeSettings, HoldsSettings
-from ..core.trace import build_trace
+from ..core.trace_build import build_trace
 
 __all__ = [
     "MapMatchedRetriever",

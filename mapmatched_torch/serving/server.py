@@ -50,7 +50,7 @@ from ..retrieval.session import (
     provider_answer_name,
 )
 from ..retrieval.trellis import packed_rows
-from ..kernels.slot_decoder import state_checksum as decoder_checksum
+from ..kernels.slot_persistence import state_checksum as decoder_checksum
 from ._state import STATE_FORMAT, content_digest, fingerprint_differences, graph_fingerprint, same_but_order
 from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from mapmatched_torch.core.models import ScoredCandidate
-from mapmatched_torch.core.trace import DETAIL_COLUMNS, STEP_KEYS, TRACE_COLUMNS, classify_move
+from mapmatched_torch.core.trace import DETAIL_COLUMNS, STEP_KEYS, TRACE_COLUMNS
+from mapmatched_torch.core.trace_build import classify_move
 from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.standalone.graph import InMemoryCorpusGraph
 

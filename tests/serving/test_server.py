@@ -743,7 +743,7 @@ def _stepped_server():
 
 
 def _resealed_decoder(state):
-    from mapmatched_torch.kernels.slot_decoder import _checksum
+    from mapmatched_torch.kernels.slot_persistence import _checksum
 
     state["store"]["decoder"]["checksum"] = _checksum(state["store"]["decoder"])
     return state
