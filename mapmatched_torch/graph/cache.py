@@ -47,7 +47,6 @@ import torch
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedRuntimeError, MapMatchedValueError
 from ..core.graph_types import CacheInfo
-from ._memory import empty_in_huge_pages
 from .engines import compiled as _compiled
 
 __all__ = ["DistanceCache", "CacheInfo"]
@@ -379,8 +378,9 @@ class DistanceCache:
         if not sources.numel():
             return
         if self._table is None:
-            # untouched pages of the table are not committed: 8 N bytes per filled row
-            self._table = empty_in_huge_pages((self.num_nodes, self.num_nodes), torch.float64)
+            # untouched pages of the table are not committed (4 KiB pages: no huge page to
+            # round a row up to): about 8 N bytes per filled row
+            self._table = torch.empty((self.num_nodes, self.num_nodes), dtype=torch.float64, device=self.device)
         self._table[sources] = rows
         self._filled[sources] = True
 
