@@ -15,11 +15,17 @@ One run, in phases, each timed with the process's peak RSS after it:
    ``--sessions`` sessions x ``--width`` x ``--width`` candidate pairs (one turn step
    each; candidates near a random anchor plus random ones) from the ball table,
    cold (first) and warm (second), checked equal to the compiled engine's searches
-   on the same pairs (also timed, cold cache).
+   on the same pairs (also timed, cold cache);
+6. **serving**: in another fresh process, ``load_graph`` + a ``MapMatchedServer`` over
+   it, ``--sessions`` sessions opened, and ``step_indexed`` with ``--width`` distinct
+   candidates per session and turn (near the session's anchor, a quarter random):
+   the first step cold (nothing cached), then the p50 / p90 of ``--steps`` warm steps;
+   with ``--context-radius`` the artifact also carries the context table
+   (``precompute_neighborhoods``), whose build and size are reported.
 
 Usage::
 
-    nice python benchmarks/scale.py --rows 1000000 --dir /tmp/scale        # the README's figures
+    nice python benchmarks/scale.py --rows 1000000 --dir /tmp/scale-1m --keep   # docs/scale.md's figures
     python benchmarks/scale.py --rows 100000 --dir /tmp/scale-100k
     python benchmarks/scale.py --rows 100000 --clusters 0 --dir /tmp/scale-control
 """
@@ -82,6 +88,62 @@ def sessions(neighbors: np.ndarray, count: int, width: int, seed: int) -> np.nda
     return out
 
 
+def turn_candidates(neighbors: np.ndarray, count: int, turns: int, width: int, seed: int) -> np.ndarray:
+    """(turns, count, width) distinct candidate nodes per session and turn: near the
+    session's anchor (its neighbours' neighbours), a quarter (at least) random."""
+    rng = np.random.default_rng(seed + 1)
+    rows = neighbors.shape[0]
+    out = np.empty((turns, count, width), dtype=np.int64)
+    near_count = width - width // 4
+    for session, anchor in enumerate(rng.integers(0, rows, count)):
+        near = np.unique(neighbors[neighbors[anchor]].reshape(-1))
+        for turn in range(turns):
+            pool = np.concatenate([rng.permutation(near)[:near_count], rng.integers(0, rows, 4 * width)])
+            _, first = np.unique(pool, return_index=True)
+            out[turn, session] = pool[np.sort(first)[:width]]
+    return out
+
+
+def serving(directory: str, steps: int) -> dict:
+    """Phase 6, run in a fresh process: a server over the loaded artifact, cold then warm steps."""
+    import statistics
+
+    import torch
+
+    from mapmatched_torch.graph import load_graph
+    from mapmatched_torch.serving import MapMatchedServer
+
+    candidates = torch.from_numpy(np.load(Path(directory) / "turns.npy"))  # (T, S, M)
+    turns, count, width = candidates.shape
+    generator = torch.Generator().manual_seed(0)
+    # shape: (T, S, M) provider scores, descending within each row
+    scores = torch.rand(turns, count, width, generator=generator, dtype=torch.float64).sort(dim=2, descending=True)[0]
+    started = time.perf_counter()
+    graph = load_graph(Path(directory) / "graph")
+    loaded = time.perf_counter() - started
+    server = MapMatchedServer(graph, candidate_limit=width)
+    ids = [f"s{i}" for i in range(count)]
+    for name in ids:
+        server.open(name)
+    opened = time.perf_counter() - started
+    times = []
+    for turn in range(turns):
+        begin = time.perf_counter()
+        _, errors = server.step_indexed(ids, candidates[turn], scores[turn])
+        times.append(time.perf_counter() - begin)
+        if errors:
+            raise SystemExit(f"serving step {turn}: {len(errors)} sessions failed, e.g. {next(iter(errors.values()))}")
+    warm = sorted(times[1:])
+    p90 = warm[min(len(warm) - 1, int(round(0.9 * (len(warm) - 1))))] if warm else float("nan")
+    return {
+        "sessions": count, "candidates": width, "load_s": round(loaded, 3), "open_s": round(opened - loaded, 3),
+        "cold_step_s": round(times[0], 4), "cold_start_s": round(opened + times[0], 3),
+        "warm_step_p50_s": round(statistics.median(warm), 4) if warm else None, "warm_step_p90_s": round(p90, 4),
+        "warm_steps": len(warm), "contexts": graph.neighborhood_table is not None,
+        "torch_threads": torch.get_num_threads(), "peak_rss_gb": round(peak_rss_gb(), 2),
+    }
+
+
 def lookups(directory: str, width: int, count: int) -> dict:
     """Phase 5, run in a fresh process: cold start, then warm lookups, then the search engine."""
     import torch
@@ -113,6 +175,27 @@ def lookups(directory: str, width: int, count: int) -> dict:
     }
 
 
+def table_rows(report: dict) -> str:
+    """The serving figures as a Markdown table (docs/scale.md takes it)."""
+    serve = report["serving"]
+    rows = [
+        f"| {report['rows']:,} x {report['dim']}, {serve['sessions']:,} sessions x {serve['candidates']} candidates "
+        "| measured |",
+        "|---|---:|",
+        f"| cold start: fresh process, load + server + open + first step | {serve['cold_start_s']:.2f} s "
+        f"(load {serve['load_s']:.2f} s, open {serve['open_s']:.2f} s) |",
+        f"| cold step (nothing cached) | {serve['cold_step_s'] * 1e3:.0f} ms |",
+        f"| warm step, p50 / p90 of {serve['warm_steps']} | {serve['warm_step_p50_s'] * 1e3:.0f} / "
+        f"{serve['warm_step_p90_s'] * 1e3:.0f} ms |",
+        f"| peak RSS of the serving process | {serve['peak_rss_gb']:.2f} GiB |",
+    ]
+    if "contexts" in report:
+        contexts = report["contexts"]
+        rows.append(f"| context table (radius {contexts['radius']}, limit {contexts['limit']:.3f}) | "
+                    f"{contexts['seconds']:.0f} s, {contexts['bytes'] / 2**20:.0f} MiB |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -123,13 +206,20 @@ def main() -> None:
     parser.add_argument("--ball-size", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=1024)
     parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=10, help="warm serving steps after the cold one")
+    parser.add_argument("--context-radius", type=float, default=None,
+                        help="also store the context table of this radius in the artifact")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--keep", action="store_true", help="keep DIR afterwards")
     parser.add_argument("--lookups-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serving-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.lookups_only:
         print(json.dumps(lookups(args.dir, args.width, args.sessions)))
+        return
+    if args.serving_only:
+        print(json.dumps(serving(args.dir, args.steps)))
         return
 
     import torch
@@ -182,19 +272,29 @@ def main() -> None:
     table = graph.ball_table
     phase("balls", started, bytes=table.nbytes, bytes_per_node=round(table.nbytes / args.rows, 1),
           sizes=ball_size_summary(table.ball_sizes()))
+    if args.context_radius is not None:
+        started = time.perf_counter()
+        graph.precompute_neighborhoods(args.context_radius)
+        contexts = graph.neighborhood_table
+        phase("contexts", started, radius=args.context_radius, limit=contexts.limit,
+              bytes=contexts.indptr.numel() * 8 + contexts.nodes.numel() * contexts.nodes.element_size(),
+              entries=int(contexts.nodes.numel()))
     started = time.perf_counter()
     save_graph(graph, out, metadata={"benchmark": "scale", **{k: v for k, v in report.items() if k != "data"}})
     disk = sum(f.stat().st_size for f in out.iterdir())
     phase("save", started, artifact_bytes=disk)
 
     np.save(folder / "sessions.npy", sessions(neighbors.numpy(), args.sessions, args.width, args.seed))
+    np.save(folder / "turns.npy", turn_candidates(neighbors.numpy(), args.sessions, args.steps + 1, args.width, args.seed))
     del graph, table, neighbors, distances, edge_index, edge_weight, embeddings
-    command = [sys.executable, __file__, "--lookups-only", "--dir", str(folder), "--width", str(args.width),
-               "--sessions", str(args.sessions)]
-    result = subprocess.run(command, check=True, capture_output=True, text=True)
-    report["lookups"] = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"lookups: {json.dumps(report['lookups'])}", flush=True)
+    for name, flag in (("lookups", "--lookups-only"), ("serving", "--serving-only")):
+        command = [sys.executable, __file__, flag, "--dir", str(folder), "--width", str(args.width),
+                   "--sessions", str(args.sessions), "--steps", str(args.steps)]
+        result = subprocess.run(command, check=True, capture_output=True, text=True)
+        report[name] = json.loads(result.stdout.strip().splitlines()[-1])
+        print(f"{name}: {json.dumps(report[name])}", flush=True)
     print(json.dumps(report, indent=2))
+    print(table_rows(report))
     (folder.parent / f"{folder.name}.report.json").write_text(json.dumps(report, indent=2))
     if not args.keep:
         shutil.rmtree(folder)

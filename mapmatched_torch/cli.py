@@ -42,9 +42,11 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
     torchrun --nproc-per-node 4 -m mapmatched_torch eval --device cuda --json /tmp/report.json
 
 ``mapmatched-torch serve`` (extra ``[ray]``) serves a ``--data`` folder over HTTP with
-Ray Serve (:mod:`mapmatched_torch.integrations.ray_serve`) until SIGINT or SIGTERM::
+Ray Serve (:mod:`mapmatched_torch.integrations.ray_serve`) until SIGINT or SIGTERM;
+``--graph-dir`` serves a saved graph artifact instead of building one::
 
     mapmatched-torch serve --data ../shared/data/inscit_dev --embedder hash --shards 2 --port 8000
+    mapmatched-torch serve --data ../shared/data/inscit_dev --graph-dir /tmp/corpus-graph
 
 Every output file is written into a temporary file beside it and renamed over it
 (:mod:`mapmatched_torch.core.files`); ``eval``'s reports are renamed together at the
@@ -343,7 +345,10 @@ def _add_serve_parser(commands: Any) -> None:
     serve.add_argument("--model", metavar="PATH", help="sentence-transformers model (with --embedder sentence-transformers)")
     serve.add_argument("--embedding-dim", type=_positive_int, default=None, help="hash/wordllama dimension")
     serve.add_argument("--k", type=_positive_int, default=10, help="kNN neighbours per passage")
-    serve.add_argument("--maximum-distance", type=_positive_float, default=10.0, help="graph distance bound")
+    serve.add_argument("--maximum-distance", type=_positive_float, default=None,
+                       help="graph distance bound (default: 10, or with --graph-dir the saved bound)")
+    serve.add_argument("--graph-dir", metavar="DIR", help="a graph artifact (mapmatched-torch graph build) built for "
+                       "--data's passages, loaded memory-mapped (with its ball table) instead of building a graph")
     serve.add_argument("--candidates", type=_positive_int, default=20, metavar="M", help="candidates per turn")
     serve.add_argument("--transition-weight", type=_nonnegative_float, default=1.0, help="beta")
     serve.add_argument("--fixed-lag", type=_nonnegative_int, default=None, help="fixed lag (default: full decoding)")
@@ -358,9 +363,12 @@ def _add_serve_parser(commands: Any) -> None:
 
 
 def _serve_parts(data: str, embedder: str, dim: Optional[int], model: Optional[str], k: int,
-                 maximum_distance: float, candidates: int, transition_weight: float, fixed_lag: Optional[int]) -> Any:
+                 maximum_distance: Optional[float], candidates: int, transition_weight: float,
+                 fixed_lag: Optional[int], graph_dir: Optional[str] = None) -> Any:
     """A shard's :class:`~mapmatched_torch.integrations.ray_serve.ShardParts` for a ``--data``
-    folder (built in each replica): hash/other embedder, dense provider, kNN graph, server."""
+    folder (built in each replica): hash/other embedder, dense provider, kNN graph (or
+    ``graph_dir``'s artifact, memory-mapped, refused unless built for these passages;
+    ``maximum_distance`` None: its saved bound, else 10), server."""
     import hashlib
 
     from .eval.candidates import passage_embedding_text
@@ -375,9 +383,18 @@ def _serve_parts(data: str, embedder: str, dim: Optional[int], model: Optional[s
     encoder = make_embedder(embedder, dim=dim, model=model, device="cpu", progress=False)
     embeddings = encoder.encode([passage_embedding_text(p) for p in dataset.passages])
     provider = DenseProvider(embeddings, dataset.passage_ids, metric="inner_product")
-    graph = build_corpus_graph("knn", dataset.passages, embeddings, k=k, maximum_distance=maximum_distance, progress=False)
+    if graph_dir is None:
+        bound = 10.0 if maximum_distance is None else maximum_distance
+        graph = build_corpus_graph("knn", dataset.passages, embeddings, k=k, maximum_distance=bound, progress=False)
+        built = (k, bound)
+    else:
+        from .eval.graph_command import load_graph_for
+        from .graph import graph_fingerprint
+
+        graph = load_graph_for(graph_dir, dataset.passage_ids, maximum_distance=maximum_distance)
+        built = (graph_fingerprint(graph), graph.maximum_distance)
     server = MapMatchedServer(graph, candidate_limit=candidates, transition_weight=transition_weight, fixed_lag=fixed_lag)
-    digest = hashlib.sha256(repr((encoder, k, maximum_distance, candidates, transition_weight, fixed_lag)).encode())
+    digest = hashlib.sha256(repr((encoder, *built, candidates, transition_weight, fixed_lag)).encode())
     digest.update(embeddings.numpy().tobytes())
     digest.update("\x1f".join(dataset.passage_ids).encode())
     return ShardParts(server=server, provider=provider, embedder=encoder, fingerprint=digest.hexdigest())
@@ -398,7 +415,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     factory = functools.partial(_serve_parts, str(Path(args.data).resolve()), args.embedder, args.embedding_dim,
                                 args.model, args.k, args.maximum_distance, args.candidates, args.transition_weight,
-                                args.fixed_lag)
+                                args.fixed_lag, str(Path(args.graph_dir).resolve()) if args.graph_dir else None)
     factory()  # the data and options fail here, before Ray starts
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -51,6 +51,8 @@ TESTED_ELSEWHERE = {
     # graph/convert.py: the conversions behind TensorCorpusGraph.from_*/to_*, tested through
     # those methods (the file predates the split of tensor_graph.py)
     "graph/convert.py": ("tests/graph/test_tensor_graph.py",),
+    # the context table: built, carried by artifacts and refused there, with them
+    "graph/neighborhood_table.py": ("tests/graph/test_artifacts.py",),
     "graph/engines/base.py": ("tests/graph/test_shortest_paths.py",),
     "graph/engines/hybrid.py": ("tests/graph/test_shortest_paths.py",),
     "graph/engines/compiled.py": ("tests/graph/test_shortest_paths.py",),

@@ -22,6 +22,8 @@ Public names (import them from here; the modules behind them are implementation)
   :func:`calibrate_bound`: every node's bounded ball, precomputed (distances whose
   cost does not grow with N); :func:`save_graph` / :func:`load_graph`: graph
   artifacts (a checked, memory-mapped directory).
+- :class:`NeighborhoodTable`: every node's context neighbourhood within one radius,
+  precomputed (``TensorCorpusGraph.precompute_neighborhoods``), carried by an artifact.
 - :func:`faiss_knn_neighbors`, :func:`knn_recall`: approximate kNN picks through FAISS
   (``knn_graph(..., backend="faiss")``) and their measured recall.
 """
@@ -35,6 +37,7 @@ from .cache import CacheInfo, DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table, dense_table_bytes, max_dense_nodes
 from .knn import knn_edges, knn_graph, knn_neighbors_tensor
 from .knn_faiss import faiss_knn_neighbors, knn_recall
+from .neighborhood_table import NeighborhoodTable
 from .sections import SectionPassage, section_edges, section_graph
 from .shortest_paths import (
     DEFAULT_MEMORY_BUDGET,
@@ -91,4 +94,5 @@ __all__ = [
     "load_graph",
     "read_manifest",
     "graph_fingerprint",
+    "NeighborhoodTable",
 ]

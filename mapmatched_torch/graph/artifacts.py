@@ -10,6 +10,8 @@ Layout (format ``mapmatched-torch-graph``, version 1)::
     csr_weights.npy      (E,) float64     /
     ball_indptr.npy, ball_neighbors.npy, ball_distances.npy
                          the optional bounded-ball table (:mod:`.balls`)
+    context_indptr.npy, context_nodes.npy
+                         the optional context neighbourhoods (:mod:`.neighborhood_table`)
 
 Arrays are plain ``.npy`` files (little-endian, a fixed header, read with
 ``allow_pickle=False``: loading executes nothing) so they can be written in pieces
@@ -20,7 +22,8 @@ naming the file and what is wrong, a directory without a manifest, another forma
 version, a missing file, a file of another size, a checksum that differs (files up to
 ``FULL_CHECK_BYTES`` are hashed whole; larger ones by a sampled digest of their size
 and 64 spread blocks unless ``verify="full"``), a ball table built for another graph
-(fingerprint) or a smaller bound, and chunk IDs other than the caller expects.
+(fingerprint) or a smaller bound, a context table built for another graph or (when the
+caller names one) another radius, and chunk IDs other than the caller expects.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ..core.errors import MapMatchedValueError
 from ._csr import CSRAdjacency, csr_fingerprint
 from .balls import FILES as BALL_FILES
 from .balls import BallTable, ball_size_summary
+from .neighborhood_table import CONTEXT_FILES, NeighborhoodTable
 from .tensor_graph import TensorCorpusGraph
 from .vocabulary import ChunkVocabulary
 
@@ -105,7 +109,8 @@ def _save_array(path: Path, array: torch.Tensor) -> None:
 def save_graph(
     graph: TensorCorpusGraph, directory: PathLike, *, metadata: Optional[Dict[str, Any]] = None
 ) -> Path:
-    """Write ``graph`` (vocabulary, CSR, its ball table if attached) as an artifact directory.
+    """Write ``graph`` (vocabulary, CSR, its ball table and its neighbourhood table if
+    attached) as an artifact directory.
 
     Args:
         graph: the graph. A ball table already stored in ``directory`` (built there by
@@ -137,17 +142,31 @@ def save_graph(
         balls = {"bound": table.bound, "graph_fingerprint": fingerprint, "entries": int(table.neighbors.numel()),
                  "sizes": ball_size_summary(table.ball_sizes())}
     else:
-        for name in BALL_FILES.values():  # never leave another graph's table beside this one
-            if (folder / name).exists():
-                (folder / name).unlink()
+        _remove(folder, BALL_FILES.values())  # never leave another graph's table beside this one
+    contexts = None
+    neighborhoods = graph.neighborhood_table
+    if neighborhoods is not None:
+        for key, name in CONTEXT_FILES.items():
+            _save_array(folder / name, getattr(neighborhoods, key))
+        names.extend(CONTEXT_FILES.values())
+        contexts = {"radius": neighborhoods.radius, "limit": neighborhoods.limit, "graph_fingerprint": fingerprint,
+                    "entries": int(neighborhoods.nodes.numel())}
+    else:
+        _remove(folder, CONTEXT_FILES.values())
     manifest = {
         "format": FORMAT, "version": VERSION, "num_nodes": graph.num_nodes, "arcs": graph.edge_count,
         "directed": graph.directed, "maximum_distance": graph.maximum_distance,
-        "graph_fingerprint": fingerprint, "balls": balls, "metadata": metadata or {},
+        "graph_fingerprint": fingerprint, "balls": balls, "contexts": contexts, "metadata": metadata or {},
         "files": {name: _file_digests(folder / name) for name in names},
     }
     _write_atomic(manifest_path, (json.dumps(manifest, sort_keys=True, indent=2, allow_nan=False) + "\n").encode())
     return folder
+
+
+def _remove(folder: Path, names: Any) -> None:
+    for name in names:
+        if (folder / name).exists():
+            (folder / name).unlink()
 
 
 def _same_storage(table: BallTable, folder: Path) -> bool:
@@ -215,9 +234,11 @@ def load_graph(
     device: Union[torch.device, str, None] = None,
     verify: str = "auto",
     mmap: bool = True,
+    context_radius: Optional[float] = None,
     **options: Any,
 ) -> TensorCorpusGraph:
-    """The :class:`~.TensorCorpusGraph` saved in ``directory``, its ball table attached.
+    """The :class:`~.TensorCorpusGraph` saved in ``directory``, its ball table and its
+    neighbourhood table (context rows) attached.
 
     Args:
         directory: an artifact written by :func:`save_graph`.
@@ -229,6 +250,8 @@ def load_graph(
         verify: ``"auto"`` (full SHA-256 of files up to 256 MiB, a sampled digest of
             larger ones), ``"full"`` or ``"size"`` (sizes only).
         mmap: memory-map the arrays (default) instead of reading them.
+        context_radius: the context radius the caller serves with: the artifact must
+            hold a neighbourhood table of this radius (None: any table is attached).
         **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
 
     Raises:
@@ -271,7 +294,40 @@ def load_graph(
             )
         table = BallTable.load(folder, balls["bound"], mmap=mmap)
         graph.attach_balls(table)
+    _attach_contexts(graph, folder, manifest, mmap, context_radius)
     return graph if device is None else graph.to(device)
+
+
+def _attach_contexts(graph: TensorCorpusGraph, folder: Path, manifest: Dict[str, Any], mmap: bool,
+                     radius: Optional[float]) -> None:
+    """Attach the artifact's neighbourhood table, refused when built for another graph,
+    another limit (another bound), or another radius than ``radius`` (when given)."""
+    contexts = manifest.get("contexts")
+    if contexts is None:
+        if radius is not None:
+            raise MapMatchedValueError(f"graph artifact {folder} holds no context table (radius {radius!r} asked)")
+        return
+    if contexts.get("graph_fingerprint") != manifest.get("graph_fingerprint"):
+        raise MapMatchedValueError(f"graph artifact {folder}: its context table was built for another graph")
+    if radius is not None and float(radius) != contexts["radius"]:
+        raise MapMatchedValueError(
+            f"graph artifact {folder}: its context table has radius {contexts['radius']!r}, not {float(radius)!r}"
+        )
+    if min(contexts["radius"], graph.maximum_distance) != contexts["limit"]:
+        raise MapMatchedValueError(
+            f"graph artifact {folder}: its context table holds neighbourhoods within {contexts['limit']!r}, but "
+            f"maximum_distance {graph.maximum_distance!r} bounds radius {contexts['radius']!r} at "
+            f"{min(contexts['radius'], graph.maximum_distance)!r}"
+        )
+    indptr = _load_array(folder / CONTEXT_FILES["indptr"], mmap, np.int64)
+    try:
+        nodes = np.load(folder / CONTEXT_FILES["nodes"], mmap_mode="c" if mmap else None, allow_pickle=False)
+    except ValueError as error:
+        raise MapMatchedValueError(f"graph artifact: {CONTEXT_FILES['nodes']} is not a readable array ({error})") from None
+    if nodes.dtype not in (np.int32, np.int64) or nodes.ndim != 1 or indptr.numel() != graph.num_nodes + 1 \
+            or int(indptr[-1]) != nodes.shape[0]:
+        raise MapMatchedValueError(f"graph artifact {folder}: the context table's arrays do not fit the graph")
+    graph.attach_neighborhoods(NeighborhoodTable(indptr, torch.from_numpy(nodes), contexts["radius"], contexts["limit"]))
 
 
 def _check_same_ids(folder: Path, saved: list, expected: list) -> None:

@@ -76,7 +76,7 @@ from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
 from ..kernels.backend import backend_for
 from ._csr import CSRAdjacency
-from ._memory import DEFAULT_MEMORY_BUDGET
+from ._memory import DEFAULT_MEMORY_BUDGET, rows_per_chunk
 from .cache import DistanceCache
 from .engines import SEARCH_ENGINES, GroupedPairs, SearchOptions
 from .engines import compiled as _compiled
@@ -517,8 +517,25 @@ def _searched_distances(
     groups: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """``(P,)`` distances (``inf`` beyond the bound) of the node pairs the cache missed
-    (``missing``: bool, the pairs' shape, as ``groups``), now stored in it."""
+    (``missing``: bool, the pairs' shape, as ``groups``), now stored in it.
+
+    Where the cache keeps dense rows (:attr:`~.cache.DistanceCache.dense_rows`: a small
+    graph, whose bound typically reaches most of it) each missed source gets one
+    complete bounded search, stored whole: its later lookups are all hits. Otherwise
+    the searches are target-aware and only the missed pairs are stored."""
     missing_sources, missing_targets = sources[missing], targets[missing]
+    if cache.dense_rows:
+        # shape: (R,) the distinct missed sources, (P,) each pair's row among them
+        row_sources, place = torch.unique(missing_sources, return_inverse=True)
+        computed = torch.empty(missing_sources.shape, dtype=torch.float64, device=sources.device)
+        step = rows_per_chunk(adjacency.num_nodes, row_sources.numel(), options.memory_budget)
+        for first in range(0, row_sources.numel(), step):
+            rows = bounded_rows(adjacency, row_sources[first:first + step], limit=options.bound, engine=engine,
+                                memory_budget=options.memory_budget)
+            cache.insert_rows(row_sources[first:first + step], rows)
+            pairs = ((place >= first) & (place < first + step)).nonzero().squeeze(1)
+            computed[pairs] = rows[place[pairs] - first, missing_targets[pairs]]
+        return computed
     missing_groups = None if groups is None else groups[missing]
     computed = _distances(adjacency, missing_sources, missing_targets, engine, options, missing_groups)
     cache.insert(missing_sources, missing_targets, computed)

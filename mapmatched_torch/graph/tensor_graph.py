@@ -56,6 +56,7 @@ from . import convert
 from .cache import DistanceCache
 from .balls import BallTable, ball_distances, build_ball_table
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table
+from .neighborhood_table import NeighborhoodTable, build_neighborhood_table
 from .engines.compiled import compiled_balls
 from .shortest_paths import _check_code_tensors, bounded_rows, grid_distances, pair_distances, resolve_engine
 from .vocabulary import ChunkVocabulary
@@ -78,7 +79,10 @@ class TensorCorpusGraph:
         directed: whether edges are one-way (an undirected adjacency stores both directions).
         distance_cache_size: most source rows the distance cache keeps (default 65536).
         distance_cache_entries: most ``(source, target)`` entries it keeps (default
-            2**24, 256 MiB).
+            2**24, 256 MiB); where every node's complete row fits in those bytes (8 N**2,
+            N <= 5,792 by default, on the CPU) the cache keeps complete rows densely
+            instead (see :mod:`.cache`): a small graph's distances are then searched
+            once per source.
         memory_budget: bytes of search state per chunk of sources (default 1 GiB).
 
     Raises:
@@ -128,6 +132,7 @@ class TensorCorpusGraph:
         )
         self._table: Optional[torch.Tensor] = None
         self._ball_table: Optional[BallTable] = None
+        self._contexts: Optional[NeighborhoodTable] = None
 
     # ------------------------------------------------------------------ constructors
 
@@ -340,6 +345,7 @@ class TensorCorpusGraph:
         )
         moved._table = None if self._table is None else self._table.to(device)
         moved._ball_table = None if self._ball_table is None else self._ball_table.to(device)
+        moved._contexts = self._contexts
         return moved
 
     # ------------------------------------------------------------------ interop
@@ -588,6 +594,35 @@ class TensorCorpusGraph:
         self._ball_table = table.to(self.device)
         return self
 
+    def precompute_neighborhoods(self, radius: float, *, batch_size: int = 4096) -> "TensorCorpusGraph":
+        """Build and attach a :class:`~.neighborhood_table.NeighborhoodTable`: every
+        node's neighbourhood within ``radius`` (the contexts a server reads; a graph
+        artifact carries it). Afterwards :meth:`neighborhood_indices` at a radius with
+        the same limit (``engine="auto"``) slices its rows: the same values, no search.
+
+        Returns:
+            ``self``.
+        """
+        return self.attach_neighborhoods(build_neighborhood_table(self, radius, batch_size=batch_size))
+
+    def attach_neighborhoods(self, table: NeighborhoodTable) -> "TensorCorpusGraph":
+        """Use ``table`` (built from this graph) for :meth:`neighborhood_indices`.
+
+        Raises:
+            ValueError: a table of another size.
+        """
+        if table.num_nodes != self.num_nodes:
+            raise MapMatchedValueError(
+                f"the neighbourhood table has {table.num_nodes} nodes but the graph has {self.num_nodes}"
+            )
+        self._contexts = table.to_cpu()
+        return self
+
+    @property
+    def neighborhood_table(self) -> Optional[NeighborhoodTable]:
+        """The attached :class:`~.neighborhood_table.NeighborhoodTable`, or None."""
+        return self._contexts
+
     def drop_balls(self) -> None:
         """Stop using the ball table."""
         self._ball_table = None
@@ -652,10 +687,9 @@ class TensorCorpusGraph:
         if bool(answered[0]):
             return values[0]
         # shape: (N,)
-        row = bounded_rows(self._adjacency, sources, limit=self._maximum_distance, memory_budget=self._memory_budget)[0]
-        reached = torch.isfinite(row).nonzero().squeeze(1)
-        self._cache.insert(sources.expand(reached.numel()), reached, row[reached], complete=True)
-        return row[target]
+        rows = bounded_rows(self._adjacency, sources, limit=self._maximum_distance, memory_budget=self._memory_budget)
+        self._cache.insert_rows(sources, rows)
+        return rows[0, target]
 
     def neighborhood(self, chunk_id: str, radius: float) -> Tuple[str, ...]:
         """The chunk IDs within ``min(radius, maximum_distance)`` of ``chunk_id``, ordered
@@ -738,6 +772,8 @@ class TensorCorpusGraph:
         _check_code_tensors(self._adjacency, centres=centres)
         if centres.dim() != 1:
             raise MapMatchedValueError(f"centres must be a (C,) tensor, got shape {tuple(centres.shape)}")
+        if engine == "auto" and self._contexts is not None and self._contexts.limit == limit:
+            return self._contexts.rows(centres).to(self.device)  # slices of the precomputed rows
         # shape: (K,) the distinct known centres, and each centre's place among them
         known, place = torch.unique(centres.clamp_min(-1), return_inverse=True)
         counts, nodes, _ = self._ordered_balls(known[known >= 0].cpu().numpy(), limit, engine)

@@ -78,3 +78,53 @@ def test_auto_bound_for_built_graphs(fixtures, tmp_path):
     rc = main(["eval", "--maximum-distance", "auto", "--conversations", "4", "--turns", "2", "--candidates", "4",
                "--bootstrap", "0", "--quiet", "--methods", "pointwise,map-matched"])
     assert rc == 0
+
+
+def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, tmp_path, capsys, monkeypatch):
+    # the serve command up to Ray: Ray itself is replaced (no cluster starts), the shard
+    # factory the command hands to Ray Serve is called and its server inspected
+    import signal
+
+    import pytest
+
+    from mapmatched_torch.core.optional import has_module
+
+    if not has_module("ray.serve"):
+        pytest.skip("needs ray[serve] (the [ray] extra)")
+    import ray
+    from ray import serve
+
+    from mapmatched_torch.integrations import ray_serve
+
+    out = tmp_path / "graph"
+    data = fixtures / "normalized"
+    assert main(["graph", "build", "--passages", str(data / "tiny.passages.jsonl"), "--k", "2", "--ball-size", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    handlers, served = {}, []
+
+    def fake_run(factory, **options):
+        served.append(factory())
+        handlers[signal.SIGTERM]()  # as if stopped at once
+        return None, "http://127.0.0.1:1"
+
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: handlers.__setitem__(signum, handler))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # nothing to start or shut down
+    monkeypatch.setattr(serve, "shutdown", lambda: None)
+    monkeypatch.setattr(ray_serve, "run", fake_run)
+    assert main(["serve", "--data", str(data), "--graph-dir", str(out), "--candidates", "3", "--quiet"]) == 0
+    graph = served[0].server.graph
+    manifest = read_manifest(out)
+    assert graph.ball_table is not None and graph.ball_table.directory == out.resolve()  # memory-mapped, not rebuilt
+    assert graph.maximum_distance == manifest["maximum_distance"] and graph.num_nodes == manifest["num_nodes"]
+    searched = TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=graph.maximum_distance)
+    assert all(graph.distance(a, b) == searched.distance(a, b) for a in graph.nodes for b in graph.nodes)
+    assert main(["serve", "--data", str(data), "--graph-dir", str(out), "--maximum-distance", "100", "--quiet"]) == 2
+    assert "ball table's bound" in capsys.readouterr().err  # a bound the saved ball table does not cover
+    other = tmp_path / "other"
+    np.save(tmp_path / "e.npy", np.eye(3, dtype=np.float32))
+    assert main(["graph", "build", "--embeddings", str(tmp_path / "e.npy"), "--k", "1", "--out", str(other),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--data", str(data), "--graph-dir", str(other), "--quiet"]) == 2
+    assert "built for another corpus" in capsys.readouterr().err and len(served) == 1

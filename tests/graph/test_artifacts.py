@@ -98,3 +98,96 @@ def test_saving_without_balls_removes_an_old_table(tmp_path):
     save_graph(_graph(False), tmp_path)
     assert not (tmp_path / "ball_distances.npy").exists()
     assert load_graph(tmp_path).ball_table is None
+
+
+# ---------------------------------------------------------------------- context neighbourhoods
+
+
+def _centres(graph):
+    # every node, padding and unknown codes, repeats
+    return torch.cat([torch.arange(graph.num_nodes), torch.tensor([-1, -3, 0, graph.num_nodes - 1])])
+
+
+@pytest.mark.parametrize("balls", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_precomputed_neighborhoods_equal_the_searched_ones(balls, seed):
+    reference = random_reference(40 + seed, ["unit", "dyadic", "float"][seed], seed == 2, nodes=30)
+    graph = TensorCorpusGraph.from_graph(reference)
+    graph = graph.precompute_balls() if balls else graph
+    searched = TensorCorpusGraph.from_graph(reference)
+    for radius in (0.0, 0.5, 1.0, reference.maximum_distance, 50.0):
+        graph.precompute_neighborhoods(radius, batch_size=7)
+        table = graph.neighborhood_table
+        assert table.radius == radius and table.limit == min(radius, reference.maximum_distance)
+        centres = _centres(graph)
+        expected = searched.neighborhood_indices(centres, radius, engine="compiled")
+        assert torch.equal(graph.neighborhood_indices(centres, radius), expected), radius
+        assert torch.equal(table.rows(centres), expected), radius
+        for centre in range(graph.num_nodes):  # the reference's order: by (distance, chunk ID)
+            names = [graph.nodes[i] for i in expected[centre].tolist() if i >= 0]
+            assert tuple(names) == reference.neighborhood(graph.nodes[centre], radius)
+    empty = graph.neighborhood_table.rows(torch.tensor([-1, -2]))
+    assert empty.shape == (2, 0)
+
+
+def test_a_context_table_round_trips_and_serves_without_searching(tmp_path, monkeypatch):
+    from mapmatched_torch.serving import MapMatchedServer
+
+    graph = _graph().precompute_neighborhoods(1.5)
+    save_graph(graph, tmp_path / "g")
+    manifest = read_manifest(tmp_path / "g")
+    assert manifest["contexts"]["radius"] == 1.5 and manifest["contexts"]["limit"] == 1.5
+    loaded = load_graph(tmp_path / "g", context_radius=1.5)
+    assert torch.equal(loaded.neighborhood_table.indptr, graph.neighborhood_table.indptr)
+    assert torch.equal(loaded.neighborhood_table.nodes, graph.neighborhood_table.nodes)
+    centres = _centres(graph)
+    expected = _graph(False).neighborhood_indices(centres, 1.5)
+    assert torch.equal(loaded.neighborhood_indices(centres, 1.5), expected)
+
+    # a server's context rows come from the table: no neighbourhood is searched
+    def searched(*args, **kwargs):
+        raise AssertionError("searched a neighbourhood")
+
+    monkeypatch.setattr(loaded, "_ordered_balls", searched)
+    server = MapMatchedServer(loaded, candidate_limit=4, context_radius=1.5)
+    server.precompute_contexts()
+    other = MapMatchedServer(_graph(False), candidate_limit=4, context_radius=1.5)
+    other.precompute_contexts()
+    found = []
+    for server_ in (server, other):
+        server_.open("s")
+        first, _ = server_.step({"s": [(graph.nodes[0], 1.0), (graph.nodes[3], 0.5)]})
+        second, _ = server_.step({"s": [(graph.nodes[1], 1.0), ("unknown", 0.7)]})
+        found.append((first["s"].context_chunk_ids, second["s"].context_chunk_ids))
+    assert found[0] == found[1] and len(found[0][0]) > 1
+    # another radius: searched as before (the table answers only its own limit)
+    monkeypatch.undo()
+    assert torch.equal(loaded.neighborhood_indices(centres, 0.5), _graph(False).neighborhood_indices(centres, 0.5))
+    # saving without a table removes the old one
+    save_graph(_graph(), tmp_path / "g")
+    assert read_manifest(tmp_path / "g")["contexts"] is None and not (tmp_path / "g" / "context_nodes.npy").exists()
+
+
+def test_mismatched_or_damaged_context_tables_are_refused(tmp_path):
+    graph = _graph().precompute_neighborhoods(1.5)
+    save_graph(graph, tmp_path / "g")
+    with pytest.raises(ValueError, match=r"context table has radius 1.5, not 2.0"):
+        load_graph(tmp_path / "g", context_radius=2.0)
+    with pytest.raises(ValueError, match=r"holds neighbourhoods within 1.5, but maximum_distance 1.0"):
+        load_graph(tmp_path / "g", maximum_distance=1.0)
+    save_graph(_graph(), tmp_path / "plain")
+    with pytest.raises(ValueError, match=r"holds no context table \(radius 1.5 asked\)"):
+        load_graph(tmp_path / "plain", context_radius=1.5)
+    manifest_path = tmp_path / "g" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["contexts"]["graph_fingerprint"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="context table was built for another graph"):
+        load_graph(tmp_path / "g")
+    save_graph(graph, tmp_path / "g")
+    path = tmp_path / "g" / "context_nodes.npy"
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="context_nodes.npy fails its checksum"):
+        load_graph(tmp_path / "g")

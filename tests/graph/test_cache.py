@@ -73,7 +73,9 @@ def test_merging_keeps_the_keys_sorted_and_unique(device) -> None:
             truth[source, target] = float(source * 100 + target)
         sources, targets = longs([p[0] for p in pairs], device), longs([p[1] for p in pairs], device)
         cache.insert(sources, targets, (sources * 100 + targets).double())
-    assert torch.all(cache._keys[1:] > cache._keys[:-1])
+    sources, targets, _ = cache.entries()
+    keys = sources * 50 + targets
+    assert torch.all(keys[1:] > keys[:-1]) and keys.numel() == len(truth) == cache.entry_count
     keys = list(truth)
     values, answered = cache.lookup(longs([k[0] for k in keys], device), longs([k[1] for k in keys], device))
     assert answered.all() and values.tolist() == [truth[k] for k in keys]
@@ -215,7 +217,7 @@ def test_lookups_refuse_indices_outside_the_graph() -> None:
         assert cache.lookup_grid(longs([[0, -5]], "cpu"), longs([[1]], "cpu"), 1.0)[1].all()
 
 
-def _ring_graph(nodes: int, seed: int):
+def _ring_graph(nodes: int, seed: int, **options):
     """A TensorCorpusGraph of points on a noisy circle, each linked to its 3 nearest."""
     from mapmatched_torch.graph import TensorCorpusGraph
 
@@ -227,11 +229,12 @@ def _ring_graph(nodes: int, seed: int):
     weight, neighbour = distance.topk(3, dim=1, largest=False)
     edge_index = torch.stack([torch.arange(nodes).repeat_interleave(3), neighbour.reshape(-1)])
     return TensorCorpusGraph.from_edge_index(
-        edge_index, 20 * weight.reshape(-1), chunk_ids=[f"n{i}" for i in range(nodes)], maximum_distance=4.0
+        edge_index, 20 * weight.reshape(-1), chunk_ids=[f"n{i}" for i in range(nodes)], maximum_distance=4.0,
+        **options,
     )
 
 
-def _concurrent_trial(seed: int, nodes: int = 200, threads: int = 4, rounds: int = 12) -> None:
+def _concurrent_trial(seed: int, nodes: int = 200, threads: int = 4, rounds: int = 12, **options) -> None:
     """``threads`` threads query one graph at once; results and cache == a single thread's."""
     import threading
 
@@ -244,7 +247,7 @@ def _concurrent_trial(seed: int, nodes: int = 200, threads: int = 4, rounds: int
     ]
     reference = _ring_graph(nodes, seed=3)
     expected = [[reference.trellis_distances(batch) for batch in work] for work in batches]
-    graph = _ring_graph(nodes, seed=3)
+    graph = _ring_graph(nodes, seed=3, **options)
     found = [[None] * rounds for _ in range(threads)]
     failures = []
     start = threading.Barrier(threads)
@@ -281,7 +284,8 @@ def test_concurrent_queries_equal_a_single_threaded_run() -> None:
     # graph's cache; unguarded merges raised "shape mismatch" or kept wrong entries
     # (about half of the trials before the lock)
     for seed in range(6):
-        _concurrent_trial(seed)
+        _concurrent_trial(seed)  # dense rows (200 nodes fit the default budget)
+        _concurrent_trial(seed, distance_cache_entries=1 << 12)  # sparse rows
 
 
 def test_a_cache_pickles_and_copies_without_its_lock() -> None:
@@ -303,3 +307,103 @@ def test_a_cache_pickles_and_copies_without_its_lock() -> None:
     expected = graph.distance("n0", "n5")
     restored = pickle.loads(pickle.dumps(graph))
     assert restored.distance("n0", "n5") == expected and restored.cache_info().hits == 1
+
+
+# ---------------------------------------------------------------------- dense rows
+
+
+def _random_rows(nodes: int, count: int, generator: torch.Generator) -> tuple:
+    """``count`` distinct sources and complete rows for them (``inf``: beyond the bound)."""
+    sources = torch.randperm(nodes, generator=generator)[:count]
+    rows = torch.rand(count, nodes, generator=generator, dtype=torch.float64)
+    rows[torch.rand(count, nodes, generator=generator) < 0.3] = math.inf
+    rows[torch.arange(count), sources] = 0.0
+    return sources, rows
+
+
+def test_dense_rows_are_used_only_where_every_row_fits() -> None:
+    assert DistanceCache(100).dense_rows  # 8 * 100**2 bytes <= 256 MiB
+    assert DistanceCache(5792).dense_rows and not DistanceCache(5793).dense_rows  # the default bound
+    assert not DistanceCache(100, max_entries=4999).dense_rows  # 80,000 bytes > 16 * 4999
+    assert DistanceCache(100, max_entries=5000).dense_rows
+    assert not DistanceCache(100, max_rows=99).dense_rows  # the row capacity holds fewer than N rows
+    assert not DistanceCache(100, device="meta").dense_rows  # CPU only
+
+
+def test_dense_rows_answer_every_target_of_their_sources() -> None:
+    generator = torch.Generator().manual_seed(0)
+    nodes = 30
+    cache = DistanceCache(nodes)
+    sources, rows = _random_rows(nodes, 5, generator)
+    other = min(set(range(nodes)).difference(sources.tolist()))
+    cache.insert_rows(sources, rows)
+    # an entry of a dense row's source is not stored again; another source's is
+    cache.insert(longs([sources[0].item(), other], "cpu"), longs([1, 2], "cpu"), doubles([7.0, 0.5], "cpu"))
+    query_sources = torch.cat([sources.repeat_interleave(nodes), longs([other, other], "cpu")])
+    query_targets = torch.cat([torch.arange(nodes).repeat(5), longs([2, 3], "cpu")])
+    values, answered = cache.lookup(query_sources, query_targets)
+    assert answered.tolist() == [True] * (5 * nodes) + [True, False]
+    assert torch.equal(values[:-2], rows.reshape(-1)) and values[-2].item() == 0.5
+    assert cache.entry_count == 1 and cache.cache_info().size == 6
+    assert cache.cache_info().hits == 5 and cache.cache_info().misses == 1
+    # rows are written once: a second insertion of the same source keeps the first row
+    cache.insert_rows(sources[:1], torch.zeros(1, nodes, dtype=torch.float64))
+    assert torch.equal(cache.lookup(sources[:1].expand(nodes), torch.arange(nodes))[0], rows[0])
+    # entries() lists the rows' entries within the bound and the sparse ones, sorted
+    listed_sources, listed_targets, listed_values = cache.entries()
+    keys = listed_sources * nodes + listed_targets
+    assert bool((keys[1:] > keys[:-1]).all())
+    assert keys.numel() == int(torch.isfinite(rows).sum()) + 1
+    assert torch.equal(listed_values[listed_sources == sources[0]], rows[0][torch.isfinite(rows[0])])
+    cache.clear()
+    assert cache.cache_info().size == 0 and not cache.lookup(sources, sources)[1].any()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grid_lookup_reads_dense_rows_like_the_pair_lookup(seed) -> None:
+    from mapmatched_torch.graph.engines import compiled as _compiled
+
+    if not _compiled.available():
+        pytest.skip("numba is not installed")
+    generator = torch.Generator().manual_seed(seed)
+    nodes, bound = 40, 0.75
+    caches = [DistanceCache(nodes) for _ in range(2)]
+    sources, rows = _random_rows(nodes, 12, generator)
+    for cache in caches:
+        cache.insert_rows(sources, rows)
+        other = min(set(range(nodes)).difference(sources.tolist()))
+        cache.insert(longs([other], "cpu"), longs([3], "cpu"), doubles([0.5], "cpu"))
+    for groups in (7, 3000):  # the serial and the parallel kernel
+        codes = torch.randint(-3, nodes, (groups, 9), generator=generator)
+        grid_sources, grid_targets = codes[:, :4], codes[:, 4:]
+        grid_targets[:, -1] = grid_sources[:, 0]
+        found = caches[0].lookup_grid(grid_sources, grid_targets, bound)
+        expected = _expanded_lookup(caches[1], grid_sources, grid_targets, bound)
+        assert torch.equal(found[1], expected[1]) and torch.equal(found[0][found[1]], expected[0][expected[1]])
+        assert caches[0].cache_info() == caches[1].cache_info()
+
+
+def test_dense_rows_pickle_as_their_filled_rows_only() -> None:
+    import pickle
+
+    generator = torch.Generator().manual_seed(1)
+    cache = DistanceCache(300)
+    sources, rows = _random_rows(300, 3, generator)
+    cache.insert_rows(sources, rows)
+    data = pickle.dumps(cache)
+    assert len(data) < 8 * 300 * 300 // 4  # 3 rows, not the (N, N) table
+    restored = pickle.loads(data)
+    query_sources, query_targets = sources.repeat_interleave(300), torch.arange(300).repeat(3)
+    assert torch.equal(restored.lookup(query_sources, query_targets)[0], rows.reshape(-1))
+    assert restored.lookup(longs([int(set(range(300)).difference(sources.tolist()).pop())], "cpu"),
+                           longs([0], "cpu"))[1].tolist() == [False]
+
+
+def test_a_sparse_cache_takes_complete_rows_as_complete_entries() -> None:
+    generator = torch.Generator().manual_seed(2)
+    cache = DistanceCache(50, max_entries=100)  # 8 * 50**2 > 1,600 bytes: sparse
+    sources, rows = _random_rows(50, 1, generator)
+    cache.insert_rows(sources, rows)
+    values, answered = cache.lookup(sources.expand(50), torch.arange(50))
+    assert answered.all() and torch.equal(values, rows[0])
+    assert cache.entry_count == int(torch.isfinite(rows).sum())

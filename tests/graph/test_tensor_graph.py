@@ -293,12 +293,17 @@ def test_index_trellis_pads_and_codes_unknown_ids(device) -> None:
         graph.index_trellis([[["a"], [""]]])
 
 
+@pytest.mark.parametrize("tier", ["dense rows", "sparse rows"])
 @pytest.mark.parametrize("engine", ["auto", "torch", "scipy", "hybrid"])
-def test_trellis_distances_match_the_standalone_per_pair(device, engine) -> None:
+def test_trellis_distances_match_the_standalone_per_pair(device, engine, tier) -> None:
+    # the cache's two tiers: a small graph keeps complete dense rows (the default here);
+    # a row capacity below N keeps sparse target-aware rows (with evictions)
     rng = random.Random(3)
     for seed in range(3):
         reference = random_reference(200 + seed, "float", seed == 1)
-        graph = TensorCorpusGraph.from_graph(reference, device=device)
+        options = {"distance_cache_size": max(len(reference.nodes) - 1, 1)} if tier == "sparse rows" else {}
+        graph = TensorCorpusGraph.from_graph(reference, device=device, **options)
+        assert graph._cache.dense_rows == (tier == "dense rows" and device.type == "cpu")
         pool = list(reference.nodes) + ["ghost", "phantom"]
         conversations = [
             [rng.sample(pool, rng.randint(1, 5)) for _ in range(rng.randint(1, 5))] for _ in range(4)

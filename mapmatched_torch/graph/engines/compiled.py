@@ -354,15 +354,16 @@ LOOKUP_SERIAL_BELOW = 1 << 16
 
 
 def compiled_lookup(
-    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
-    nodes: int,
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, row_stop: torch.Tensor, sources: torch.Tensor,
+    targets: torch.Tensor, nodes: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """A :class:`~.cache.DistanceCache` lookup on the CPU: per query, a binary search
-    within its source's run of the sorted keys.
+    within its source's run of the keys.
 
     Args:
-        keys: ``(K,)`` sorted int64 ``source * nodes + target``; ``values``: ``(K,)``.
-        row_start: ``(nodes + 1,)`` int64 start of each source's run in ``keys``.
+        keys: ``(K,)`` int64 ``source * nodes + target``, sorted within each source's
+            run; ``values``: ``(K,)``.
+        row_start, row_stop: ``(nodes,)`` int64, each source's run ``keys[row_start[s]:row_stop[s]]``.
         sources, targets: ``(Q,)`` int64 node indices.
 
     Returns:
@@ -371,21 +372,25 @@ def compiled_lookup(
     out = np.empty(sources.numel(), dtype=np.float64)
     found = np.empty(sources.numel(), dtype=np.bool_)
     blocks = 1 if sources.numel() < LOOKUP_SERIAL_BELOW else _blocks(None, sources.numel())
-    _kernels().lookup(keys.numpy(), values.numpy(), row_start.numpy(), sources.numpy(), targets.numpy(), int(nodes),
-                      out, found, blocks)
+    _kernels().lookup(keys.numpy(), values.numpy(), row_start.numpy(), row_stop.numpy(), sources.numpy(),
+                      targets.numpy(), int(nodes), out, found, blocks)
     return torch.from_numpy(out), torch.from_numpy(found)
 
 
 def compiled_lookup_grid(
-    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, complete: torch.Tensor, sources: torch.Tensor,
-    targets: torch.Tensor, nodes: int, bound: float,
+    keys: torch.Tensor, values: torch.Tensor, row_start: torch.Tensor, row_stop: torch.Tensor, complete: torch.Tensor,
+    filled: torch.Tensor,
+    table: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, nodes: int, bound: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A :class:`~.cache.DistanceCache` lookup of every pair of index codes
     ``(sources[g, j], targets[g, i])``, with SPEC's distances of codes filled in.
 
     Args:
-        keys, values, row_start: as for :func:`compiled_lookup`.
+        keys, values, row_start, row_stop: as for :func:`compiled_lookup`.
         complete: ``(nodes,)`` bool, rows cached whole (a target absent is beyond the bound).
+        filled: ``(nodes,)`` bool, the sources whose dense row ``table[source]`` is
+            filled (``table``: ``(nodes, nodes)`` float64, ``inf`` beyond the bound;
+            ``(0, 0)`` when none is).
         sources: ``(G, M)`` int64 index codes; ``targets``: ``(G, M')``.
         bound: the maximum distance.
 
@@ -401,8 +406,9 @@ def compiled_lookup_grid(
     row_needed = np.empty((groups, width), dtype=np.bool_)
     row_hit = np.empty((groups, width), dtype=np.bool_)
     blocks = 1 if out.size < LOOKUP_SERIAL_BELOW else _blocks(None, groups)
-    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), complete.numpy(), sources.numpy(),
-                           targets.numpy(), int(nodes), float(bound), out, answered, row_needed, row_hit, blocks)
+    _kernels().lookup_grid(keys.numpy(), values.numpy(), row_start.numpy(), row_stop.numpy(), complete.numpy(),
+                           filled.numpy(), table.numpy(), sources.numpy(), targets.numpy(), int(nodes), float(bound),
+                           out, answered, row_needed, row_hit, blocks)
     return torch.from_numpy(out), torch.from_numpy(answered), torch.from_numpy(row_needed), torch.from_numpy(row_hit)
 
 

@@ -254,7 +254,7 @@ def balls_serial(indptr, indices, weights, group_ptr, group_nodes, bound, settle
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, block, blocks):
+def _lookup_block(keys, values, row_start, row_stop, sources, targets, nodes, out, found, block, blocks):
     """The queries ``block, block + blocks, ...`` of :func:`lookup` (contiguous chunks:
     consecutive queries often share a source row)."""
     count = sources.shape[0]
@@ -262,7 +262,7 @@ def _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, 
     for query in range(block * size, min(count, (block + 1) * size)):
         source = sources[query]
         key = source * nodes + targets[query]
-        low, high = row_start[source], row_start[source + 1]
+        low, high = row_start[source], row_stop[source]
         # lower bound of key in keys[low:high], branch-free halving
         length = high - low
         while length > 0:
@@ -280,24 +280,24 @@ def _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, 
 
 
 @numba.njit(cache=True, parallel=True)
-def lookup(keys, values, row_start, sources, targets, nodes, out, found, blocks):
+def lookup(keys, values, row_start, row_stop, sources, targets, nodes, out, found, blocks):
     """Cached distance of every query ``(sources[q], targets[q])``: a binary search for
     ``source * nodes + target`` within the source's run ``keys[row_start[source]:
-    row_start[source + 1]]`` of the sorted keys (a few cache lines, not the whole
-    array), on ``blocks`` threads; ``found[q]`` says whether the key is cached."""
+    row_stop[source]]`` (sorted; a few cache lines, not the whole array), on ``blocks``
+    threads; ``found[q]`` says whether the key is cached."""
     for block in numba.prange(blocks):
-        _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, block, blocks)
+        _lookup_block(keys, values, row_start, row_stop, sources, targets, nodes, out, found, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def lookup_serial(keys, values, row_start, sources, targets, nodes, out, found):
+def lookup_serial(keys, values, row_start, row_stop, sources, targets, nodes, out, found):
     """:func:`lookup` on the calling thread."""
-    _lookup_block(keys, values, row_start, sources, targets, nodes, out, found, 0, 1)
+    _lookup_block(keys, values, row_start, row_stop, sources, targets, nodes, out, found, 0, 1)
 
 
 @numba.njit(cache=True, nogil=True)
-def _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit, block, blocks):
+def _lookup_grid_block(keys, values, row_start, row_stop, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit, block, blocks):
     """The groups ``block * size ...`` of :func:`lookup_grid` (contiguous chunks). Per
     group the node targets are sorted once; each source row is then read forward
     from the first target's lower bound (one binary search per row, then a merge),
@@ -332,9 +332,19 @@ def _lookup_grid_block(keys, values, row_start, complete, sources, targets, node
                     answered[group, row, column] = False
             needed = False
             hit = True
-            if source >= 0 and count > 0:
+            if source >= 0 and count > 0 and filled[source]:  # a dense row: one read per target
+                for rank in range(count):
+                    column = order[rank]
+                    target = targets[group, column]
+                    if target == source:
+                        continue
+                    needed = True
+                    value = table[source, target]
+                    out[group, row, column] = bound if value > bound else value  # inf: beyond the bound
+                    answered[group, row, column] = True
+            elif source >= 0 and count > 0:
                 base = source * nodes
-                end = row_start[source + 1]
+                end = row_stop[source]
                 whole = complete[source]
                 low = row_start[source]
                 length = end - low
@@ -368,25 +378,26 @@ def _lookup_grid_block(keys, values, row_start, complete, sources, targets, node
 
 
 @numba.njit(cache=True, parallel=True)
-def lookup_grid(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed, row_hit,
-                blocks):
+def lookup_grid(keys, values, row_start, row_stop, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                row_needed, row_hit, blocks):
     """SPEC distances of the pairs ``(sources[g, j], targets[g, i])`` of index codes that
     need no search, written to ``out[g, j, i]`` (``answered[g, j, i]`` True): equal
     codes 0.0 (padding excepted), padding or unknown IDs ``bound``, node pairs the
-    cache holds (``inf`` -> ``bound``) or whose source row is ``complete`` (``bound``).
+    cache holds (``inf`` -> ``bound``) or whose source row is ``complete`` (``bound``);
+    a source whose dense row is ``filled`` reads ``table[source, target]`` instead.
     ``row_needed[g, j]``: row ``j`` of group ``g`` has a node pair; ``row_hit[g, j]``:
     each of them was answered. On ``blocks`` threads, split by group."""
     for block in numba.prange(blocks):
-        _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered,
-                           row_needed, row_hit, block, blocks)
+        _lookup_grid_block(keys, values, row_start, row_stop, complete, filled, table, sources, targets, nodes, bound, out,
+                           answered, row_needed, row_hit, block, blocks)
 
 
 @numba.njit(cache=True, nogil=True)
-def lookup_grid_serial(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit):
+def lookup_grid_serial(keys, values, row_start, row_stop, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit):
     """:func:`lookup_grid` on the calling thread."""
-    _lookup_grid_block(keys, values, row_start, complete, sources, targets, nodes, bound, out, answered, row_needed,
-                       row_hit, 0, 1)
+    _lookup_grid_block(keys, values, row_start, row_stop, complete, filled, table, sources, targets, nodes, bound, out, answered,
+                       row_needed, row_hit, 0, 1)
 
 
 @numba.njit(cache=True, nogil=True)
