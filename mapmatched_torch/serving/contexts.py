@@ -103,6 +103,11 @@ class ContextTable:
         """W, the widest neighbourhood kept so far."""
         return int(self._table.shape[1])
 
+    @property
+    def row_count(self) -> int:
+        """V, the rows the table holds (at most the chunk codes numbered, doubled)."""
+        return int(self._table.shape[0])
+
     def rows(self, chunks: Tensor, *, synchronize: bool = True) -> Tensor:
         """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);
         rows not filled yet are asked of the graph in one batched call. With

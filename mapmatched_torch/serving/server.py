@@ -103,6 +103,10 @@ class MapMatchedServer:
             when a session outgrows them, a step that pays a copy of the whole table,
             and shrink back when long sessions close): a server that knows its
             conversations' lengths sets it so no live step pays the growth.
+        extra_codes: chunk codes of IDs outside a tensor graph's nodes (every ID of
+            another graph) kept before a compaction drops those no open session holds
+            (default 65536; see :mod:`mapmatched_torch.serving.codes` and "What is
+            bounded" in docs/serving-guarantees.md).
 
     Every session lives in the server's
     :class:`~mapmatched_torch.serving.session_store.SessionStore` (tensors on ``device``);
@@ -159,6 +163,7 @@ class MapMatchedServer:
         neighborhood_cache: int = 65536,
         turn_capacity: int = 8,
         settings: Optional[DecodeSettings] = None,
+        extra_codes: int = 65536,
     ) -> None:
         self.graph, self.candidate_limit, self.settings, self.context_radius, self.context_limit = (
             check_retriever_options(
@@ -189,6 +194,7 @@ class MapMatchedServer:
             device=self.device,
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
             turn_capacity=check_positive_int(turn_capacity, "turn_capacity"),
+            extra_codes=check_positive_int(extra_codes, "extra_codes"),
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
         # slot -> (the text of a query it stepped, its turn count right after): that query
@@ -284,6 +290,7 @@ class MapMatchedServer:
         """Close a session and free its slot (ValueError if it is not open). Results
         already returned for it stay readable."""
         session_id = self._known(session_id)
+        self._store.compact_codes()  # when due: all or nothing, and no session's content changes
         slot = self._sessions[session_id]
         # prepared: the results handed out copy the slot's turns (idempotent), the built
         # paths of the slot (a cache) go
@@ -474,6 +481,7 @@ class MapMatchedServer:
         """
         errors: Dict[SessionId, Exception] = {}
         requests = _as_requests(turns)
+        self._store.compact_codes()  # when due, before any chunk ID is numbered (all or nothing)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))
