@@ -274,7 +274,7 @@ class MapMatchedServer:
 
     @_serialized
     def open(self, session_id: SessionId) -> int:
-        """Open a new, empty session and return its slot (ValueError if the ID is already
+        """Open a new, empty session and return its slot (the lowest free one; ValueError if the ID is already
         open; MapMatchedTypeError if it is not a str, an int, a float, None or a tuple of
         them). A numpy integer is taken as the int it equals: ``np.int64(3)`` is session ``3``."""
         session_id = _session_key(session_id)
@@ -288,7 +288,8 @@ class MapMatchedServer:
     @_serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open). Results
-        already returned for it stay readable."""
+        already returned for it stay readable. The slot table may shrink, and the chunk
+        codes are compacted first when due (:mod:`mapmatched_torch.serving.codes`)."""
         session_id = self._known(session_id)
         self._store.compact_codes()  # when due: all or nothing, and no session's content changes
         slot = self._sessions[session_id]
@@ -382,7 +383,10 @@ class MapMatchedServer:
             codes: ``(S, K)`` long chunk codes in provider order, ``-1`` padding after
                 each row's candidates. With a tensor graph its node indices are the codes
                 (``graph.index(chunk_ids)``); ``server.store.codes.codes(chunk_ids)``
-                numbers any chunk ID. Columns past ``candidate_limit`` are cut (but checked).
+                numbers any chunk ID (a code beyond a tensor graph's nodes is valid until
+                the next :meth:`step` or :meth:`close`, which may compact the codes: see
+                :mod:`mapmatched_torch.serving.codes`). Columns past ``candidate_limit``
+                are cut (but checked).
             scores: ``(S, K)`` floating raw scores (padding ignored).
             contexts: also compute the ``(S, C)`` context codes.
             synchronize: False: the device step. Nothing in it reads a value back to
@@ -407,7 +411,8 @@ class MapMatchedServer:
             device. A row whose ``status`` is not 0
             (:class:`~mapmatched_torch.serving.session_store.StepCode`) left its session
             untouched; the others are committed. Chunk IDs:
-            ``server.store.codes.names(step.path[s].tolist())``.
+            ``server.store.codes.names(step.path[s].tolist())``, before the next
+            :meth:`step` or :meth:`close`.
 
         Raises:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
