@@ -38,6 +38,7 @@ gets ``ok = False`` and its slot is left exactly as it was; the others commit.
 from __future__ import annotations
 
 import copy
+import heapq
 from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
@@ -209,7 +210,9 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
         self.steps_written = 0
         #: the turn capacity a table starts with and never shrinks below
         self.initial_turn_capacity = check_positive_int(turn_capacity, "turn_capacity")
-        self._resize(check_positive_int(capacity, "capacity"), self.initial_turn_capacity)
+        #: the slot capacity a table starts with and never shrinks below
+        self.initial_capacity = check_positive_int(capacity, "capacity")
+        self._resize(self.initial_capacity, self.initial_turn_capacity)
 
     # ------------------------------------------------------------------ storage
 
@@ -301,10 +304,11 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
         self._longest_bound = int(self._tensors["lengths"].max()) if self.capacity else 0
 
     def allocation(self) -> tuple:
-        """``(slot, capacity)``: the slot the next :meth:`allocate` returns and the
-        capacity after it (for an owner preparing its own per-slot state first)."""
+        """``(slot, capacity)``: the slot the next :meth:`allocate` returns (the lowest free
+        one, so live slots pack at the bottom and the table can shrink) and the capacity
+        after it (for an owner preparing its own per-slot state first)."""
         if self._free:
-            return self._free[-1], self.capacity
+            return self._free[0], self.capacity  # (a min-heap)
         return self._allocated, 2 * self.capacity if self._allocated == self.capacity else self.capacity
 
     def allocate(self) -> int:
@@ -322,7 +326,7 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
                 views[name][slot] = row
             self._undo = None  # a reused slot must never get an older step's values back
             if self._free:
-                self._free.pop()
+                heapq.heappop(self._free)
             else:
                 self._allocated += 1
         return slot
@@ -330,38 +334,60 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
     def release(self, slot: int) -> None:
         """Give a slot back: it has no turns from now on (so a shrunk turn capacity and a
         saved state stay consistent); its other cells are cleared on the next
-        :meth:`allocate`."""
+        :meth:`allocate`. The table shrinks when it can (:meth:`_shrunk`)."""
         if not 0 <= slot < self._allocated or slot in self._free:
             raise MapMatchedValueError(f"slot {slot} is not allocated")
-        # all or nothing: the shrunk table (if any) is prepared, then committed
-        storage, longest = self._shrunk(self._free + [slot])
+        # all or nothing: the shrunk table (if any) and the new bookkeeping are prepared, then committed
+        allocated, free = self._allocated, self._free + [slot]
+        if slot == allocated - 1:  # the top slot: the free slots right below it leave the table too
+            freed = set(free)
+            while allocated and allocated - 1 in freed:
+                allocated -= 1
+            free = [kept for kept in free if kept < allocated]
+            heapq.heapify(free)
+        else:
+            heapq.heappush(free, free.pop())  # (a min-heap again)
+        storage, longest = self._shrunk(slot, allocated, free)
         views = table_views(storage) if storage is not None else None
         with deferred_sigint():
             if storage is not None:
-                self._storage, self._tensors = storage, views
-            self._tensors["lengths"][slot] = 0
-            self._free.append(slot)
+                self._storage, self._tensors, self._undo = storage, views, None
+            else:
+                self._tensors["lengths"][slot] = 0
+            self._free, self._allocated = free, allocated
             if longest is not None:
                 self._longest_bound = longest
 
-    def _shrunk(self, free: List[int]) -> tuple:
-        """``(storage, longest)``: the table after its slots ``free`` are released, when
-        memory can be given back (every live slot fits in a quarter of the turn capacity:
-        halved while so, never below the initial turn capacity), else None; and the
-        longest live length (None when not read). Nothing is installed."""
-        turns, floor = self.turn_capacity, self.initial_turn_capacity
-        if turns <= floor:
-            return None, None
-        live = torch.ones(self._allocated, dtype=torch.bool, device=self.device)
-        live[free] = False
-        longest = int(self._tensors["lengths"][: self._allocated][live].max()) if bool(live.any()) else 0
-        target = turns
-        while target // 2 >= floor and longest <= target // 4:
-            target //= 2
-        if target == turns:
+    def _shrunk(self, slot: int, allocated: int, free: List[int]) -> tuple:
+        """``(storage, longest)`` after ``slot`` is released, leaving ``allocated`` slots of
+        which ``free`` are free: the table halved in slots while every allocated slot
+        fits in a quarter of it, and in turns while every live slot's length fits in a
+        quarter of the turn capacity (never below the initial capacities), when memory
+        can be given back, else None; and the longest live length (None when not
+        read). Nothing is installed.
+
+        Bound: the slots are at most 4 x (the highest live slot + 1) (live slots are
+        reused lowest first, so they pack at the bottom), and the turns at most 4 x the
+        longest live session, or the initial capacities."""
+        capacity, turns = self.capacity, self.turn_capacity
+        target_capacity = capacity
+        while target_capacity // 2 >= self.initial_capacity and allocated <= target_capacity // 4:
+            target_capacity //= 2
+        longest = None
+        target_turns = turns
+        if turns > self.initial_turn_capacity:
+            live = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+            live[:allocated] = True
+            live[free] = False
+            lengths = self._tensors["lengths"]
+            longest = int(lengths[live].max()) if bool(live.any()) else 0
+            while target_turns // 2 >= self.initial_turn_capacity and longest <= target_turns // 4:
+                target_turns //= 2
+        if target_capacity == capacity and target_turns == turns:
             return None, longest
-        storage = self._grown(self.capacity, target)
-        storage["lengths"][free] = 0
+        storage = self._grown(target_capacity, target_turns)
+        if slot < target_capacity:
+            storage["lengths"][slot] = 0
         return storage, longest
 
     def snapshot(self, slot: int) -> Dict[str, Tensor]:
@@ -383,6 +409,23 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
         it had, except in slots released and allocated again. With ``spare_slot``, C + 1
         rows: the :attr:`spare_slot` too (for reads indexed by a host-read-free step's slots)."""
         return (self._storage if spare_slot else self._tensors)[f"payload.{name}"]
+
+    def replace_payload(self, name: str, values: Tensor) -> None:
+        """Install ``values`` as the per-turn payload ``name``, whole: a ``(C + 1, T, M)``
+        or ``(C + 1, T)`` tensor of its dtype, the spare slot last (the owner's
+        renumbering of its values). The old tensor is not edited (a reader holding it
+        keeps its values); the last step can no longer be undone. All or nothing."""
+        key = f"payload.{name}"
+        old = self._storage[key]
+        if values.shape != old.shape or values.dtype != old.dtype or values.device != old.device:
+            raise MapMatchedValueError(
+                f"payload {name!r} must stay {old.dtype} {tuple(old.shape)} on {old.device}, got {values.dtype} "
+                f"{tuple(values.shape)} on {values.device}"
+            )
+        storage = dict(self._storage, **{key: values})
+        views = _views(storage)
+        with deferred_sigint():
+            self._storage, self._tensors, self._undo = storage, views, None
 
     def put_rows(self, name: str, slots: Tensor, values: Tensor) -> None:
         """Write ``(S, T')`` values into the leading turns of a per-turn payload for S

@@ -21,6 +21,7 @@ The mixin reads the table's attributes (``width``, ``emission_weight``,
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from typing import Any, Callable, Dict, Optional
 
@@ -135,7 +136,9 @@ class SlotTablePersistence:
         storage = self._grown(capacity, turns, {name: tensor.to(self.device) for name, tensor in saved.items()})
         lengths = saved["lengths"]
         longest = int(lengths.max()) if lengths.numel() else 0
-        return storage, table_views(storage), longest, list(state["free"]), int(state["allocated"])
+        free = list(state["free"])
+        heapq.heapify(free)  # (the lowest free slot is reused first; an older state's list was a stack)
+        return storage, table_views(storage), longest, free, int(state["allocated"])
 
     def commit_load(self, prepared: tuple) -> None:
         """Install what :meth:`prepare_load` returned (assignments only, SIGINT held back)."""

@@ -1,4 +1,4 @@
-"""The server's chunk codes: every chunk ID it has seen, as one int.
+"""The server's chunk codes: every chunk ID its sessions hold, as one int.
 
 The session store (:mod:`.session_store`) keeps candidates as int64 codes, so a step is
 tensor work whatever the graph. :class:`ChunkCodes` numbers them:
@@ -6,8 +6,39 @@ tensor work whatever the graph. :class:`ChunkCodes` numbers them:
 - with a tensor graph, codes ``0..N-1`` are the graph's node indices (its
   vocabulary), so a step's distances are one ``trellis_distances`` call on the codes;
 - every other chunk ID (any ID of a non-tensor graph, or an ID a tensor graph does not
-  know) gets the next code ``N, N+1, ...`` in order of arrival, kept for the server's
-  life (a corpus is finite: the table stays bounded by the IDs the provider returns).
+  know) gets the next code ``N, N+1, ...`` in order of arrival: an *extra* code.
+
+Bound and eviction. A provider may return chunk IDs outside the graph without end (a
+corpus that moved on), so the extra codes cannot be kept for the server's life. They
+are held under a bound: when there are more than :attr:`ChunkCodes.bound` of them
+(``max(floor, 2 x the extra codes live sessions held at the last compaction)``; the
+floor is the server's ``extra_codes``, default 65,536), the next ``step()`` or
+``close()`` of the server compacts them first
+(:meth:`~mapmatched_torch.serving.session_store.SessionStore.compact_codes`): the codes
+no open session's stored turns refer to are dropped and the others renumbered in
+order, into *new* objects (this table, the slot table's codes tensor and the context
+table), installed in one commit. So the extra codes are at most ``max(floor, 2 x
+referenced)`` plus what one step adds, and a compaction, which reads the whole slot
+table, runs once per ``bound - referenced >= bound / 2`` new codes at most.
+
+Why a compaction into new objects, not reference counts or a free list of codes: results
+are read lazily. A :class:`~mapmatched_torch.serving.step_results.StepResults` names its
+codes (the step's tensors, the slot table's turns) when it is read, possibly long after
+the step. A code released and given to another chunk ID would rename what such a result
+reads, unless every result were told of every release (a scan of the results held, at
+every close). Instead a result keeps the objects of its step (this table, the codes
+tensor it read), which a compaction never edits: it replaces them. Old objects live as
+long as the results that hold them, and no longer. Reference counts would also cost
+every step a scatter over its candidates and every undo its inverse, for a table that
+only needs trimming now and then.
+
+What a caller sees: codes below ``N`` (a tensor graph's nodes) never change. An extra
+code is valid until the server's next ``step()`` or ``close()``: number chunk IDs with
+``server.store.codes`` (the current object, not one kept from before) right before
+:meth:`~mapmatched_torch.serving.MapMatchedServer.step_slots`, and name a
+:class:`~mapmatched_torch.serving.session_store.TensorStep`'s codes before the next
+``step()`` or ``close()``. :class:`StepResults` need nothing: they name their codes
+with the objects of their step.
 """
 
 from __future__ import annotations
@@ -31,14 +62,22 @@ class ChunkCodes:
 
     Args:
         graph: the server's corpus graph; a tensor graph's node indices are the first codes.
+        floor: the extra codes kept before a compaction is due (:attr:`bound`'s least value).
+
+    Memory: one str and about 100 bytes of dict and list entries per extra code, plus an
+    object array of every code's name once :meth:`name_rows` has read them.
     """
 
-    def __init__(self, graph: CorpusGraph) -> None:
+    def __init__(self, graph: CorpusGraph, floor: int = 65536) -> None:
         tensor_graph = implements(graph, TensorGraph)
         self._graph_names: Sequence[str] = graph.nodes if tensor_graph else ()
         self._graph_lookup = graph.vocabulary.indices_of if tensor_graph else None
         #: N: codes below it are the graph's node indices
         self.graph_nodes = len(self._graph_names)
+        #: the extra codes kept at least before a compaction is due
+        self.floor = floor
+        #: a compaction is due when there are more extra codes than this (see the module docstring)
+        self.bound = floor
         self._extra: Dict[str, int] = {}
         self._extra_names: List[str] = []
         self._name_array = np.empty(0, dtype=object)  # every code's name, filled on demand
@@ -49,6 +88,44 @@ class ChunkCodes:
 
     def __len__(self) -> int:
         return self.graph_nodes + len(self._extra_names)
+
+    @property
+    def extra(self) -> int:
+        """The number of extra codes (chunk IDs numbered beyond the graph's nodes)."""
+        return len(self._extra_names)
+
+    @property
+    def compaction_due(self) -> bool:
+        """Whether there are more extra codes than :attr:`bound`."""
+        return len(self._extra_names) > self.bound
+
+    def compacted(self, used: Tensor) -> Tuple["ChunkCodes", Tensor]:
+        """A new table of the graph's codes and the extra codes ``used`` marks, renumbered
+        in their order, and the renumbering; this table is not changed.
+
+        Args:
+            used: ``(len(self),)`` bool: the codes still referred to (graph codes are
+                kept whatever it says).
+
+        Returns:
+            ``(table, mapping)``: the new :class:`ChunkCodes` (its :attr:`bound`
+            ``max(floor, 2 x the extra codes kept)``) and ``(len(self),)`` long, each old
+            code's new code (``-1``: dropped; graph codes map to themselves).
+        """
+        nodes = self.graph_nodes
+        kept = used[nodes:].to("cpu").nonzero().view(-1).tolist()
+        table = ChunkCodes.__new__(ChunkCodes)
+        table._graph_names, table._graph_lookup, table.graph_nodes = self._graph_names, self._graph_lookup, nodes
+        table.floor, table.bound = self.floor, max(self.floor, 2 * len(kept))
+        names = self._extra_names
+        table._extra_names = [names[position] for position in kept]
+        table._extra = {name: nodes + position for position, name in enumerate(table._extra_names)}
+        table._name_array, table._named, table._names_lock = np.empty(0, dtype=object), 0, threading.Lock()
+        mapping = torch.full((len(self),), -1, dtype=torch.long)
+        mapping[:nodes] = torch.arange(nodes)
+        if kept:
+            mapping[nodes + torch.tensor(kept, dtype=torch.long)] = torch.arange(nodes, nodes + len(kept))
+        return table, mapping
 
     def codes(self, chunk_ids: Iterable[str]) -> List[int]:
         """The code of each ID, new IDs numbered now."""

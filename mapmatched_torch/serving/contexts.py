@@ -8,6 +8,17 @@ keeps them as chunk codes in one ``(V, W)`` tensor on the server's device, fille
 first time a chunk is decoded, so a step's contexts are a gather and a de-duplication.
 :meth:`ContextTable.precompute` fills rows ahead of the steps (a server's warm-up:
 ``MapMatchedServer.precompute_contexts``), so no step pays a first visit.
+
+Bounds and eviction (docs/serving-guarantees.md, "What is bounded"):
+
+- :class:`NeighborhoodCache`: at most ``capacity`` neighbourhoods (the server's
+  ``neighborhood_cache``), the least recently used evicted first; nothing is kept for a
+  graph that answers one neighbourhood at a time.
+- :class:`ContextTable`: ``V x W`` int32, V at most twice the server's chunk codes (it
+  grows by doubling to cover every code numbered) and W the widest neighbourhood read.
+  The chunk codes are bounded (:mod:`.codes`); a compaction of them replaces the table
+  with :meth:`ContextTable.renumbered` (a tensor graph's node rows carried over, every
+  other row searched again when next needed), so rows of dropped codes go with them.
 """
 
 from __future__ import annotations
@@ -102,6 +113,11 @@ class ContextTable:
     def width(self) -> int:
         """W, the widest neighbourhood kept so far."""
         return int(self._table.shape[1])
+
+    @property
+    def row_count(self) -> int:
+        """V, the rows the table holds (at most the chunk codes numbered, doubled)."""
+        return int(self._table.shape[0])
 
     def rows(self, chunks: Tensor, *, synchronize: bool = True) -> Tensor:
         """``(S, W)`` long: the neighbourhood codes of ``(S,)`` chunk codes (-1 padded);

@@ -106,6 +106,10 @@ class MapMatchedServer:
             when a session outgrows them, a step that pays a copy of the whole table,
             and shrink back when long sessions close): a server that knows its
             conversations' lengths sets it so no live step pays the growth.
+        extra_codes: chunk codes of IDs outside a tensor graph's nodes (every ID of
+            another graph) kept before a compaction drops those no open session holds
+            (default 65536; see :mod:`mapmatched_torch.serving.codes` and "What is
+            bounded" in docs/serving-guarantees.md).
 
     Every session lives in the server's
     :class:`~mapmatched_torch.serving.session_store.SessionStore` (tensors on ``device``);
@@ -165,6 +169,7 @@ class MapMatchedServer:
         transitions: Any = None,
         passage_embeddings: Optional[torch.Tensor] = None,
         passage_ids: Optional[Sequence[str]] = None,
+        extra_codes: int = 65536,
     ) -> None:
         self.graph, self.candidate_limit, self.settings, self.context_radius, self.context_limit = (
             check_retriever_options(
@@ -201,6 +206,7 @@ class MapMatchedServer:
             neighborhood_cache=check_positive_int(neighborhood_cache, "neighborhood_cache"),
             turn_capacity=check_positive_int(turn_capacity, "turn_capacity"),
             learned=self.learned,
+            extra_codes=check_positive_int(extra_codes, "extra_codes"),
         )
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
         # slot -> (the text of a query it stepped, its turn count right after): that query
@@ -305,7 +311,7 @@ class MapMatchedServer:
 
     @_serialized
     def open(self, session_id: SessionId) -> int:
-        """Open a new, empty session and return its slot (ValueError if the ID is already
+        """Open a new, empty session and return its slot (the lowest free one; ValueError if the ID is already
         open; MapMatchedTypeError if it is not a str, an int, a float, None or a tuple of
         them). A numpy integer is taken as the int it equals: ``np.int64(3)`` is session ``3``."""
         session_id = _session_key(session_id)
@@ -319,8 +325,10 @@ class MapMatchedServer:
     @_serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open). Results
-        already returned for it stay readable."""
+        already returned for it stay readable. The slot table may shrink, and the chunk
+        codes are compacted first when due (:mod:`mapmatched_torch.serving.codes`)."""
         session_id = self._known(session_id)
+        self._store.compact_codes()  # when due: all or nothing, and no session's content changes
         slot = self._sessions[session_id]
         # prepared: the results handed out copy the slot's turns (idempotent), the built
         # paths of the slot (a cache) go
@@ -412,7 +420,10 @@ class MapMatchedServer:
             codes: ``(S, K)`` long chunk codes in provider order, ``-1`` padding after
                 each row's candidates. With a tensor graph its node indices are the codes
                 (``graph.index(chunk_ids)``); ``server.store.codes.codes(chunk_ids)``
-                numbers any chunk ID. Columns past ``candidate_limit`` are cut (but checked).
+                numbers any chunk ID (a code beyond a tensor graph's nodes is valid until
+                the next :meth:`step` or :meth:`close`, which may compact the codes: see
+                :mod:`mapmatched_torch.serving.codes`). Columns past ``candidate_limit``
+                are cut (but checked).
             scores: ``(S, K)`` floating raw scores (padding ignored).
             contexts: also compute the ``(S, C)`` context codes.
             synchronize: False: the device step. Nothing in it reads a value back to
@@ -441,7 +452,8 @@ class MapMatchedServer:
             device. A row whose ``status`` is not 0
             (:class:`~mapmatched_torch.serving.session_store.StepCode`) left its session
             untouched; the others are committed. Chunk IDs:
-            ``server.store.codes.names(step.path[s].tolist())``.
+            ``server.store.codes.names(step.path[s].tolist())``, before the next
+            :meth:`step` or :meth:`close`.
 
         Raises:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
@@ -522,6 +534,7 @@ class MapMatchedServer:
         """
         errors: Dict[SessionId, Exception] = {}
         requests = _as_requests(turns)
+        self._store.compact_codes()  # when due, before any chunk ID is numbered (all or nothing)
         queries = {key: value for key, value in requests.items() if isinstance(value, str)}
         if queries:
             requests.update(self._retrieve(queries, errors))

@@ -132,8 +132,11 @@ class SessionStore:
         settings: the :class:`~mapmatched_torch.core.settings.DecodeSettings` (lambda,
             beta, the lag and the normalization), validated by the owner.
         context_radius, context_limit: the contexts' neighbourhood radius and cut.
-        capacity: initial slots. turn_capacity: initial turns per slot (grows by
-        doubling, shrinks back to it). dtype, device: of the dynamic program.
+        capacity: initial slots. turn_capacity: initial turns per slot (both grow by
+        doubling and shrink back to them). dtype, device: of the dynamic program.
+        neighborhood_cache: context neighbourhoods kept as chunk IDs (an LRU).
+        extra_codes: chunk codes beyond a tensor graph's nodes kept before a
+            compaction is due (:mod:`.codes`).
         learned: a learned transition model with its feature inputs
             (:class:`~mapmatched_torch.retrieval.learned.LearnedTransitions`), or None for
             the fixed ``-(beta * d)``: each step then computes the gate features of the
@@ -156,10 +159,11 @@ class SessionStore:
         device: Optional[torch.device] = None,
         neighborhood_cache: int = 65536,
         turn_capacity: int = 8,
+        extra_codes: int = 65536,
         learned: Optional[LearnedTransitions] = None,
     ) -> None:
         self.graph = graph
-        self.codes = ChunkCodes(graph)
+        self.codes = ChunkCodes(graph, extra_codes)
         self.learned = learned
         self._queries: Optional[Tensor] = None  # the current step's (S, D) query embeddings
         # the passage embeddings on the store's device, moved once
@@ -199,10 +203,49 @@ class SessionStore:
         return allocated
 
     def close(self, slot: int) -> None:
-        """Free a slot (its values are cleared when it is opened again); all or nothing."""
+        """Free a slot (its values are cleared when it is opened again; the table may
+        shrink); all or nothing."""
         with deferred_sigint():
             self.decoder.release(slot)  # (all or nothing itself)
             self._live[slot] = False
+            self._live = self._live[: self.decoder.capacity]
+
+    # ------------------------------------------------------------ chunk codes
+
+    def compact_codes(self, *, force: bool = False) -> bool:
+        """Drop the chunk codes beyond the graph's nodes that no open session's stored
+        turns refer to, renumbering the others (:mod:`.codes`): when
+        :attr:`ChunkCodes.compaction_due` (or ``force``). All or nothing: the new codes
+        table, codes tensor and context table are prepared, then installed together;
+        the old objects are not edited (results handed out keep reading them).
+
+        Returns:
+            Whether a compaction ran.
+
+        Cost: O(C T M) over the slot table (C slots, T turns, M candidates), once per
+        ``bound / 2`` new codes at most.
+        """
+        codes = self.codes
+        if not (force or codes.compaction_due) or codes.extra == 0:
+            return False
+        decoder = self.decoder
+        stored = decoder.payload("codes", spare_slot=True)  # shape: (C + 1, T, M), the spare slot last
+        capacity, turns = decoder.capacity, stored.shape[1]
+        lengths = decoder.lengths(torch.arange(capacity, device=self.device))  # (free slots: 0)
+        # shape: (C, T) the turns the open sessions hold
+        held = torch.arange(turns, device=self.device).unsqueeze(0) < lengths.unsqueeze(1)
+        referred = stored[:capacity][held]
+        used = torch.zeros(len(codes), dtype=torch.bool, device=self.device)
+        used[referred[referred >= codes.graph_nodes]] = True
+        table, mapping = codes.compacted(used)
+        mapping = mapping.to(self.device)
+        # a new tensor (results handed out read the old one); every cell in range afterwards
+        renumbered = torch.where(stored >= 0, mapping[stored.clamp_min(0)], -1)
+        contexts = self.contexts.renumbered(table)
+        with deferred_sigint():
+            decoder.replace_payload("codes", renumbered)  # (all or nothing itself)
+            self.codes, self.contexts = table, contexts
+        return True
 
     def live(self) -> Tensor:
         """(C,) bool: which slots are open."""
@@ -554,7 +597,7 @@ class SessionStore:
         new object prepared before any is installed."""
         if not isinstance(state, dict) or set(state) != {"decoder", "codes"}:
             raise MapMatchedValueError("refusing the session store state: expected the keys ['codes', 'decoder']")
-        codes = ChunkCodes(self.graph)
+        codes = ChunkCodes(self.graph, self.codes.floor)
         codes.load_state_dict(state["codes"])
 
         def check(decoder_state: Dict[str, object]) -> None:

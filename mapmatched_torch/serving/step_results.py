@@ -10,6 +10,15 @@ from the store when a result is built), with the same functions a
 :class:`~mapmatched_torch.MapMatchedSession` uses, so a read result equals the
 independent session's exactly. :meth:`StepResults.contexts` and
 :meth:`StepResults.chunk_ids` read the tensors alone.
+
+What is retained, and for how long: the server keeps a weak reference to each
+:class:`StepResults` (pruned every step) and one :class:`BuiltPaths` entry per open
+session (dropped when it closes). A :class:`StepResults` the caller holds keeps its
+step's tensors, the chunk codes, context table and payload tensors of its step (a
+compaction of the codes or a resize of the slot table installs new ones and leaves these
+as they were, so a result read late names the right chunks), copies of the turns of its
+sessions closed since (:meth:`StepResults.detach`) and the results it built: memory the
+caller frees by dropping it.
 """
 
 from __future__ import annotations

@@ -352,7 +352,7 @@ def test_a_state_counts_an_overflowing_turn_and_raises_at_backtrack():
 def _used_decoder():
     decoder = SlotDecoder(3, transition_weight=0.5, fixed_lag=1, capacity=2)
     slots = torch.tensor([decoder.allocate(), decoder.allocate()])
-    decoder.allocate()
+    decoder.allocate(), decoder.allocate()  # slot 3 stays open: slot 2's release leaves it free (not trimmed)
     for turn in range(3):
         decoder.step(slots, torch.tensor([[1.0, 0.0, 0.5], [0.0, 0.2, 0.1]]), torch.ones(2, 3, dtype=torch.bool),
                      None if turn == 0 else torch.tensor([[[0.0, 1.0, 2.0]] * 3] * 2, dtype=torch.float64))

@@ -103,19 +103,30 @@ def _server(seed=0):
     return made
 
 
+def _named(values, names):
+    """Nested lists of chunk codes as chunk IDs (-1: None)."""
+    if isinstance(values, list):
+        return [_named(value, names) for value in values]
+    return names[values] if values >= 0 else None
+
+
 def _content(served):
     """What a server holds, free of unused cells and capacities: each live session's
-    turns and decoder rows, the free list, the chunk codes, the previous queries."""
+    turns (its chunks by ID: a compaction renumbers codes, never what they name) and
+    decoder rows, the free list, the chunk codes, the previous queries."""
     state = served.state_dict()
     decoder = state["store"]["decoder"]
     tensors, lengths = decoder["tensors"], decoder["tensors"]["lengths"]
+    names = list(GRAPH.nodes) + list(state["store"]["codes"])
     sessions = {}
     for session_id, slot in state["sessions"]:
         length = int(lengths[slot])
-        sessions[repr(session_id)] = (slot, length, {
+        rows = {
             name: (tensor[slot, :length] if name not in ("window", "window_distances", "lengths") else tensor[slot]).tolist()
             for name, tensor in tensors.items()
-        })
+        }
+        rows["payload.codes"] = _named(rows["payload.codes"], names)
+        sessions[repr(session_id)] = (slot, length, rows)
     return {"sessions": sessions, "free": decoder["free"], "allocated": decoder["allocated"],
             "codes": state["store"]["codes"], "previous": state["previous_queries"]}
 
@@ -147,6 +158,10 @@ OPERATIONS = {
     "open": lambda s, path: s.open("new"),
     "open growing": lambda s, path: s.open("newest"),
     "close": lambda s, path: s.close("a"),
+    "close compacting": lambda s, path: s.close("a"),
+    "close shrinking": lambda s, path: s.close("c"),
+    "step compacting": lambda s, path: s.step({"a": [ScoredCandidate("c1", 1.0), ScoredCandidate("fresh", 0.5)],
+                                               "c": [ScoredCandidate("c7", 0.3)]}),
     "step": lambda s, path: s.step({"a": [ScoredCandidate("c1", 1.0), ScoredCandidate("fresh", 0.5)],
                                      "c": [ScoredCandidate("c7", 0.3)], "b": []}),
     "step_indexed": lambda s, path: s.step_indexed(["a", "c"], torch.tensor([[0, 5], [6, -1]]),
@@ -159,8 +174,22 @@ OPERATIONS = {
 }
 
 
-#: Work done before the call, not injected: "open growing" opens into a full table.
-SETUP = {"open growing": lambda s: (s.open("new"), s.open("newer"))}
+def _compaction_due(served):
+    """The chunk codes beyond the graph's are over their bound: the next step or close compacts them."""
+    assert served.store.codes.extra > 0
+    served.store.codes.bound = 0
+
+
+#: Work done before the call, not injected: "open growing" opens into a full table; the
+#: "compacting" calls compact the chunk codes first (issue 36 item 4); "close shrinking"
+#: closes the top slot, so the slot table halves.
+def _top_slot_open(served):
+    """Closing "c" (the top slot, slot 1 below it free) halves the slot table."""
+    assert (served.slot("c"), served.store.decoder.capacity, served.store.decoder.initial_capacity) == (2, 4, 2)
+
+
+SETUP = {"open growing": lambda s: (s.open("new"), s.open("newer")), "close compacting": _compaction_due,
+         "step compacting": _compaction_due, "close shrinking": _top_slot_open}
 
 
 def _prepared(name):
@@ -195,9 +224,10 @@ def _sweep(faults, name, errors, every, tmp_path):
                 at += every
                 continue
             after = _content(target)
-            # chunk IDs a failed step numbered stay numbered (an append-only table of names that no
-            # session holds; docs/serving-guarantees.md): the rest is exactly as before
-            assert after.pop("codes")[: len(before["codes"])] == before["codes"], (name, error.__name__, at)
+            # chunk IDs a failed step numbered stay numbered (names that no session holds, dropped by the
+            # next compaction; docs/serving-guarantees.md), and a compaction renumbers the codes before
+            # the call goes on: the sessions' content by chunk ID is exactly as before
+            after.pop("codes")
             assert after == {key: value for key, value in before.items() if key != "codes"}, (name, error.__name__, at)
             if at % 7 == 1:  # later steps equal an untouched server's (a sample: they cost most)
                 assert _continue(target) == expected_later, (name, error.__name__, at)
