@@ -423,7 +423,7 @@ class SlotDecoder(HoldsSettings, SlotTablePersistence):
                 f"{tuple(values.shape)} on {values.device}"
             )
         storage = dict(self._storage, **{key: values})
-        views = _views(storage)
+        views = table_views(storage)
         with deferred_sigint():
             self._storage, self._tensors, self._undo = storage, views, None
 
