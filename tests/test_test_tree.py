@@ -24,6 +24,11 @@ TESTED_ELSEWHERE = {
     "core/optional.py": ("tests/providers_fixtures.py",),  # the missing-extra errors of every adapter
     # the per-turn helpers, through the sessions and the server that share them
     "retrieval/turns.py": ("tests/retrieval/test_session.py", "tests/serving/test_server.py"),
+    # the server's halves: saving and loading (round trips, crafted and bit-flipped states,
+    # migration), session IDs and the lock, through the server's tests
+    "serving/persistence.py": ("tests/serving/test_server.py", "tests/serving/test_saved_state.py"),
+    "serving/session_ids.py": ("tests/serving/test_server.py",),
+    "serving/locking.py": ("tests/serving/test_server.py",),
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
     "core/trace_build.py": ("tests/core/test_trace.py",),  # build_trace and classify_move, with the trace
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks

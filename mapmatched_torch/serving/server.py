@@ -14,35 +14,31 @@ an independent :class:`MapMatchedSession` gives.
 A bad request (unknown session, empty candidates, NaN scores, duplicate IDs, an
 overflowing score, a failing provider query) fails for that session alone: it is
 reported in ``errors`` and leaves that session exactly as it was.
+
+Saving and loading are :mod:`.persistence` (mixed in); session IDs :mod:`.session_ids`.
+This module stays above the project's ~700 lines on purpose: it is one class, the
+server's whole public surface of sessions and steps, about a third of it docstrings.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import numbers
-import os
 import threading
 import weakref
-from functools import wraps
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..core.checks import (check_chunk_id, check_finite, check_nonnegative_int, check_positive_int, check_sequence,
                            describe)
-from ..core.errors import (MapMatchedResourceError, MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError,
-                           out_of_memory)
-from ..core.files import atomic_path
+from ..core.errors import MapMatchedRuntimeError, MapMatchedTypeError, MapMatchedValueError
 from ..core.signals import deferred_sigint
 from ..core.models import DecodedPath, RetrievalTrace, ScoredCandidate
 from ..core.path_reports import NONFINITE_MESSAGE
 from ..core.protocols import (CorpusGraph, contextual_batch_call, contextual_call, implements, provider_answer,
                               searched_query)
 from ..graph.protocols import TensorGraph
-from ..providers.query_mixing import previous_query_entry, previous_query_of_entry
 from ..core.settings import DecodeSettings
 from ..retrieval.session import MapMatchedRetriever
 from ..retrieval.turns import (
@@ -53,8 +49,9 @@ from ..retrieval.turns import (
     provider_answer_name,
 )
 from ..retrieval.trellis import packed_rows
-from ..kernels.slot_persistence import state_checksum as decoder_checksum
-from ._state import STATE_FORMAT, content_digest, fingerprint_differences, graph_fingerprint, same_but_order
+from .locking import serialized
+from .persistence import ServerPersistence
+from .session_ids import SessionId, session_id_error, session_key
 from .session_store import SessionStore, StepCode, TensorStep, refuse_rows
 from .step_results import BuiltPaths, StepResults
 
@@ -63,30 +60,15 @@ if TYPE_CHECKING:  # the capture module loads on first use
 
 __all__ = ["MapMatchedServer"]
 
-SessionId = Hashable
 
 _CHUNK_ID, _SCORE = attrgetter("chunk_id"), attrgetter("score")
 
 
-def _serialized(method):
-    """Run ``method`` holding the server's lock: one call at a time (see the class docstring)."""
-
-    @wraps(method)
-    def locked(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
-
-
-#: Above this |normalized score| (times lambda when lambda > 1) a trace's margin or
-#: entropy could overflow, so the session's results are built during the step.
 _LARGE_SCORE = 2.0**990
 
 
-class MapMatchedServer:
+class MapMatchedServer(ServerPersistence):
     """Batched map-matched retrieval for many concurrent sessions on one device.
-
     Args:
         graph: the corpus graph (any ``CorpusGraph``; a tensor graph fills a batch's
             distances in one call, and :meth:`step_indexed` needs one).
@@ -110,7 +92,6 @@ class MapMatchedServer:
             another graph) kept before a compaction drops those no open session holds
             (default 65536; see :mod:`mapmatched_torch.serving.codes` and "What is
             bounded" in docs/serving-guarantees.md).
-
     Every session lives in the server's
     :class:`~mapmatched_torch.serving.session_store.SessionStore` (tensors on ``device``);
     a step is tensor work with no Python object per session
@@ -119,7 +100,6 @@ class MapMatchedServer:
     :meth:`step_indexed` wrap it: their results come back as
     :class:`~mapmatched_torch.serving.step_results.StepResults`, a mapping whose
     :class:`~mapmatched_torch.core.models.RetrievalResult` values are built when read.
-
     Concurrency: every public method holds one lock of the server (a ``threading.RLock``),
     so calls from several threads are serialized: one batch steps at a time, and a step
     is all or nothing for every session in it (a failure after the decoding step, even
@@ -130,14 +110,11 @@ class MapMatchedServer:
     they read the store (a session's turns are copied out before another thread can
     close it and reuse its slot), so reading them from another thread is safe. The
     graph's distance cache is safe under concurrent readers.
-
     Session IDs are str, int or (nested) tuples of them: what a saved state restores
     with ``torch.load(weights_only=True)``.
-
     Latency: see ``benchmarks/serving.py``, docs/serving.md and docs/performance.md. A
     long-running server calls ``gc.freeze()`` once after start-up, and reads only what it needs
     (:meth:`~mapmatched_torch.serving.step_results.StepResults.contexts`: no result objects).
-
     Example:
         >>> from mapmatched_torch import InMemoryCorpusGraph, ScoredCandidate
         >>> server = MapMatchedServer(InMemoryCorpusGraph.from_edges([("a", "b")]))
@@ -147,7 +124,6 @@ class MapMatchedServer:
         >>> results["alice"].chunk_id, type(errors["bob"]).__name__
         ('a', 'MapMatchedValueError')
     """
-
     def __init__(
         self,
         graph: CorpusGraph,
@@ -218,7 +194,6 @@ class MapMatchedServer:
         self._live_results: List["weakref.ref[StepResults]"] = []
         self._lock = threading.RLock()  # one call at a time: see "Concurrency" above
         self._fingerprint: Optional[Dict[str, Any]] = None  # the graph's, made on first save or load
-
     @classmethod
     def from_pretrained(
         cls, path: Any, *, graph: CorpusGraph, provider: Any = None, embedder: Any = None, strict: bool = True,
@@ -228,11 +203,9 @@ class MapMatchedServer:
         :meth:`MapMatchedRetriever.from_pretrained <mapmatched_torch.MapMatchedRetriever.from_pretrained>`'s
         arguments, ``**options`` this class's (``device``, ``capacity``, ...)."""
         from ..retrieval.pretrained import pretrained_options
-
         _, kwargs = pretrained_options(cls, path, graph=graph, provider=provider, embedder=embedder, strict=strict,
                                        options=options)
         return cls(graph, **kwargs)
-
     @property
     def retriever(self) -> MapMatchedRetriever:
         """A :class:`~mapmatched_torch.MapMatchedRetriever` with this server's graph,
@@ -249,7 +222,6 @@ class MapMatchedServer:
                 **self._learned_options(),
             )
         return self._retriever
-
     def _learned_options(self) -> Dict[str, Any]:
         """The ``transitions=`` keywords of this server's learned model (empty without one)."""
         learned = self.learned
@@ -259,32 +231,26 @@ class MapMatchedServer:
         if learned.passage_embeddings is not None:
             ids = sorted(learned.rows, key=learned.rows.__getitem__)
         return {"transitions": learned.model, "passage_embeddings": learned.passage_embeddings, "passage_ids": ids}
-
     @property
     def store(self) -> SessionStore:
         """The session store (its tensors, chunk codes and contexts)."""
         return self._store
-
-    @_serialized
+    @serialized
     def precompute_contexts(
         self, chunk_ids: Optional[Sequence[str]] = None, *, batch_size: int = 4096, progress: Optional[bool] = None
     ) -> int:
         """Search the context neighbourhoods of every chunk now (a warm-up before serving).
-
         A step's contexts read each decoded chunk's neighbourhood from a table of chunk
         codes on the device, searched the first time the chunk is decoded
         (:class:`~mapmatched_torch.serving.contexts.ContextTable`); after this call no
         step pays that first visit. Results do not change, only when the searching is done.
-
         Args:
             chunk_ids: the chunks to prepare (default: every node of a tensor graph;
                 required for any other graph).
             batch_size: neighbourhoods searched per batched call.
             progress: a tqdm bar (None: only when stderr is a terminal).
-
         Returns:
             W, the widest neighbourhood kept: the table takes ``V x W`` int32 (V chunk codes).
-
         Raises:
             ValueError: rows of this graph are never kept (it is not an immutable
                 ``NeighborhoodGraph``, one that answers many neighbourhoods at once, e.g. a
@@ -306,23 +272,20 @@ class MapMatchedServer:
             ids = [check_chunk_id(chunk_id, "chunk_ids entry") for chunk_id in chunk_ids]
             codes = torch.tensor(store.codes.codes(ids), dtype=torch.long)
         return store.contexts.precompute(codes, batch_size=batch_size, progress=progress)
-
     # ------------------------------------------------------------- sessions
-
-    @_serialized
+    @serialized
     def open(self, session_id: SessionId) -> int:
         """Open a new, empty session and return its slot (the lowest free one; ValueError if the ID is already
         open; MapMatchedTypeError if it is not a str, an int, a float, None or a tuple of
         them). A numpy integer is taken as the int it equals: ``np.int64(3)`` is session ``3``."""
-        session_id = _session_key(session_id)
+        session_id = session_key(session_id)
         if self._is_open(session_id):
             raise MapMatchedValueError(f"session {session_id!r} is already open")
         with deferred_sigint():  # the store's open is all or nothing; then one assignment
             slot = self._store.open()
             self._sessions[session_id] = slot
         return slot
-
-    @_serialized
+    @serialized
     def close(self, session_id: SessionId) -> None:
         """Close a session and free its slot (ValueError if it is not open). Results
         already returned for it stay readable. The slot table may shrink, and the chunk
@@ -341,47 +304,38 @@ class MapMatchedServer:
             self._store.close(slot)
             del self._sessions[session_id]
             self._previous_queries.pop(slot, None)
-
     def __contains__(self, session_id: object) -> bool:
         try:
             return session_id in self._sessions
         except TypeError:
             return False
-
     def __len__(self) -> int:
         return len(self._sessions)
-
     @property
     def session_ids(self) -> Tuple[SessionId, ...]:
         return tuple(self._sessions)
-
-    @_serialized
+    @serialized
     def slot(self, session_id: SessionId) -> int:
         """The session's slot in the store (for :meth:`step_slots`)."""
         return self._sessions[self._known(session_id)]
-
-    @_serialized
+    @serialized
     def slots(self, session_ids: Sequence[SessionId]) -> torch.Tensor:
         """``(S,)`` long slots of these sessions (-1 for one that is not open)."""
         get = self._sessions.get
         return torch.tensor([get(key, -1) for key in session_ids], dtype=torch.long, device=self.device)
-
-    @_serialized
+    @serialized
     def path(self, session_id: SessionId) -> Optional[DecodedPath]:
         """The session's latest decoded path (None before its first turn)."""
         results = self._latest(session_id)
         return results.record(session_id).decoded(self)[1] if results is not None else None
-
-    @_serialized
+    @serialized
     def trace(self, session_id: SessionId) -> Optional[RetrievalTrace]:
         """The session's latest trace (None before its first turn)."""
         results = self._latest(session_id)
         return results.record(session_id).decoded(self)[3] if results is not None else None
-
-    @_serialized
+    @serialized
     def turn_count(self, session_id: SessionId) -> int:
         return self._store.decoder.length(self._sessions[self._known(session_id)])
-
     def _latest(self, session_id: SessionId) -> Optional[StepResults]:
         """A one-session :class:`StepResults` of the session's latest step (None before its first turn)."""
         slot = self._sessions[self._known(session_id)]
@@ -390,30 +344,25 @@ class MapMatchedServer:
         slots = torch.tensor([slot], dtype=torch.long, device=self.device)
         return StepResults(self, self._store, self._store.current(slots), {session_id: 0}, slots, self._built,
                            self._lock)
-
     def _known(self, session_id: SessionId) -> SessionId:
         if not self._is_open(session_id):
             raise MapMatchedValueError(f"unknown session {session_id!r} (open it first)")
         return session_id
-
     def _is_open(self, session_id: Any) -> bool:
         """Whether ``session_id`` is open; MapMatchedTypeError (a ValueError and a
         TypeError) if it cannot be one (unhashable)."""
         try:
             return session_id in self._sessions  # np.int64(3) == 3 and hashes alike: found as session 3
         except TypeError:
-            raise _session_id_error(session_id, session_id, unhashable=True) from None
-
+            raise session_id_error(session_id, session_id, unhashable=True) from None
     # ----------------------------------------------------------------- a step
-
-    @_serialized
+    @serialized
     def step_slots(
         self, slots: torch.Tensor, codes: torch.Tensor, scores: torch.Tensor, *, contexts: bool = True,
         synchronize: bool = True, query_embeddings: Optional[torch.Tensor] = None,
     ) -> TensorStep:
         """The tensor step: one new turn for each of S sessions given by slot, nothing
         made per session.
-
         Args:
             slots: ``(S,)`` long slots (:meth:`slot`, :meth:`slots`, or what :meth:`open`
                 returned).
@@ -446,7 +395,6 @@ class MapMatchedServer:
                 server's learned transition model gates on the query-source cosine
                 (``passage_embeddings=``; its look-up of the previous candidates' rows
                 reads the host).
-
         Returns:
             A :class:`~mapmatched_torch.serving.session_store.TensorStep` on the server's
             device. A row whose ``status`` is not 0
@@ -454,7 +402,6 @@ class MapMatchedServer:
             untouched; the others are committed. Chunk IDs:
             ``server.store.codes.names(step.path[s].tolist())``, before the next
             :meth:`step` or :meth:`close`.
-
         Raises:
             ValueError: the arguments' types or shapes do not match (nothing is changed).
         """
@@ -471,8 +418,7 @@ class MapMatchedServer:
                     decoder.undo_last()
                 raise
         return step
-
-    @_serialized
+    @serialized
     def capture(
         self, batch_size: int, *, candidates: Optional[int] = None, turns: int = 64, contexts: bool = True,
         warmup: int = 3,
@@ -480,7 +426,6 @@ class MapMatchedServer:
         """Capture the device step (:meth:`step_slots` with ``synchronize=False``) for
         batches of exactly ``batch_size`` rows in a CUDA graph (see
         :mod:`mapmatched_torch.serving.capture`): each later step is one replay.
-
         Args:
             batch_size: S, the rows of every replayed step (unused rows: slot -1).
             candidates: K, the candidate columns (default: ``candidate_limit``).
@@ -488,28 +433,23 @@ class MapMatchedServer:
             contexts: also compute the contexts (needs :meth:`precompute_contexts`).
             warmup: device steps run on a side stream before the capture (every row
                 inactive: nothing is written).
-
         Returns:
             A :class:`~mapmatched_torch.serving.capture.CapturedStep`.
-
         Raises:
             ValueError: the server is not on a CUDA device, its graph has no dense table,
                 contexts are asked without :meth:`precompute_contexts`, or the
                 normalization is not z-scores.
         """
         from .capture import capture_step
-
         batch_size = check_positive_int(batch_size, "batch_size")
         candidates = self.candidate_limit if candidates is None else check_positive_int(candidates, "candidates")
         return capture_step(self, batch_size, candidates, check_positive_int(turns, "turns"), contexts,
                             check_nonnegative_int(warmup, "warmup"))
-
-    @_serialized
+    @serialized
     def step(
         self, turns: Mapping[SessionId, Any], *, query_embeddings: Optional[Mapping[SessionId, Any]] = None
     ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """Decode one new turn for every session in ``turns``, in one batched pass.
-
         Args:
             turns: session ID -> that session's new candidates (``ScoredCandidate``
                 objects or ``(chunk_id, score)`` pairs, provider order), or a query
@@ -518,7 +458,6 @@ class MapMatchedServer:
                 a learned transition model that gates on the query-source cosine (a
                 query string's default: the provider's ``embed_query``); a session past
                 its first turn without one fails alone.
-
         Returns:
             ``(results, errors)``: each successful session's
             :class:`~mapmatched_torch.core.models.RetrievalResult` (a
@@ -527,7 +466,6 @@ class MapMatchedServer:
             request of the wrong type (None, a number, a list of non-candidates) is a
             :class:`~mapmatched_torch.core.errors.MapMatchedTypeError` naming the turn
             and position, worded as an independent session words it.
-
         Raises:
             MapMatchedTypeError: (a ValueError and a TypeError) ``turns`` is not a
                 mapping (nor pairs) of session IDs; no session is touched.
@@ -571,7 +509,6 @@ class MapMatchedServer:
         candidates = dict(zip(ids, kept_rows))
         return self._run(ids, codes, raw, errors, lambda key, code, turn: _candidate_error(
             code, candidates[key], self.settings.score_normalization, turn), queries, embeddings), errors
-
     def _query_rows(self, ids, kept_rows, queries, given, errors):
         """``(ids, kept_rows, (S, D) query embeddings)`` of a step whose learned model reads
         the query embeddings: a session past its first turn without one fails alone."""
@@ -592,15 +529,13 @@ class MapMatchedServer:
             rows.append(session_id)
             kept.append(row)
         return rows, kept, torch.stack(vectors) if vectors else None
-
-    @_serialized
+    @serialized
     def step_indexed(
         self, session_ids: Sequence[SessionId], candidates: torch.Tensor, scores: torch.Tensor, *,
         query_embeddings: Optional[torch.Tensor] = None,
     ) -> Tuple[StepResults, Dict[SessionId, Exception]]:
         """:meth:`step` for candidates given as tensors of graph node indices (no Python
         object per candidate): what a dense provider on the device returns.
-
         Args:
             session_ids: S distinct open sessions, one per row.
             candidates: ``(S, K)`` int64 node indices of the tensor graph (e.g.
@@ -610,7 +545,6 @@ class MapMatchedServer:
             scores: ``(S, K)`` floating raw scores (padding entries are ignored).
             query_embeddings: ``(S, D)`` the new turns' query embeddings, needed when a
                 learned transition model gates on the query-source cosine.
-
         Returns:
             As :meth:`step`; the results equal :meth:`step` with the same candidates as
             ``(graph.nodes[i], score)`` pairs. A row fails alone (in ``errors``) for an
@@ -618,11 +552,9 @@ class MapMatchedServer:
             padding before a candidate, a non-finite score (every column is checked,
             as a session checks every candidate before the cut), a repeated index
             among the kept columns, or normalized scores that overflow.
-
         Raises:
             ValueError: the graph is not a tensor graph, or the arguments' types or
                 shapes do not match (nothing is changed).
-
         Cost: tensor operations, one dictionary look-up per session ID, and Python only
         for the rows that fail; results are built when read.
         """
@@ -640,7 +572,6 @@ class MapMatchedServer:
         # a code past the graph's nodes (another chunk the server has seen) is out of range here
         candidates = torch.where(candidates >= nodes, -2, candidates)
         errors: Dict[SessionId, Exception] = {}
-
         def row_error(key: SessionId, code: StepCode, turn: int) -> Exception:
             row = ids.index(key)  # (failed rows only)
             listed, raw = given[row].tolist(), scores[row].double().tolist()
@@ -652,9 +583,7 @@ class MapMatchedServer:
                     return error
             pairs = [ScoredCandidate(names[node], score) for node, score in zip(listed[:kept], raw[:kept])]
             return _candidate_error(code, pairs, self.settings.score_normalization, turn)
-
         return self._run(ids, candidates, scores, errors, row_error, None, query_embeddings), errors
-
     def _run(
         self,
         ids: List[SessionId],
@@ -684,7 +613,6 @@ class MapMatchedServer:
                 raise
             self._previous_queries.update(updates)
         return results
-
     def _run_step(self, ids, slots, codes, raw, before, errors, row_error, queries, embeddings=None):
         """The body of :meth:`_run`: ``(results, the previous queries to record)``."""
         step = self._store.step(slots, codes, raw, query_embeddings=embeddings)
@@ -707,13 +635,11 @@ class MapMatchedServer:
                 if key in queries:
                     updates[self._sessions[key]] = (queries[key], turns[row] + 1)
         return results, updates
-
     def _previous_query(self, slot: int) -> Optional[str]:
         """The query text of the slot's latest turn, or None (that turn came as candidates,
         or the slot has stepped no query)."""
         entry = self._previous_queries.get(slot)
         return entry[0] if entry is not None and self._store.decoder.length(slot) == entry[1] else None
-
     def _error(self, session_id: SessionId, code: StepCode, turn: int, row_error) -> Exception:
         if code is StepCode.UNKNOWN_SLOT:
             return MapMatchedValueError(f"unknown session {session_id!r} (open it first)")
@@ -722,7 +648,6 @@ class MapMatchedServer:
         if code is StepCode.DECODE_OVERFLOW:
             return MapMatchedValueError(f"{NONFINITE_MESSAGE} at turn {turn}")
         return row_error(session_id, code, turn)
-
     def _results(self, ids, step, slots, rows) -> StepResults:
         if step is None:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
@@ -732,20 +657,17 @@ class MapMatchedServer:
         self._live_results = [reference for reference in self._live_results if reference() is not None]
         self._live_results.append(weakref.ref(results))
         return results
-
     def _refuse_overflowing_traces(
         self, step: TensorStep, slots: torch.Tensor, results: Optional[StepResults], keys: Sequence[Any]
     ) -> List[Tuple[int, Exception]]:
         """Sessions whose scores are so large that a trace margin or entropy may overflow
         (never with z-scores: no work then) have their path and trace built now, as a
         session would; a turn that fails there is taken back for that session alone.
-
         Args:
             step: the tensor step (its rows of refused turns are reset to a failed row's
                 values, status :attr:`StepCode.TRACE_OVERFLOW`).
             slots: ``(S,)`` its slots. results: its StepResults (None: made here for the
                 rows checked). keys: each row's key in ``results``.
-
         Returns:
             ``(row, the session's error)`` of every refused row.
         """
@@ -777,7 +699,6 @@ class MapMatchedServer:
                 self._built.drop(slot)
             refuse_rows(step, picked, StepCode.TRACE_OVERFLOW)
         return refused
-
     def _retrieve(self, queries: Dict[SessionId, str], errors: Dict[SessionId, Exception]) -> Dict[SessionId, Any]:
         provider, limit = self.provider, self.candidate_limit
         answers: Dict[SessionId, Any] = {}
@@ -817,7 +738,6 @@ class MapMatchedServer:
             except Exception as error:
                 errors[key] = error
         return answers
-
     def _current_chunk_ids(self, session_ids: Sequence[SessionId]) -> List[Optional[str]]:
         """Each session's decoded chunk of its latest turn (None before its first turn, or
         for a session that is not open), from the store's tensors."""
@@ -829,358 +749,7 @@ class MapMatchedServer:
             chunks[known] = self._store.current(slots[known]).chunks
         return self._store.codes.names(chunks.tolist())
 
-    # ------------------------------------------------------------ persistence
 
-    @_serialized
-    def state_dict(self) -> Dict[str, Any]:
-        """The session store (every session's turns and decoder state), the session IDs by
-        slot, the previous queries, the options and the graph's fingerprint, sealed by one
-        SHA-256 ``checksum`` over all of it (format 3, see
-        ``docs/serving-guarantees.md``): plain tensors and Python values, loadable with
-        ``torch.load(..., weights_only=True)``."""
-        sessions = [[_plain_id(session_id), slot] for session_id, slot in self._sessions.items()]
-        previous_queries = [[slot, *previous_query_entry(text)] for slot in sorted(self._previous_queries)
-                            for text in [self._previous_query(slot)] if text is not None]
-        store = self._store.state_dict()
-        state: Dict[str, Any] = {
-            "version": STATE_FORMAT,
-            "options": self._options(),
-            "graph": self._graph_fingerprint(),
-            "store": store,
-            "sessions": sessions,
-            "previous_queries": previous_queries,
-            "graph_codes": self._graph_codes_used(store["decoder"]["tensors"]["payload.codes"]),
-        }
-        state["checksum"] = content_digest(state)
-        return state
-
-    def _graph_fingerprint(self) -> Dict[str, Any]:
-        """The graph's :func:`~mapmatched_torch.serving._state.graph_fingerprint` (made once:
-        the graph is immutable)."""
-        if self._fingerprint is None:
-            self._fingerprint = graph_fingerprint(self.graph)
-        return dict(self._fingerprint)
-
-    def _graph_codes_used(self, codes: torch.Tensor) -> List[List[Any]]:
-        """``[[code, node ID], ...]`` of every graph node code in the saved ``(C, T, M)``
-        codes (O(C T M)): what ``migrate=True`` renumbers by."""
-        nodes = self._store.codes.graph_nodes
-        if nodes == 0:
-            return []
-        present = torch.zeros(nodes, dtype=torch.bool)
-        present[codes[(codes >= 0) & (codes < nodes)]] = True
-        used = present.nonzero().view(-1).tolist()
-        return [[code, name] for code, name in zip(used, self._store.codes.names(used))]
-
-    def _options(self) -> Dict[str, Any]:
-        """The options a saved state must match (what :meth:`state_dict` records)."""
-        settings = self.settings
-        return {
-            "candidate_limit": self.candidate_limit,
-            "emission_weight": settings.emission_weight,
-            "transition_weight": settings.transition_weight,
-            "score_normalization": settings.score_normalization,
-            "fixed_lag": settings.fixed_lag,
-            "context_radius": self.context_radius,
-            "context_limit": self.context_limit,
-            # a learned transition model's fingerprint (only with one: fixed-beta states are unchanged)
-            **({"transitions": self.learned.fingerprint()} if self.learned is not None else {}),
-        }
-
-    @_serialized
-    def load_state_dict(self, state: Mapping[str, Any], *, migrate: bool = False, legacy: bool = False) -> None:
-        """Restore :meth:`state_dict` into a server built with the same options over the same graph.
-
-        Everything is verified before anything changes: the checksum over the whole state,
-        the graph's fingerprint (node IDs in order, maximum distance, directedness,
-        edges), the options (candidate limit, lambda, beta, normalization, lag, context
-        options), the store's tensors and chunk codes, and that every session owns a
-        distinct live slot. A refused state raises
-        :class:`~mapmatched_torch.core.errors.MapMatchedValueError` naming what differs
-        or is damaged, and leaves the running server exactly as it was.
-
-        Args:
-            state: what :meth:`state_dict` returned (after ``torch.load``).
-            migrate: also load a state saved over a tensor graph with the same node IDs
-                (and edges and distance settings) in another order: its chunk codes are
-                renumbered to this graph's node indices. Nothing else is migrated.
-            legacy: also load a state without the whole-state checksum (saved before
-                format 3, or with the checksum removed): only its parts' own checks run,
-                so an edit of its session IDs or options may go unseen. Off by default.
-        """
-        if not isinstance(state, Mapping):
-            raise MapMatchedValueError(f"refusing the server state: expected a mapping, got {type(state).__name__}; "
-                                       "nothing was changed")
-        version = state.get("version")
-        if version == 1:
-            raise MapMatchedValueError(
-                "refusing the server state: it was saved by an older version of the server (state version 1); "
-                "nothing was changed"
-            )
-        if version == 2 or (version == STATE_FORMAT and "checksum" not in state):
-            if not legacy:
-                raise MapMatchedValueError(
-                    "refusing the server state: it has no whole-state checksum (saved before state format 3, or the "
-                    "checksum was removed), so a damaged or edited state could not be told apart; "
-                    "load_state_dict(state, legacy=True) loads it with only its parts' own checks; nothing was changed")
-            if version == 2:
-                return self._load_legacy(state)
-        elif version != STATE_FORMAT:
-            raise MapMatchedValueError(f"refusing the server state: unknown state version {version!r} (this server "
-                                       f"reads {STATE_FORMAT}); nothing was changed")
-        if set(state) - {"checksum"} != _STATE_KEYS:
-            raise MapMatchedValueError(
-                f"refusing the server state: expected the entries {sorted(_STATE_KEYS | {'checksum'})}, got "
-                f"{sorted(map(str, state))}; nothing was changed")
-        if "checksum" in state:
-            content = {key: value for key, value in state.items() if key != "checksum"}
-            if state["checksum"] != content_digest(content):
-                raise MapMatchedValueError(
-                    "refusing the server state: its content does not match its checksum (a damaged or edited "
-                    "state); nothing was changed")
-        mine = self._graph_fingerprint()
-        differing = fingerprint_differences(state["graph"], mine)
-        store = state["store"]
-        if differing:
-            movable = isinstance(state["graph"], dict) and same_but_order(state["graph"], mine)
-            if not (migrate and movable):
-                hint = (" It holds the same node IDs in another order: load_state_dict(state, migrate=True) (or "
-                        "load(path, migrate=True)) renumbers its chunk codes." if movable else "")
-                raise MapMatchedValueError(
-                    "refusing the server state: it was saved over another graph (its chunk codes and distances "
-                    f"belong to that graph): {'; '.join(differing)}; nothing was changed.{hint}")
-            store = self._renumbered(store, state["graph_codes"])
-        options = self._options()
-        if state["options"] != options:
-            saved = state["options"] if isinstance(state["options"], dict) else {}
-            keys = [*options, *(key for key in saved if key not in options)]  # (a learned model's, saved or here)
-            named = [f"{key} (saved {saved.get(key, 'absent')!r}, this {options.get(key, 'absent')!r})" for key in keys
-                     if saved.get(key, "absent") != options.get(key, "absent")] or [f"saved {state['options']!r}"]
-            raise MapMatchedValueError("refusing the server state: it was saved with other options: "
-                                       f"{'; '.join(named)}; nothing was changed")
-        self._restore(lambda: (state["sessions"], state["previous_queries"], store))
-
-    def _load_legacy(self, state: Mapping[str, Any]) -> None:
-        """A format-2 state (``legacy=True``): its options, its entries checksum where it
-        has one, and its parts' own checks."""
-        options = self._options()
-        if state.get("options") != options:
-            raise MapMatchedValueError(f"server state does not match this server: saved options {state.get('options')}, "
-                                       f"these {options}")
-        try:
-            if "entries_checksum" in state and state["entries_checksum"] != _entries_checksum(
-                    state["sessions"], state.get("previous_queries", [])):
-                raise MapMatchedValueError(
-                    "refusing the server state: the session IDs or previous queries do not match their checksum "
-                    "(a damaged file?); nothing was changed")
-        except MapMatchedValueError:
-            raise
-        except Exception as error:
-            raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was "
-                                       "changed") from error
-        self._restore(lambda: (state["sessions"], state.get("previous_queries", []), state["store"]))
-
-    def _renumbered(self, store: Any, graph_codes: Any) -> Dict[str, Any]:
-        """``store`` (a saved store state) with its graph node codes renumbered to this
-        graph's node indices by ``graph_codes`` (``[[saved code, node ID], ...]``), its
-        decoder checksum renewed; MapMatchedValueError when they do not cover the codes."""
-        nodes = self._store.codes.graph_nodes
-        try:
-            decoder = dict(store["decoder"])
-            tensors = dict(decoder["tensors"])
-            codes = tensors["payload.codes"]
-            old = [int(code) for code, _ in graph_codes]
-            new = self.graph.vocabulary.indices_of([str(name) for _, name in graph_codes])
-            mapping = torch.full((nodes,), -1, dtype=torch.long)
-            if old:
-                if len(set(old)) != len(old) or min(old) < 0 or max(old) >= nodes or min(new) < 0:
-                    raise MapMatchedValueError("graph_codes must name distinct saved codes of this graph's node IDs")
-                mapping[torch.tensor(old)] = torch.tensor(new, dtype=torch.long)
-            graph = (codes >= 0) & (codes < nodes)
-            moved = torch.where(graph, mapping[codes.clamp(0, max(nodes - 1, 0))] if nodes else codes, codes)
-            if bool((graph & (moved < 0)).any()):
-                raise MapMatchedValueError("a saved code is missing from graph_codes")
-        except MapMatchedValueError as error:
-            raise MapMatchedValueError(f"refusing to migrate the server state: {error}; nothing was changed") from error
-        except Exception as error:
-            raise MapMatchedValueError(f"refusing to migrate the server state: malformed ({error!r}); nothing was "
-                                       "changed") from error
-        tensors["payload.codes"] = moved
-        decoder["tensors"] = tensors
-        decoder["checksum"] = decoder_checksum(decoder)
-        return dict(store, decoder=decoder)
-
-    def _restore(self, parts: Callable[[], Tuple[Any, Any, Any]]) -> None:
-        """Check the sessions and previous queries, load the store (checked), then commit
-        (``parts``: the saved sessions, previous queries and store)."""
-        try:
-            saved_sessions, saved_previous, store = parts()
-            sessions = _parsed_sessions(saved_sessions)
-            previous_queries = _parsed_previous_queries(saved_previous, sessions)
-        except MapMatchedValueError:
-            raise
-        except Exception as error:  # a malformed entry: say so, change nothing
-            if out_of_memory(error):
-                raise MapMatchedResourceError(f"out of memory while restoring the server state ({error!r}): a "
-                                              "resource failure, not a malformed state; nothing was changed") from error
-            raise MapMatchedValueError(f"refusing the server state: malformed sessions ({error!r}); nothing was changed") from error
-        restored: Dict[int, Tuple[str, int]] = {}
-
-        def check(checked: Mapping[str, Any]) -> None:
-            _check_slots(sessions, checked)
-            lengths = checked["tensors"]["lengths"]
-            restored.update((slot, (text, int(lengths[slot]))) for slot, text in previous_queries.items())
-
-        built = BuiltPaths()  # results handed out before keep their own tensors, codes and built paths
-        with deferred_sigint():  # the store's load is all or nothing; then assignments
-            self._store.load_state_dict(store, also_check=check)
-            self._sessions, self._previous_queries, self._built, self._live_results = sessions, restored, built, []
-
-    @_serialized
-    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
-        """Write :meth:`state_dict` to ``path`` atomically: into a temporary file beside it,
-        flushed to disk, then renamed over ``path``, so a crash leaves the old file or the
-        new one, never a torn one."""
-        with atomic_path(path) as temporary:  # mapmatched_torch.core.files
-            torch.save(self.state_dict(), temporary)
-
-    @_serialized
-    def load(self, path: Union[str, "os.PathLike[str]"], *, migrate: bool = False, legacy: bool = False) -> None:
-        """Restore a file written by :meth:`save` (``torch.load(weights_only=True)``, then
-        :meth:`load_state_dict`). A torn, truncated or edited file is refused with a
-        MapMatchedValueError naming it, and the running server is untouched. Running out
-        of memory while reading it raises MapMatchedResourceError (a ``MemoryError``),
-        not the malformed-file error; the server is untouched then too. ``migrate`` and
-        ``legacy``: as for :meth:`load_state_dict`."""
-        try:
-            state = torch.load(os.fspath(path), weights_only=True)
-        except FileNotFoundError:
-            raise
-        except Exception as error:
-            if out_of_memory(error):
-                raise MapMatchedResourceError(
-                    f"out of memory while reading the server state file {os.fspath(path)!r} "
-                    f"({os.path.getsize(path)} bytes): {error.__class__.__name__}: {error}; a resource failure, not a "
-                    "damaged file: free memory and load it again; nothing was changed"
-                ) from error
-            raise MapMatchedValueError(
-                f"cannot read the server state file {os.fspath(path)!r}: {error.__class__.__name__}: {error} "
-                "(a torn, truncated or foreign file?); nothing was changed"
-            ) from error
-        try:
-            self.load_state_dict(state, migrate=migrate, legacy=legacy)
-        except MapMatchedValueError as error:
-            raise MapMatchedValueError(f"{os.fspath(path)!r}: {error}") from error
-
-
-def _check_slots(sessions: Dict[SessionId, int], decoder_state: Mapping[str, Any]) -> None:
-    """Every session owns a distinct live slot of a (validated) decoder state, and every
-    live slot has a session; else MapMatchedValueError."""
-    free, allocated = set(decoder_state["free"]), decoder_state["allocated"]
-    seen: Dict[int, SessionId] = {}
-    for session_id, slot in sessions.items():
-        if not 0 <= slot < allocated or slot in free:
-            raise MapMatchedValueError(
-                f"refusing the server state: session {session_id!r} holds slot {slot}, which the decoder "
-                f"state does not have live (allocated {allocated}, free {sorted(free)}); nothing was changed"
-            )
-        if slot in seen:
-            raise MapMatchedValueError(
-                f"refusing the server state: sessions {seen[slot]!r} and {session_id!r} share slot {slot}; "
-                "nothing was changed"
-            )
-        seen[slot] = session_id
-    if len(seen) != allocated - len(free):
-        raise MapMatchedValueError(
-            f"refusing the server state: {allocated - len(free)} live slots but {len(seen)} sessions; nothing was changed"
-        )
-
-
-def _parsed_sessions(entries: Any) -> Dict[SessionId, int]:
-    """The saved ``[session ID, slot]`` pairs as a dict (lists back to tuples)."""
-    sessions: Dict[SessionId, int] = {}
-    for session_id, slot in entries:
-        session_id = _restored_id(session_id)
-        if isinstance(slot, bool) or not isinstance(slot, int):
-            raise MapMatchedValueError(f"refusing the server state: session {session_id!r} has slot {slot!r}")
-        if session_id in sessions:
-            raise MapMatchedValueError(f"refusing the server state: session {session_id!r} appears twice")
-        sessions[session_id] = slot
-    return sessions
-
-
-#: The entries of a format-3 state besides its checksum.
-_STATE_KEYS = frozenset({"version", "options", "graph", "store", "sessions", "previous_queries", "graph_codes"})
-
-
-def _entries_checksum(sessions: Any, previous_queries: Any) -> str:
-    """SHA-256 of the saved session IDs by slot and previous queries of a format-2 state
-    (``legacy=True``; format 3 has one checksum over everything)."""
-    text = json.dumps([sessions, previous_queries], sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _parsed_previous_queries(entries: Any, sessions: Dict[SessionId, int]) -> Dict[int, str]:
-    """The saved ``[[slot, query text], ...]`` (absent in states saved before it existed):
-    each slot a live session's, once, each text a non-empty string."""
-    live = set(sessions.values())
-    if not isinstance(entries, (list, tuple)):
-        raise MapMatchedValueError(f"refusing the server state: previous_queries must be a list, got "
-                                   f"{type(entries).__name__}; nothing was changed")
-    parsed: Dict[int, str] = {}
-    for entry in entries:
-        previous = previous_query_of_entry(entry[1:]) if isinstance(entry, (list, tuple)) else None
-        if not (previous is not None and type(entry[0]) is int and entry[0] in live and entry[0] not in parsed):
-            raise MapMatchedValueError(f"refusing the server state: bad previous_queries entry {entry!r} (a live "
-                                       f"session's slot, once, its query text and the vector searched for it, if "
-                                       f"any); nothing was changed")
-        parsed[entry[0]] = previous
-    return parsed
-
-
-#: What a session ID may be, for error messages.
-_SESSION_ID_TYPES = ("a str, an int (numpy integers are taken as ints), a float, None, or a tuple of them (what a "
-                     "saved server state restores with torch.load(weights_only=True))")
-
-
-def _session_id_error(session_id: Any, part: Any, unhashable: bool = False) -> MapMatchedTypeError:
-    """The MapMatchedTypeError of a refused session ID (``part``: the refused piece of it)."""
-    inside = "" if part is session_id else f" inside {describe(session_id)}"
-    why = ", which is unhashable" if unhashable else ""
-    return MapMatchedTypeError(f"a session ID must be {_SESSION_ID_TYPES}; got {describe(part)}{inside}{why}")
-
-
-def _session_key(session_id: Any, whole: Any = None) -> SessionId:
-    """``session_id`` as the server keeps it: numpy (and other ``numbers.Integral``)
-    integers as ``int``, so ``np.int64(3)`` opens session ``3``; else it must be a str, an
-    int, a float, None or a (nested) tuple of them: what ``torch.load(...,
-    weights_only=True)`` restores. Anything else is a MapMatchedTypeError (a ValueError
-    and a TypeError) naming what is accepted and what was given."""
-    whole = session_id if whole is None else whole
-    if isinstance(session_id, tuple):
-        return tuple(_session_key(part, whole) for part in session_id)
-    if session_id is None or isinstance(session_id, (str, int, float)):
-        return session_id
-    if isinstance(session_id, numbers.Integral):
-        return int(session_id)
-    try:
-        hash(session_id)
-    except TypeError:
-        raise _session_id_error(whole, session_id, unhashable=True) from None
-    raise _session_id_error(whole, session_id)
-
-
-def _plain_id(session_id: SessionId) -> Any:
-    """A session ID as saved: tuples as lists."""
-    return [_plain_id(part) for part in session_id] if isinstance(session_id, tuple) else session_id
-
-
-def _restored_id(saved: Any) -> SessionId:
-    """:func:`_plain_id` undone."""
-    return tuple(_restored_id(part) for part in saved) if isinstance(saved, list) else saved
-
-
-#: Row failures that :func:`_raise_row_error` words from the whole row (step_indexed).
 _INDEX_CODES = (StepCode.OUT_OF_RANGE, StepCode.GAPPED, StepCode.NONFINITE_SCORE, StepCode.DUPLICATE)
 
 
