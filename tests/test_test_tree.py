@@ -29,6 +29,10 @@ TESTED_ELSEWHERE = {
     "serving/persistence.py": ("tests/serving/test_server.py", "tests/serving/test_saved_state.py"),
     "serving/session_ids.py": ("tests/serving/test_server.py",),
     "serving/locking.py": ("tests/serving/test_server.py",),
+    # the command line, through the commands it runs
+    "cli/parser.py": ("tests/eval/test_cli.py",),
+    "cli/run.py": ("tests/eval/test_cli.py", "tests/eval/test_model_fit.py"),
+    "cli/serve.py": ("tests/integrations/test_ray_serve.py", "tests/eval/test_graph_command.py"),
     "core/path_reports.py": ("tests/retrieval/test_torch_decoder.py",),  # reports == the standalone decoder's
     "core/trace_build.py": ("tests/core/test_trace.py",),  # build_trace and classify_move, with the trace
     "core/protocols.py": ("tests/standalone/test_graph.py", "tests/providers/test_faiss.py"),  # isinstance checks

@@ -33,6 +33,12 @@ keep in step.
 
 Steps are transactional per conversation: a conversation whose forward scores overflow
 gets ``ok = False`` and its slot is left exactly as it was; the others commit.
+
+Saving and loading the table is :mod:`.slot_persistence` (mixed in). This module stays
+above the project's ~700 lines on purpose: it is one class whose storage, growth and
+shrinking, step (fixed and learned transitions, full and fixed lag) and undo log share
+one private state, and splitting them would spread that state's invariants over
+modules; about a third of it is docstrings.
 """
 
 from __future__ import annotations

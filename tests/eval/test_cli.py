@@ -174,7 +174,7 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, monkeypatch, 
 
     (tmp_path / "file").write_text("x")
     (tmp_path / "folder").mkdir()
-    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the run started before the output check"))
+    monkeypatch.setattr(cli, "run_eval", lambda args: pytest.fail("the run started before the output check"))
     assert main(["eval", option, str(tmp_path / target)]) == 2
     err = capsys.readouterr().err
     assert f"{option} {tmp_path / target}: " in err and message in err
@@ -184,7 +184,7 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, monkeypatch, 
 def test_output_under_proc_fails_before_any_work(capsys, monkeypatch):
     import mapmatched_torch.cli as cli
 
-    monkeypatch.setattr(cli, "_run", lambda args: pytest.fail("the run started before the output check"))
+    monkeypatch.setattr(cli, "run_eval", lambda args: pytest.fail("the run started before the output check"))
     assert main(["eval", "--json", "/proc/nope/x.json"]) == 2
     assert "--json /proc/nope/x.json: /proc/nope does not exist and cannot be created" in capsys.readouterr().err
 

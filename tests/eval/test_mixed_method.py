@@ -236,7 +236,8 @@ def test_a_held_mixing_temperature_is_every_folds_temperature_and_a_bad_one_is_n
 
 
 def test_the_mixing_flags_reach_the_methods_options():
-    from mapmatched_torch.cli import _method_options, build_parser
+    from mapmatched_torch.cli import build_parser
+    from mapmatched_torch.cli.run import _method_options
 
     parser = build_parser()
     assert _method_options(parser.parse_args(["eval"])) == {}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mapmatched_torch.cli import _serve_parts
+from mapmatched_torch.cli.serve import serve_parts as _serve_parts
 from mapmatched_torch.core.errors import MapMatchedValueError, MissingDependencyError
 from mapmatched_torch.core.optional import clear_cache, has_module
 from mapmatched_torch.integrations._shard import (RequestError, ShardCore, read_shard_sessions, render_metrics,
