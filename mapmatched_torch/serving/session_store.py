@@ -16,6 +16,10 @@ operations: validation, exact normalization
 (:func:`~mapmatched_torch.kernels.normalization.normalize_score_rows`), distances (one
 graph call on the codes for a tensor graph), the decoding step and backtrack, gathers.
 No Python object is made per session; a failed row leaves its session untouched.
+
+At about 730 lines it is one class and the tensor helpers of its step; the slot table it
+stores into is :mod:`mapmatched_torch.kernels.slot_decoder`, its chunk codes
+:mod:`.codes` and its contexts :mod:`.contexts`.
 """
 
 from __future__ import annotations
