@@ -46,7 +46,7 @@ def test_a_group_renames_nothing_until_it_ends_and_nothing_on_an_error(tmp_path)
     assert (first.read_text(), second.read_text()) == ("new md", "new json")
 
 
-def test_sigint_during_the_renames_is_delivered_after_the_last_one(tmp_path, monkeypatch):
+def test_sigint_during_the_renames_is_delivered_after_the_last_one(tmp_path, monkeypatch, python_sigint):
     targets = [tmp_path / f"{name}.txt" for name in "abc"]
     replace = os.replace
 

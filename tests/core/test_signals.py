@@ -11,7 +11,7 @@ import pytest
 from mapmatched_torch.core.signals import deferred_sigint
 
 
-def test_sigint_inside_the_block_is_raised_after_the_block_and_nothing_in_between():
+def test_sigint_inside_the_block_is_raised_after_the_block_and_nothing_in_between(python_sigint):
     done = []
     with pytest.raises(KeyboardInterrupt):
         with deferred_sigint():
