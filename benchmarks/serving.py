@@ -45,9 +45,10 @@ from mapmatched_torch.retrieval import MapMatchedRetriever
 from mapmatched_torch.serving import MapMatchedServer
 
 
-def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10, **options) -> TensorCorpusGraph:
-    """Nodes on clusters of 50; each links to `neighbours` random nodes of its cluster
-    (distance 0.1-0.6) and rarely to another cluster (distance 0.9)."""
+def clustered_edges(nodes: int, generator: torch.Generator, neighbours: int = 10):
+    """``(edge_index (2, E), distances (E,) float64)``: nodes on clusters of 50; each links to
+    ``neighbours`` random nodes of its cluster (distance 0.1-0.6) and rarely (5%) to a
+    random node anywhere (distance 0.9). Self-loops are dropped."""
     cluster = torch.arange(nodes) // 50
     offsets = torch.randint(1, 50, (nodes, neighbours), generator=generator)
     targets = (cluster.unsqueeze(1) * 50 + (torch.arange(nodes).unsqueeze(1) % 50 + offsets) % 50).clamp_max(nodes - 1)
@@ -57,9 +58,14 @@ def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10
     weights[far, 0] = 0.9
     sources = torch.arange(nodes).unsqueeze(1).expand(-1, neighbours)
     keep = sources != targets
-    edge_index = torch.stack([sources[keep], targets[keep]])
+    return torch.stack([sources[keep], targets[keep]]), weights[keep]
+
+
+def clustered_graph(nodes: int, generator: torch.Generator, neighbours: int = 10, **options) -> TensorCorpusGraph:
+    """The :func:`clustered_edges` graph as a TensorCorpusGraph (bound 3.0)."""
+    edge_index, weights = clustered_edges(nodes, generator, neighbours)
     ids = [f"c{i}" for i in range(nodes)]
-    return TensorCorpusGraph.from_edge_index(edge_index, weights[keep], chunk_ids=ids, maximum_distance=3.0, **options)
+    return TensorCorpusGraph.from_edge_index(edge_index, weights, chunk_ids=ids, maximum_distance=3.0, **options)
 
 
 class Walkers:

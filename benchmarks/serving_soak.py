@@ -35,11 +35,13 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mapmatched_torch import InMemoryCorpusGraph  # noqa: E402
 from mapmatched_torch.graph import TensorCorpusGraph  # noqa: E402
 from mapmatched_torch.serving import MapMatchedServer  # noqa: E402
+from serving import clustered_edges  # noqa: E402
 
 
 def resident_mb() -> float:
@@ -51,25 +53,11 @@ def resident_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def clustered_edges(nodes: int, generator: torch.Generator, neighbours: int = 10) -> list:
-    """``(a, b, distance)`` edges: clusters of 50, each node linked to ``neighbours``
-    random nodes of its cluster (0.1-0.6), 5% of them to a random node anywhere (0.9)."""
-    cluster = torch.arange(nodes) // 50
-    offsets = torch.randint(1, 50, (nodes, neighbours), generator=generator)
-    targets = (cluster.unsqueeze(1) * 50 + (torch.arange(nodes).unsqueeze(1) % 50 + offsets) % 50).clamp_max(nodes - 1)
-    weights = 0.1 + 0.5 * torch.rand(nodes, neighbours, generator=generator, dtype=torch.float64)
-    far = torch.rand(nodes, generator=generator) < 0.05
-    targets[far, 0] = torch.randint(0, nodes, (int(far.sum()),), generator=generator)
-    weights[far, 0] = 0.9
-    sources = torch.arange(nodes).unsqueeze(1).expand(-1, neighbours)
-    keep = sources != targets
-    return [(f"c{a}", f"c{b}", w) for a, b, w in zip(sources[keep].tolist(), targets[keep].tolist(),
-                                                      weights[keep].tolist())]
-
-
 def make_graph(kind: str, nodes: int, generator: torch.Generator, maximum_distance: float):
-    """The graph of ``kind`` over :func:`clustered_edges`, a distance cache of one row per node."""
-    edges = clustered_edges(nodes, generator)
+    """The graph of ``kind`` over ``benchmarks/serving.py``'s clustered edges, a distance
+    cache of one row per node."""
+    edge_index, weights = clustered_edges(nodes, generator)
+    edges = [(f"c{a}", f"c{b}", w) for a, b, w in zip(*edge_index.tolist(), weights.tolist())]
     ids = [f"c{i}" for i in range(nodes)]
     if kind == "tensor":
         return TensorCorpusGraph.from_edges(edges, nodes=ids, maximum_distance=maximum_distance,
@@ -78,10 +66,11 @@ def make_graph(kind: str, nodes: int, generator: torch.Generator, maximum_distan
 
 
 def cache_entries(graph) -> str:
-    """The graph's distance cache: rows (and entries for a tensor graph's cache)."""
+    """The graph's distance cache: rows (and, for a tensor graph's cache, its sparse entries;
+    rows kept dense are not entries)."""
     info = graph.cache_info()
-    entries = getattr(getattr(graph, "_cache", None), "_keys", None)
-    return f"{info.size} rows" + (f", {entries.numel()} entries" if entries is not None else "")
+    cache = getattr(graph, "_cache", None)
+    return f"{info.size} rows" + (f", {cache.entry_count} sparse entries" if hasattr(cache, "entry_count") else "")
 
 
 def main() -> int:
