@@ -21,13 +21,23 @@ One run, in phases, each timed with the process's peak RSS after it:
    candidates per session and turn (near the session's anchor, a quarter random):
    the first step cold (nothing cached), then the p50 / p90 of ``--steps`` warm steps;
    with ``--context-radius`` the artifact also carries the context table
-   (``precompute_neighborhoods``), whose build and size are reported.
+   (``precompute_neighborhoods``), whose build and size are reported;
+7. **eval**: in a third fresh process, ``--conversations`` synthetic conversations of
+   ``--eval-turns`` turns walking the kNN graph (a gold chunk per turn, topic switches
+   with probability ``--switch``), each query its gold's embedding plus noise
+   (``--noise``), ``--width`` candidates per turn from a FAISS index of the corpus, the
+   distances from the loaded artifact's ball table, decoded pointwise and map-matched
+   (``--betas``) by the evaluation's methods, scored (hit@1, nDCG@3, MRR) with a paired
+   bootstrap of the hit@1 lift (``benchmarks/scale_eval.py`` says how). It reads DIR only,
+   so it can run alone on a kept artifact: ``--eval-only --dir DIR`` (``--report PATH``
+   writes its JSON report).
 
 Usage::
 
     nice python benchmarks/scale.py --rows 1000000 --dir /tmp/scale-1m --keep   # docs/scale.md's figures
     python benchmarks/scale.py --rows 100000 --dir /tmp/scale-100k
     python benchmarks/scale.py --rows 100000 --clusters 0 --dir /tmp/scale-control
+    taskset -c 1 nice python benchmarks/scale.py --eval-only --dir /tmp/scale-1m --report /tmp/eval-1m.json
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import numpy as np
 
@@ -175,8 +186,37 @@ def lookups(directory: str, width: int, count: int) -> dict:
     }
 
 
+def eval_rows(evaluation: dict) -> List[str]:
+    """The eval phase's figures as Markdown table rows."""
+    seconds, quality, lifts = evaluation["seconds"], evaluation["quality"], evaluation["hit1_lift"]
+    pointwise = quality["pointwise"]
+    rows = [
+        f"| eval: {evaluation['conversations']:,} conversations x {evaluation['turns']} turns x "
+        f"{evaluation['width']} candidates | {evaluation['conversations_per_second']:,.0f} conversations/s "
+        f"(queries {seconds['queries']:.1f} s, search {seconds['search']:.1f} s, distances "
+        f"{seconds['distances']:.1f} s, decode {seconds['decode']:.1f} s, metrics {seconds['metrics']:.1f} s; "
+        f"FAISS index {seconds['index']:.0f} s) |",
+        f"| eval: gold among the candidates | {evaluation['gold_in_candidates']:.3f} |",
+    ]
+    for name, lift in lifts.items():
+        matched = quality[name]
+        for part, label in (("all", "all turns"), ("followup", "follow-ups (turn > 0)"), ("switch", "topic switches")):
+            rows.append(
+                f"| eval hit@1, {label}: pointwise / {name} (lift [95%]) | {pointwise[part]['hit@1']:.3f} / "
+                f"{matched[part]['hit@1']:.3f} ({lift[part]['mean']:+.3f} [{lift[part]['low']:+.3f}, "
+                f"{lift[part]['high']:+.3f}]) |"
+            )
+        rows.append(f"| eval nDCG@3 / MRR, all turns: pointwise / {name} | {pointwise['all']['ndcg@3']:.3f} / "
+                    f"{matched['all']['ndcg@3']:.3f}, {pointwise['all']['mrr']:.3f} / {matched['all']['mrr']:.3f} |")
+    rows.append(f"| peak RSS of the eval process | {evaluation['peak_rss_gb']:.2f} GiB |")
+    return rows
+
+
 def table_rows(report: dict) -> str:
-    """The serving figures as a Markdown table (docs/scale.md takes it)."""
+    """The serving and eval figures as a Markdown table (docs/scale.md takes it)."""
+    if "serving" not in report:  # an eval-only report
+        return "\n".join([f"| {report['rows']:,} x {report['dim']} | measured |", "|---|---:|",
+                           *eval_rows(report["eval"])])
     serve = report["serving"]
     rows = [
         f"| {report['rows']:,} x {report['dim']}, {serve['sessions']:,} sessions x {serve['candidates']} candidates "
@@ -193,7 +233,44 @@ def table_rows(report: dict) -> str:
         contexts = report["contexts"]
         rows.append(f"| context table (radius {contexts['radius']}, limit {contexts['limit']:.3f}) | "
                     f"{contexts['seconds']:.0f} s, {contexts['bytes'] / 2**20:.0f} MiB |")
+    if "eval" in report:
+        rows.extend(eval_rows(report["eval"]))
     return "\n".join(rows)
+
+
+#: The eval phase's defaults: query noise (pointwise hit@1 0.58 on the clustered 100k
+#: corpus, gold among 32 candidates 0.94) and the map-matching betas (the first is the headline:
+#: the best of 2, 4, 8, 16, 32 on 1,000 conversations over 100,000 rows, seed 0).
+NOISE = 2.0
+BETAS = (16.0,)
+
+
+def phase_options(args: argparse.Namespace) -> List[str]:
+    """The options a phase's fresh process is started with."""
+    return ["--dir", str(args.dir), "--width", str(args.width), "--sessions", str(args.sessions),
+            "--steps", str(args.steps), "--seed", str(args.seed), "--conversations", str(args.conversations),
+            "--eval-turns", str(args.eval_turns), "--noise", repr(args.noise), "--switch", repr(args.switch),
+            "--eval-batch", str(args.eval_batch), "--nprobe", str(args.nprobe),
+            "--betas", *[repr(beta) for beta in args.betas]]
+
+
+def evaluation(args: argparse.Namespace) -> dict:
+    """Phase 7, run in a fresh process (``--eval-only``); with ``--report`` its report
+    (``{"rows", "dim", "eval"}``) and table are written there too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scale_eval import evaluate_directory
+
+    result = evaluate_directory(
+        args.dir, conversations=args.conversations, turns=args.eval_turns, width=args.width, betas=args.betas,
+        noise=args.noise, switch=args.switch, batch_size=args.eval_batch, nprobe=args.nprobe, seed=args.seed,
+        peak_rss=peak_rss_gb,
+    )
+    if args.report:
+        rows, dim = np.load(Path(args.dir) / "embeddings.npy", mmap_mode="r").shape
+        report = {"rows": int(rows), "dim": int(dim), "eval": result}
+        Path(args.report).write_text(json.dumps(report, indent=2))
+        print(table_rows(report), file=sys.stderr)
+    return result
 
 
 def main() -> None:
@@ -210,11 +287,23 @@ def main() -> None:
     parser.add_argument("--context-radius", type=float, default=None,
                         help="also store the context table of this radius in the artifact")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--conversations", type=int, default=10_000, help="eval: synthetic conversations")
+    parser.add_argument("--eval-turns", type=int, default=5, help="eval: turns per conversation")
+    parser.add_argument("--noise", type=float, default=NOISE, help="eval: query noise norm (unit embeddings)")
+    parser.add_argument("--switch", type=float, default=0.2, help="eval: topic-switch probability per turn")
+    parser.add_argument("--betas", type=float, nargs="+", default=list(BETAS), help="eval: map-matching betas")
+    parser.add_argument("--eval-batch", type=int, default=1024, help="eval: conversations per batch")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--keep", action="store_true", help="keep DIR afterwards")
+    parser.add_argument("--report", help="also write the JSON report here (default with --eval-only: none; "
+                                         "else DIR's sibling DIR.report.json)")
     parser.add_argument("--lookups-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serving-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--eval-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.eval_only:
+        print(json.dumps(evaluation(args)))
+        return
     if args.lookups_only:
         print(json.dumps(lookups(args.dir, args.width, args.sessions)))
         return
@@ -287,15 +376,15 @@ def main() -> None:
     np.save(folder / "sessions.npy", sessions(neighbors.numpy(), args.sessions, args.width, args.seed))
     np.save(folder / "turns.npy", turn_candidates(neighbors.numpy(), args.sessions, args.steps + 1, args.width, args.seed))
     del graph, table, neighbors, distances, edge_index, edge_weight, embeddings
-    for name, flag in (("lookups", "--lookups-only"), ("serving", "--serving-only")):
-        command = [sys.executable, __file__, flag, "--dir", str(folder), "--width", str(args.width),
-                   "--sessions", str(args.sessions), "--steps", str(args.steps)]
-        result = subprocess.run(command, check=True, capture_output=True, text=True)
+    for name, flag in (("lookups", "--lookups-only"), ("serving", "--serving-only"), ("eval", "--eval-only")):
+        # stderr passes through: the eval's progress lines
+        result = subprocess.run([sys.executable, __file__, flag, *phase_options(args)], check=True,
+                                stdout=subprocess.PIPE, text=True)
         report[name] = json.loads(result.stdout.strip().splitlines()[-1])
         print(f"{name}: {json.dumps(report[name])}", flush=True)
     print(json.dumps(report, indent=2))
     print(table_rows(report))
-    (folder.parent / f"{folder.name}.report.json").write_text(json.dumps(report, indent=2))
+    Path(args.report or folder.parent / f"{folder.name}.report.json").write_text(json.dumps(report, indent=2))
     if not args.keep:
         shutil.rmtree(folder)
 

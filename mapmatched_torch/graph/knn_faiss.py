@@ -54,7 +54,7 @@ from ..core.errors import FAISSNotInstalledError, MapMatchedValueError
 from ..core.progress import progress_bar
 from .vocabulary import ChunkVocabulary
 
-__all__ = ["FAISS_INDEXES", "faiss_knn_neighbors", "knn_recall", "read_rows"]
+__all__ = ["FAISS_INDEXES", "FAISSCorpusIndex", "faiss_knn_neighbors", "knn_recall", "read_rows"]
 
 #: The ``index=`` choices of :func:`faiss_knn_neighbors`.
 FAISS_INDEXES = ("auto", "flat", "ivf", "hnsw")
@@ -166,6 +166,47 @@ def _make_index(faiss: Any, kind: str, size: int, dimension: int, nlist: Optiona
     return index
 
 
+def _filled_index(
+    faiss: Any, rows: Any, ids: Sequence[str], kind: str, nlist: Optional[int], probes: int, ef_search: int,
+    seed: int, chunk: int, show: bool, seconds: dict,
+) -> Tuple[Any, Any, np.ndarray]:
+    """An index of ``kind`` trained (IVF) and holding every row as a float32 unit row.
+
+    Returns ``(built, search_index, norms)``: the index, the one to search (a GPU copy
+    of a flat index when faiss has a GPU, else ``built``) and the (N,) float64 row
+    norms; ``seconds`` receives ``train`` (IVF) and ``add``.
+    """
+    size, dimension = len(ids), int(rows.shape[1])
+    gpu = getattr(faiss, "get_num_gpus", lambda: 0)() > 0
+    clock = time.perf_counter()
+    norms = np.empty(size, dtype=np.float64)
+    built = _make_index(faiss, kind, size, dimension, nlist, seed)
+    if kind == "ivf":
+        generator = np.random.default_rng(seed)
+        train = built.nlist * 40  # faiss asks for at least 39 points per centroid
+        sample = np.arange(size) if train >= size else np.sort(generator.choice(size, train, replace=False))
+        vectors = np.empty((sample.size, dimension), dtype=np.float32)
+        for start in range(0, sample.size, chunk):
+            part = sample[start:start + chunk]
+            vectors[start:start + part.size] = _normalize(np.asarray(rows[part], dtype=np.float64), part, ids)[0]
+        built.train(vectors)
+        del vectors
+        built.nprobe = min(probes, built.nlist)
+        seconds["train"] = time.perf_counter() - clock
+    if kind == "hnsw":
+        built.hnsw.efSearch = ef_search
+    search_index = faiss.index_cpu_to_all_gpus(built) if gpu and kind == "flat" else built
+    clock = time.perf_counter()
+    with progress_bar(total=size, unit="row", desc="kNN faiss add", show=show) as bar:
+        for start in range(0, size, chunk):
+            stop = min(start + chunk, size)
+            unit, norms[start:stop] = _unit_chunk(rows, start, stop, ids)
+            search_index.add(np.ascontiguousarray(unit, dtype=np.float32))
+            bar.update(stop - start)
+    seconds["add"] = time.perf_counter() - clock
+    return built, search_index, norms
+
+
 def faiss_knn_neighbors(
     embeddings: Any,
     chunk_ids: Sequence[str],
@@ -227,34 +268,9 @@ def faiss_knn_neighbors(
     kind = index if index != "auto" else ("flat" if gpu or size <= FLAT_UP_TO else "ivf")
     show = size >= PROGRESS_THRESHOLD if progress is None else bool(progress)
     wanted = min(size, picks + max(4, picks // 2) + 1)  # + 1: the row itself
-    seconds = {}
-    clock = time.perf_counter()
-
-    norms = np.empty(size, dtype=np.float64)
-    built = _make_index(faiss, kind, size, dimension, nlist, seed)
-    if kind == "ivf":
-        generator = np.random.default_rng(seed)
-        train = built.nlist * 40  # faiss asks for at least 39 points per centroid
-        sample = np.arange(size) if train >= size else np.sort(generator.choice(size, train, replace=False))
-        vectors = np.empty((sample.size, dimension), dtype=np.float32)
-        for start in range(0, sample.size, chunk):
-            part = sample[start:start + chunk]
-            vectors[start:start + part.size] = _normalize(np.asarray(rows[part], dtype=np.float64), part, ids)[0]
-        built.train(vectors)
-        del vectors
-        built.nprobe = min(probes, built.nlist)
-        seconds["train"] = time.perf_counter() - clock
-    if kind == "hnsw":
-        built.hnsw.efSearch = ef_search or max(64, 2 * wanted)
-    search_index = faiss.index_cpu_to_all_gpus(built) if gpu and kind == "flat" else built
-    clock = time.perf_counter()
-    with progress_bar(total=size, unit="row", desc="kNN faiss add", show=show) as bar:
-        for start in range(0, size, chunk):
-            stop = min(start + chunk, size)
-            unit, norms[start:stop] = _unit_chunk(rows, start, stop, ids)
-            search_index.add(np.ascontiguousarray(unit, dtype=np.float32))
-            bar.update(stop - start)
-    seconds["add"] = time.perf_counter() - clock
+    seconds: dict = {}
+    depth = ef_search or max(64, 2 * wanted)
+    built, search_index, norms = _filled_index(faiss, rows, ids, kind, nlist, probes, depth, seed, chunk, show, seconds)
 
     rank = ChunkVocabulary(ids).rank().numpy()
     neighbors = np.empty((size, picks), dtype=np.int64)
@@ -299,6 +315,106 @@ def faiss_knn_neighbors(
             info["recall_sample"] = min(recall_sample, size)
             seconds["recall"] = time.perf_counter() - clock
     return torch.from_numpy(neighbors), torch.from_numpy(distances)
+
+
+class FAISSCorpusIndex:
+    """The corpus rows in a FAISS index, searched by outside query vectors with exact re-scoring.
+
+    The index and its normalization are those of :func:`faiss_knn_neighbors` (module
+    docstring, steps 1-3): ``limit + margin`` candidates per query from the index, their
+    cosine similarities recomputed in float64 with the reference formula, ordered by
+    (similarity decreasing, chunk ID), the first ``limit`` returned.
+
+    Args:
+        embeddings: (N, D) real matrix (a memory-mapped ``.npy`` is read in chunks).
+        chunk_ids: N unique chunk IDs (ties go to the smaller ID).
+        index, nlist, nprobe, seed, chunk_rows, progress: as for :func:`faiss_knn_neighbors`.
+
+    Attributes:
+        kind: the index built (``"flat"``, ``"ivf"`` or ``"hnsw"``).
+        seconds: ``{"train"?: s, "add": s}``.
+
+    Example:
+        >>> import numpy as np
+        >>> corpus = FAISSCorpusIndex(np.eye(3), ["a", "b", "c"])
+        >>> scores, rows = corpus.search(np.array([[0.0, 1.0, 0.1]]), 2)
+        >>> rows.tolist(), [round(value, 3) for value in scores[0].tolist()]
+        ([[1, 2]], [0.995, 0.1])
+    """
+
+    def __init__(
+        self,
+        embeddings: Any,
+        chunk_ids: Sequence[str],
+        *,
+        index: str = "auto",
+        nlist: Optional[int] = None,
+        nprobe: Optional[int] = None,
+        seed: int = 0,
+        chunk_rows: int = 1 << 15,
+        progress: Optional[bool] = None,
+    ) -> None:
+        self._faiss = _faiss()
+        check_choice("faiss index", index, FAISS_INDEXES)
+        chunk = check_positive_int(chunk_rows, "chunk_rows")
+        probes = 16 if nprobe is None else check_positive_int(nprobe, "nprobe")
+        self._ids = check_embedding_ids(chunk_ids)
+        self._rows, size, dimension = read_rows(embeddings)
+        if size != len(self._ids):
+            raise row_count_error(size, len(self._ids))
+        if dimension == 0:
+            raise dimension_error()
+        gpu = getattr(self._faiss, "get_num_gpus", lambda: 0)() > 0
+        self.kind = index if index != "auto" else ("flat" if gpu or size <= FLAT_UP_TO else "ivf")
+        show = size >= PROGRESS_THRESHOLD if progress is None else bool(progress)
+        self.seconds: dict = {}
+        self._built, self._search_index, self._norms = _filled_index(
+            self._faiss, self._rows, self._ids, self.kind, nlist, probes, 64, seed, chunk, show, self.seconds
+        )
+        self._rank = ChunkVocabulary(self._ids).rank().numpy()
+        self.widened = 0  # queries searched again over every IVF list
+
+    def search(self, queries: Any, limit: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The ``limit`` corpus rows most similar to each query.
+
+        Args:
+            queries: (Q, D) real query vectors (any norm but 0).
+            limit: rows per query (at most N).
+
+        Returns:
+            ``(scores, rows)``: (Q, limit) float64 cosine similarities, decreasing, and
+            (Q, limit) int64 corpus rows.
+
+        Raises:
+            MapMatchedValueError: a bad limit, a query of another dimension, a zero or
+                non-finite query.
+        """
+        size = len(self._ids)
+        limit = check_positive_int(limit, "limit")
+        if limit > size:
+            raise MapMatchedValueError(f"limit {limit} is larger than the corpus ({size} rows)")
+        block = np.asarray(queries, dtype=np.float64)
+        if block.ndim != 2 or block.shape[1] != self._rows.shape[1]:
+            raise MapMatchedValueError(f"queries must be (Q, {self._rows.shape[1]}), got shape {block.shape}")
+        unit, _ = _normalize(block, np.arange(block.shape[0]), _RowNames())
+        wanted = min(size, limit + max(4, limit // 2))
+        _, found = self._search_index.search(np.ascontiguousarray(unit, dtype=np.float32), wanted)
+        short = np.flatnonzero((found >= 0).sum(axis=1) < limit)
+        if short.size and self.kind == "ivf":  # too few rows in the probed lists: probe them all
+            self.widened += int(short.size)
+            probes, self._built.nprobe = self._built.nprobe, self._built.nlist
+            _, found[short] = self._built.search(np.ascontiguousarray(unit[short], dtype=np.float32), wanted)
+            self._built.nprobe = probes
+        distance = np.concatenate([
+            _exact_distances(self._rows, self._norms, unit[part:part + _RESCORE_ROWS], found[part:part + _RESCORE_ROWS])
+            for part in range(0, unit.shape[0], _RESCORE_ROWS)
+        ]) if unit.shape[0] else np.empty((0, wanted))
+        order = np.lexsort((np.where(found >= 0, self._rank[np.maximum(found, 0)], size), distance), axis=1)
+        found = np.take_along_axis(found, order, axis=1)[:, :limit]
+        distance = np.take_along_axis(distance, order, axis=1)[:, :limit]
+        if (found < 0).any():
+            raise MapMatchedValueError(f"the {self.kind} index found fewer than {limit} rows for a query")
+        return 1.0 - distance, found
 
 
 class _RowNames:
