@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -109,13 +109,29 @@ def evaluate_directory(
     nprobe: int = 16,
     seed: int = 0,
     resamples: int = 1000,
-    peak_rss=None,
+    examples: int = 1,
+    peak_rss: Optional[Callable[[], float]] = None,
 ) -> dict:
     """The eval phase over ``directory`` (module docstring); returns the report.
 
-    The report's ``example`` holds conversation 0: its golds, candidates (rows), raw
-    scores and both methods' top-1 per turn (what the test checks against the
-    standalone decoder).
+    Args:
+        directory: the scale run's DIR (``embeddings.npy``, ``graph/``), only read.
+        conversations, turns: C conversations of T turns.
+        width: M candidates per turn.
+        betas: the map-matched settings' betas (lambda 1, full decoding).
+        noise: the queries' noise norm (their gold's embedding has norm 1).
+        switch: the probability of a topic switch per turn.
+        batch_size: conversations per batch.
+        nprobe: IVF lists probed per query.
+        seed: the walk's and the noise's seed (the index's too).
+        resamples: bootstrap resamples.
+        examples: the first conversations to list in the report's ``examples``: golds,
+            candidate rows, raw scores and each method's top-1 row per turn.
+        peak_rss: a function giving the process's peak RSS in GiB (for progress lines).
+
+    Returns:
+        The report (a JSON-able dict; ``quality[method][slice][metric]`` the means,
+        ``hit1_lift[method][slice]`` the bootstrap of map-matched minus pointwise hit@1).
     """
     import torch
 
@@ -152,7 +168,7 @@ def evaluate_directory(
     # shape: per method and metric, (C * T,) per-turn values in (conversation, turn) order
     columns: Dict[str, Dict[str, List]] = {name: {metric: [] for metric in METRICS} for name in names}
     found: List = []
-    example: dict = {}
+    shown: List[dict] = []
     noise_rng = np.random.default_rng([seed, 34, 7])
     batches = (conversations + batch_size - 1) // batch_size
     started = time.perf_counter()
@@ -190,11 +206,11 @@ def evaluate_directory(
             values = ranking_metrics(ranked, qrels, ks=(1, 3))
             for metric, key in METRICS.items():
                 columns[name][metric].append(values[key])
-        if first == 0:
-            example = {"golds": golds[0].tolist(), "switched": switched[0].tolist(),
-                       "candidates": candidates.index[0].tolist(), "scores": candidates.scores[0].tolist(),
-                       **{name: gather_passages(candidates.index, order)[0, :, 0].tolist()
-                          for name, order in zip(names, orders)}}
+        for row in range(max(0, min(examples, last) - first)):  # the first conversations, as they were ranked
+            shown.append({"golds": golds[first + row].tolist(), "switched": switched[first + row].tolist(),
+                          "candidates": candidates.index[row].tolist(), "scores": candidates.scores[row].tolist(),
+                          **{name: candidates.index[row].gather(-1, order[row, :, :1]).view(-1).tolist()
+                             for name, order in zip(names, orders)}})
         seconds["metrics"] += time.perf_counter() - clock
         elapsed = time.perf_counter() - started
         print(f"eval batch {number}/{batches}: {last:,}/{conversations:,} conversations, {elapsed:.1f} s "
@@ -225,6 +241,6 @@ def evaluate_directory(
         "seconds": {key: round(value, 2) for key, value in seconds.items()},
         "conversations_per_second": round(conversations / decoded, 1) if decoded else None,
         "gold_in_candidates": round(float(torch.cat(found).double().mean()), 4),
-        "switch_turns": int(switched.sum()), "quality": quality, "hit1_lift": lifts, "example": example,
+        "switch_turns": int(switched.sum()), "quality": quality, "hit1_lift": lifts, "examples": shown,
         "torch_threads": torch.get_num_threads(), "peak_rss_gb": round(peak_rss(), 2),
     }

@@ -23,6 +23,9 @@ after them follows the reference rules:
 So the picks' distances and tie order are the reference's, and the only difference
 from the exact backend is which rows are found: a true neighbour the index misses
 is replaced by the next candidate. :func:`knn_recall` measures that on a sample.
+:class:`FAISSCorpusIndex` keeps the same index for outside query vectors (the top rows
+of each query, re-scored the same way; ``benchmarks/scale.py``'s eval phase searches
+with it).
 Runs are deterministic: fixed seeds, a fixed training sample, and FAISS searches
 are per query.
 

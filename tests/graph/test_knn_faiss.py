@@ -74,3 +74,35 @@ def test_faiss_backend_errors():
         faiss_knn_neighbors(x, IDS[:2], 3)
     single = faiss_knn_neighbors(x[:1], IDS[:1], 3)
     assert single[0].shape == (1, 0)
+
+
+@pytest.mark.parametrize("index", ["flat", "ivf"])
+def test_corpus_index_search_equals_exact_search_with_ties_by_chunk_id(index):
+    from mapmatched_torch.graph.knn_faiss import FAISSCorpusIndex
+
+    x = _clustered().astype(np.float64)
+    corpus = FAISSCorpusIndex(x, IDS, index=index, nlist=8, nprobe=8)  # every list probed: exact candidates
+    rng = np.random.default_rng(1)
+    queries = np.concatenate([x[[7, 3]], x[rng.integers(0, 600, 30)] + 0.2 * rng.normal(size=(30, 16))])
+    scores, rows = corpus.search(queries, 6)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    expected = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ unit.T
+    for query in range(queries.shape[0]):
+        order = np.lexsort((np.arange(600), -np.round(expected[query], 12)))[:6]
+        assert rows[query].tolist() == order.tolist()
+        np.testing.assert_allclose(scores[query], expected[query, order], rtol=0, atol=1e-12)
+    assert rows[0, :3].tolist() == [5, 7, 9]  # three equal rows: the smaller chunk ID first
+    assert np.all(np.diff(scores, axis=1) <= 0) and corpus.kind == index
+
+
+def test_corpus_index_refuses_bad_queries():
+    from mapmatched_torch.core.errors import MapMatchedValueError
+    from mapmatched_torch.graph.knn_faiss import FAISSCorpusIndex
+
+    corpus = FAISSCorpusIndex(_clustered(), IDS, index="flat")
+    with pytest.raises(MapMatchedValueError, match="queries must be"):
+        corpus.search(np.ones((2, 15)), 3)
+    with pytest.raises(MapMatchedValueError, match="larger than the corpus"):
+        corpus.search(np.ones((2, 16)), 601)
+    with pytest.raises(ValueError, match="zero"):
+        corpus.search(np.zeros((1, 16)), 3)
