@@ -146,7 +146,7 @@ def evaluate_directory(
     peak_rss = peak_rss or (lambda: float("nan"))
     seconds: Dict[str, float] = {key: 0.0 for key in ("queries", "search", "distances", "decode", "metrics")}
     folder = Path(directory)
-    clock = time.perf_counter()
+    begun = clock = time.perf_counter()
     graph = load_graph(folder / "graph")
     embeddings = np.load(folder / "embeddings.npy", mmap_mode="r")
     ids = graph.vocabulary.chunk_ids
@@ -233,6 +233,7 @@ def evaluate_directory(
             lifts[name][slice_name] = {"mean": round(result.mean, 4), "low": round(result.low, 4),
                                        "high": round(result.high, 4), "turns": result.n_turns}
     seconds["bootstrap"] = time.perf_counter() - clock
+    seconds["total"] = time.perf_counter() - begun  # from the artifact's load on
     decoded = sum(seconds[key] for key in ("queries", "search", "distances", "decode", "metrics"))
     return {
         "conversations": conversations, "turns": turns, "width": width, "noise": noise, "switch": switch,
