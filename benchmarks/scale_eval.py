@@ -135,6 +135,8 @@ def evaluate_directory(
     """
     import torch
 
+    from mapmatched_torch.core.checks import check_positive_int
+    from mapmatched_torch.core.errors import MapMatchedValueError
     from mapmatched_torch.eval.bootstrap import paired_bootstrap
     from mapmatched_torch.eval.candidates import Candidates, normalize_candidate_scores
     from mapmatched_torch.eval.distances import CorpusDistances
@@ -143,6 +145,11 @@ def evaluate_directory(
     from mapmatched_torch.graph.knn_faiss import FAISSCorpusIndex
     from mapmatched_torch.kernels.ranking_metrics import SparseQrels, ranking_metrics
 
+    for name, value in (("conversations", conversations), ("turns", turns), ("width", width),
+                        ("batch_size", batch_size), ("nprobe", nprobe)):
+        check_positive_int(value, name)
+    if not (np.isfinite(noise) and noise >= 0.0) or not 0.0 <= switch <= 1.0:
+        raise MapMatchedValueError(f"noise must be finite and >= 0 and switch in [0, 1], got {noise} and {switch}")
     peak_rss = peak_rss or (lambda: float("nan"))
     seconds: Dict[str, float] = {key: 0.0 for key in ("queries", "search", "distances", "decode", "metrics")}
     folder = Path(directory)
@@ -151,7 +158,7 @@ def evaluate_directory(
     embeddings = np.load(folder / "embeddings.npy", mmap_mode="r")
     ids = graph.vocabulary.chunk_ids
     if embeddings.shape[0] != len(ids):
-        raise SystemExit(f"{folder}: {embeddings.shape[0]} embeddings but {len(ids)} graph nodes")
+        raise MapMatchedValueError(f"{folder}: {embeddings.shape[0]} embeddings but {len(ids)} graph nodes")
     lookup = CorpusDistances(graph, ids)
     seconds["load"] = time.perf_counter() - clock
     clock = time.perf_counter()

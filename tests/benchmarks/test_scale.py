@@ -118,3 +118,13 @@ def test_eval_only_runs_over_a_kept_directory_and_writes_only_its_report(corpus,
     assert saved["eval"]["quality"] == printed["quality"] and saved["rows"] == ROWS
     assert "eval batch 1/1: 20/20 conversations" in result.stderr
     assert sorted(path.name for path in corpus.rglob("*")) == before
+
+
+def test_eval_refuses_bad_options(corpus):
+    from mapmatched_torch.core.errors import MapMatchedValueError
+
+    for options in ({"conversations": 0}, {"width": -1}, {"noise": float("nan")}, {"switch": 1.5}):
+        with pytest.raises(MapMatchedValueError):
+            _run(corpus, **options)
+    with pytest.raises(MapMatchedValueError, match="larger than the corpus"):
+        _run(corpus, width=ROWS + 1)
