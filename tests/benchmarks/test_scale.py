@@ -3,7 +3,9 @@ and the map-matched answers equal to the standalone decoder's on the same candid
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +20,19 @@ from mapmatched_torch.core.scoring import normalize_scores  # noqa: E402
 from mapmatched_torch.graph import knn_graph, load_graph, save_graph  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
 
-import scale  # noqa: E402
-from scale_eval import evaluate_directory, walk_conversations  # noqa: E402
+
+def _script(name: str):
+    """A benchmark script as a module, without putting benchmarks/ on sys.path (its names are generic)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scale = _script("scale")
+scale_eval = _script("scale_eval")
+evaluate_directory, walk_conversations = scale_eval.evaluate_directory, scale_eval.walk_conversations
 
 ROWS, DIMENSION = 300, 16
 
@@ -112,7 +123,7 @@ def test_eval_only_runs_over_a_kept_directory_and_writes_only_its_report(corpus,
     command = [sys.executable, str(BENCHMARKS / "scale.py"), "--eval-only", "--dir", str(corpus), "--conversations",
                "20", "--eval-turns", "3", "--width", "6", "--betas", "2", "--report", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, check=True,
-                            env={**__import__("os").environ, "PYTHONPATH": str(BENCHMARKS.parent)})
+                            env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)})
     printed = json.loads(result.stdout.strip().splitlines()[-1])
     saved = json.loads(out.read_text())
     assert saved["eval"]["quality"] == printed["quality"] and saved["rows"] == ROWS
