@@ -83,10 +83,8 @@ def _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, si
             remaining = size
             while remaining > 1:
                 half = remaining >> 1
-                for c in range(width_c):
-                    probe = base[c] + half
-                    if neighbors[probe] < wanted[c]:
-                        base[c] = probe
+                for c in range(width_c):  # arithmetic, not a branch: compiles to a select
+                    base[c] += half * (neighbors[base[c] + half] < wanted[c])
                 remaining -= half
             for c in range(width_c):
                 target = wanted[c]
