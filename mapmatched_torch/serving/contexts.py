@@ -74,8 +74,8 @@ def context_table_mismatch(table_radius: float, table_limit: float, radius: floa
         return None
     return (
         f"the graph's context table was built for radius {table_radius!r} (neighbourhoods within {table_limit!r}), "
-        f"but the context radius is {float(radius)!r} (within {limit!r}): the table is not read, every context row "
-        f"is searched instead; rebuild it at radius {float(radius)!r} (graph.precompute_neighborhoods({float(radius)!r})"
+        f"but the context radius is {float(radius)!r} (within {limit!r}): contexts at this radius cannot read it, "
+        f"every context row is searched instead; rebuild it at radius {float(radius)!r} (graph.precompute_neighborhoods({float(radius)!r})"
         f" before save_graph, or mapmatched-torch graph build --context-radius {float(radius)!r})"
     )
 
