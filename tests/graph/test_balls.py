@@ -200,8 +200,9 @@ def test_the_grid_lookup_equals_the_pairwise_one_and_the_oracle(seed, members, g
         assert float(grid[g, a, c]) == expected, (g, a, c)
 
 
-def test_the_ball_lookup_benchmark_runs_on_a_small_artifact(tmp_path):
-    """benchmarks/ball_lookup.py on a saved 40-node graph: every kernel agrees, figures reported."""
+def test_the_lookup_benchmarks_run_on_a_small_artifact(tmp_path):
+    """benchmarks/ball_lookup.py and distance_oracles.py on a saved 40-node graph: every
+    kernel agrees, the labels answer the oracle's distances, figures reported."""
     import json
     import subprocess
     import sys
@@ -214,7 +215,7 @@ def test_the_ball_lookup_benchmark_runs_on_a_small_artifact(tmp_path):
     graph = TensorCorpusGraph.from_graph(reference).precompute_balls()
     save_graph(graph, tmp_path / "graph")
     rng = np.random.default_rng(0)
-    np.save(tmp_path / "turns.npy", rng.integers(0, 40, size=(4, 33, 5)))
+    np.save(tmp_path / "turns.npy", rng.integers(0, graph.num_nodes, size=(4, 33, 5)))
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "ball_lookup.py"
     done = subprocess.run([sys.executable, str(script), "--dir", str(tmp_path)], capture_output=True, text=True,
                           timeout=240, check=False)
@@ -222,3 +223,11 @@ def test_the_ball_lookup_benchmark_runs_on_a_small_artifact(tmp_path):
     report = json.loads(done.stdout)
     assert report["pairs_per_step"] == 33 * 5 * 5 and report["steps"] == 3
     assert report["grid_1_thread_p50_ms"] >= 0.0
+    # the 2-hop labels' benchmark on the same artifact: its answers are the oracle's up to rounding
+    script = script.with_name("distance_oracles.py")
+    done = subprocess.run([sys.executable, str(script), "--dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    labels = json.loads(done.stdout)["labels"]
+    assert labels["largest_difference"] < 1e-12 and labels["pairs_on_the_other_side_of_the_bound"] == 0
+    assert labels["entries_per_node"] >= 1.0
