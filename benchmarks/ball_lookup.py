@@ -47,6 +47,8 @@ def main() -> None:
     arrays = table.indptr.numpy(), table.neighbors.numpy(), table.distances.numpy()
     maximum = graph.maximum_distance
     turns = np.load(folder / "turns.npy")  # (T, S, M)
+    if turns.ndim != 3 or turns.min() < 0 or turns.max() >= table.num_nodes:
+        raise SystemExit(f"turns.npy must be (T, S, M) node indices below {table.num_nodes}")
     count, width = turns.shape[1:]
     threads = numba.get_num_threads()
     # compile / load every kernel once on a tiny input, outside the timings
