@@ -73,8 +73,6 @@ TESTED_ELSEWHERE = {
     "providers/fusion.py": ("tests/providers/test_dense.py",),
     # serving/: chunk codes and context tables, tested with the store's tensor step
     "serving/codes.py": ("tests/serving/test_session_store.py", "tests/serving/test_bounded_state.py"),
-    "serving/contexts.py": ("tests/serving/test_session_store.py", "tests/serving/test_step_results.py",
-                            "tests/serving/test_bounded_state.py"),
     # fit/: the synthetic sampler is checked with the path sampler it draws from
     "fit/sampling.py": ("tests/kernels/test_sampling.py", "tests/fit/test_fitting.py"),
     # fit/threads.py: its doctest, and the byte-for-byte torchrun report it exists for

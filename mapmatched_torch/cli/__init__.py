@@ -43,7 +43,9 @@ every rank takes the one-process optimizer steps (rank 0 writes)::
 
 ``mapmatched-torch serve`` (extra ``[ray]``) serves a ``--data`` folder over HTTP with
 Ray Serve (:mod:`mapmatched_torch.integrations.ray_serve`) until SIGINT or SIGTERM;
-``--graph-dir`` serves a saved graph artifact instead of building one::
+``--graph-dir`` serves a saved graph artifact instead of building one (its context rows
+read from the artifact's context table, ``graph build --context-radius``, at that
+table's radius unless ``--context-radius`` says another: docs/scale.md)::
 
     mapmatched-torch serve --data ../shared/data/inscit_dev --embedder hash --shards 2 --port 8000
     mapmatched-torch serve --data ../shared/data/inscit_dev --graph-dir /tmp/corpus-graph

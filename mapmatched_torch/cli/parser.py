@@ -289,6 +289,15 @@ def _add_serve_parser(commands: Any) -> None:
                        help="graph distance bound (default: 10, or with --graph-dir the saved bound)")
     serve.add_argument("--graph-dir", metavar="DIR", help="a graph artifact (mapmatched-torch graph build) built for "
                        "--data's passages, loaded memory-mapped (with its ball table) instead of building a graph")
+    from ..eval.graph_command import parse_radius
+
+    serve.add_argument("--context-radius", type=parse_radius, default=None, metavar="R",
+                       help="each answer's context_chunk_ids: the decoded chunk's neighbourhood within R (default: "
+                            "the radius of --graph-dir's context table if it has one, else the server's 1)")
+    serve.add_argument("--search-contexts", action="store_true",
+                       help="serve at a --context-radius that --graph-dir's context table was not built for, "
+                            "searching every context row (default: refused; rebuild with graph build "
+                            "--context-radius R)")
     serve.add_argument("--candidates", type=_positive_int, default=20, metavar="M", help="candidates per turn")
     serve.add_argument("--transition-weight", type=_nonnegative_float, default=1.0, help="beta")
     serve.add_argument("--fixed-lag", type=_nonnegative_int, default=None, help="fixed lag (default: full decoding)")

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional, TypeVar
 from .errors import MapMatchedTypeError, MapMatchedValueError
 
 __all__ = [
+    "broadcast_shape",
     "check_choice",
     "check_chunk_id",
     "check_finite",
@@ -35,6 +36,26 @@ __all__ = [
 ]
 
 _Choice = TypeVar("_Choice")
+
+
+def broadcast_shape(*shapes: Iterable[int]) -> tuple:
+    """The broadcast of ``shapes`` (numpy's rule), as ``torch.broadcast_shapes`` gives it,
+    without its first-call cost: torch's version imports its symbolic-shape machinery
+    (sympy) on first use, about half a second, which a server's first step must not pay.
+
+    Raises:
+        MapMatchedValueError: shapes that do not broadcast.
+    """
+    shapes = [tuple(int(size) for size in shape) for shape in shapes]
+    rank = max((len(shape) for shape in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for axis, size in enumerate(shape, start=rank - len(shape)):
+            if size != 1:
+                if out[axis] not in (1, size):
+                    raise MapMatchedValueError(f"shapes {', '.join(str(s) for s in shapes)} do not broadcast")
+                out[axis] = size
+    return tuple(out)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[_Choice]) -> _Choice:

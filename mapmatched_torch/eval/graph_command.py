@@ -2,10 +2,12 @@
 
 The kNN graph (exact up to 50,000 rows, FAISS beyond, or as ``--backend`` says), its
 bound (``auto``: :func:`~mapmatched_torch.graph.calibrate_bound`, or a number), the
-ball table for that bound (unless ``--no-balls``) and the recall@k of the picks on a
-sample (FAISS builds), written with :func:`~mapmatched_torch.graph.save_graph`; the
-manifest's ``metadata`` records how (options, recall, ball sizes, seconds).
-``eval`` and ``fit`` read it with ``--graph-dir`` (:func:`load_graph_for`).
+ball table for that bound (unless ``--no-balls``), the context table of a radius (with
+``--context-radius``: every node's neighbourhood, what a server's context rows read)
+and the recall@k of the picks on a sample (FAISS builds), written with
+:func:`~mapmatched_torch.graph.save_graph`; the manifest's ``metadata`` records how
+(options, recall, ball sizes, the context table's size, seconds). ``eval``, ``fit``
+and ``serve`` read it with ``--graph-dir`` (:func:`load_graph_for`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["add_graph_parser", "run_graph_command", "parse_bound", "load_graph_for", "build_graph_artifact"]
+__all__ = ["add_graph_parser", "run_graph_command", "parse_bound", "parse_radius", "load_graph_for",
+           "build_graph_artifact"]
 
 #: ``--backend auto`` uses the exact kNN search up to this many rows.
 EXACT_UP_TO = 50_000
@@ -34,6 +37,17 @@ def parse_bound(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected auto or a finite number > 0, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected auto or a finite number > 0, got {text!r}")
+    return value
+
+
+def parse_radius(text: str) -> float:
+    """``--context-radius``: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 
@@ -69,6 +83,10 @@ def add_graph_parser(commands: Any, formatter: Any) -> None:
     build.add_argument("--ball-size", type=int, default=64,
                        help="auto bound: the median node reaches this many nodes within it")
     build.add_argument("--no-balls", action="store_true", help="do not precompute the ball table")
+    build.add_argument("--context-radius", type=parse_radius, default=None, metavar="R",
+                       help="also store every node's context neighbourhood within R (a context table, 4 bytes an "
+                            "entry): serve --graph-dir at this context radius reads its context rows instead of "
+                            "searching them (default: no table)")
     build.add_argument("--recall-sample", type=int, default=1000,
                        help="rows on which recall@k against exact search is measured (FAISS builds; 0: none)")
     build.add_argument("--seed", type=int, default=0, help="FAISS training and sampling seed")
@@ -144,22 +162,43 @@ def build_graph_artifact(args: argparse.Namespace) -> Dict[str, Any]:
         graph.precompute_balls(directory=out, progress=None if not args.quiet else False)
         facts["balls_seconds"] = round(time.perf_counter() - clock, 2)
         facts["ball_sizes"] = ball_size_summary(graph.ball_table.ball_sizes())
+    if args.context_radius is not None:
+        _say(args.quiet, f"graph build: context table within radius {args.context_radius:g} "
+                         f"(limit {min(args.context_radius, graph.maximum_distance):.6g}) of {rows} chunks")
+        clock = time.perf_counter()
+        graph.precompute_neighborhoods(args.context_radius)
+        facts["contexts"] = _context_facts(graph.neighborhood_table, time.perf_counter() - clock)
     facts["seconds"] = round(time.perf_counter() - started, 2)
     save_graph(graph, out, metadata=facts)
     return facts
+
+
+def _context_facts(table: Any, seconds: float) -> Dict[str, Any]:
+    """The summary of a :class:`~mapmatched_torch.graph.neighborhood_table.NeighborhoodTable`:
+    radius, limit, entries, bytes (both arrays), the widest row, seconds."""
+    counts = table.indptr[1:] - table.indptr[:-1]
+    size = table.indptr.numel() * table.indptr.element_size() + table.nodes.numel() * table.nodes.element_size()
+    return {"radius": table.radius, "limit": table.limit, "entries": int(table.nodes.numel()), "bytes": int(size),
+            "widest": int(counts.max()) if counts.numel() else 0, "seconds": round(seconds, 2)}
 
 
 def run_graph_command(args: argparse.Namespace) -> int:
     """``graph build``: write the artifact, print its facts as JSON on stdout."""
     facts = build_graph_artifact(args)
     print(json.dumps({"out": str(args.out), **facts}, sort_keys=True, default=str))
-    _say(args.quiet, f"graph build: wrote {args.out} in {facts['seconds']:.1f} s")
+    contexts = facts.get("contexts")
+    table = "" if contexts is None else (
+        f" (context table: radius {contexts['radius']:g}, {contexts['entries']:,} entries, "
+        f"{contexts['bytes']:,} bytes = {contexts['bytes'] / 2**20:.1f} MiB, widest row {contexts['widest']})")
+    _say(args.quiet, f"graph build: wrote {args.out} in {facts['seconds']:.1f} s{table}")
     return 0
 
 
 def load_graph_for(directory: str, passage_ids: Sequence[str], *, maximum_distance: Optional[float] = None,
-                   device: Any = None) -> Any:
-    """``--graph-dir``: the artifact's graph, refused unless built for exactly these passages."""
+                   device: Any = None, context_radius: Optional[float] = None) -> Any:
+    """``--graph-dir``: the artifact's graph, refused unless built for exactly these passages
+    (and, with ``context_radius``, unless it holds a context table of that radius)."""
     from ..graph import load_graph
 
-    return load_graph(directory, chunk_ids=passage_ids, maximum_distance=maximum_distance, device=device)
+    return load_graph(directory, chunk_ids=passage_ids, maximum_distance=maximum_distance, device=device,
+                      context_radius=context_radius)

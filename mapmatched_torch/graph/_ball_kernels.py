@@ -1,4 +1,21 @@
-"""numba kernel of the ball-table lookup (imported only when numba is installed)."""
+"""numba kernels of the ball-table lookup (imported only when numba is installed).
+
+Two shapes of question:
+
+- :func:`lookup`: any pairs, ``(Q,)`` sources and targets: a binary search per pair;
+- :func:`lookup_grid`: a trellis turn pair, every source of a group against every
+  target of the same group (``(G, A)`` x ``(G, C)`` -> ``(G, A, C)``), the question of
+  :meth:`~mapmatched_torch.graph.TensorCorpusGraph.trellis_distances` and of a serving
+  step. Each source's row is read once for its ``C`` targets: its cache lines are
+  touched first (independent loads the CPU overlaps), then the ``C`` binary searches
+  run in lockstep, one level at a time over all targets (every search of a row has
+  the same depth, and a level's loads are independent of each other), on
+  ``blocks`` threads over the groups.
+
+Both answer docs/spec.md section 4 exactly: 0.0 between equal codes other than
+padding (-1), ``maximum`` for padding and unknown IDs (``<= -2``), the ball entry
+when the target is in the source's ball within ``maximum``, else ``maximum``.
+"""
 
 from __future__ import annotations
 
@@ -35,8 +52,87 @@ def ball_lookup(sources, targets, indptr, neighbors, distances, maximum, out):  
         out[q] = value
 
 
+@numba.njit(cache=True, nogil=True)
+def _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, sink, block, blocks):  # pragma: no cover
+    """Groups ``block, block + blocks, ...`` of :func:`grid`."""
+    groups, width_a = sources.shape
+    width_c = targets.shape[1]
+    line = max(1, 64 // neighbors.itemsize)  # ball members per 64-byte cache line
+    base = np.empty(width_c, np.int64)
+    touched = 0
+    for group in range(block, groups, blocks):
+        wanted = targets[group]
+        for a in range(width_a):
+            source = sources[group, a]
+            if source < 0:
+                for c in range(width_c):
+                    out[group, a, c] = 0.0 if (wanted[c] == source and source != -1) else maximum
+                continue
+            start = indptr[source]
+            stop = indptr[source + 1]
+            size = stop - start
+            if size == 0:
+                for c in range(width_c):
+                    out[group, a, c] = 0.0 if wanted[c] == source else maximum
+                continue
+            for place in range(start, stop, line):  # bring the row in: independent loads
+                touched += neighbors[place]
+            for c in range(width_c):
+                base[c] = start
+            # lockstep lower bounds (branch-free halving: the row's size fixes the depth)
+            remaining = size
+            while remaining > 1:
+                half = remaining >> 1
+                for c in range(width_c):  # arithmetic, not a branch: compiles to a select
+                    base[c] += half * (neighbors[base[c] + half] < wanted[c])
+                remaining -= half
+            for c in range(width_c):
+                target = wanted[c]
+                place = base[c]
+                if neighbors[place] < target:
+                    place += 1
+                value = maximum
+                if target == source:
+                    value = 0.0
+                elif target >= 0 and place < stop and neighbors[place] == target:
+                    found = distances[place]
+                    if found <= maximum:
+                        value = found
+                out[group, a, c] = value
+    sink[block] = touched
+
+
+@numba.njit(cache=True, parallel=True)
+def grid(sources, targets, indptr, neighbors, distances, maximum, out, sink, blocks):  # pragma: no cover - compiled
+    """``out[g, a, c]`` = d(sources[g, a], targets[g, c]), on ``blocks`` threads."""
+    for block in numba.prange(blocks):
+        _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, sink, block, blocks)
+
+
+@numba.njit(cache=True, nogil=True)
+def grid_serial(sources, targets, indptr, neighbors, distances, maximum, out, sink):  # pragma: no cover - compiled
+    """:func:`grid` on the calling thread."""
+    _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, sink, 0, 1)
+
+
 def lookup(sources: np.ndarray, targets: np.ndarray, indptr: np.ndarray, neighbors: np.ndarray,
            distances: np.ndarray, maximum: float) -> np.ndarray:
+    """``(Q,)`` float64 distances of ``(Q,)`` int64 code pairs (serial)."""
     out = np.empty(sources.size, dtype=np.float64)
     ball_lookup(sources, targets, indptr, neighbors, distances, float(maximum), out)
+    return out
+
+
+def lookup_grid(sources: np.ndarray, targets: np.ndarray, indptr: np.ndarray, neighbors: np.ndarray,
+                distances: np.ndarray, maximum: float, threads: int = 0) -> np.ndarray:
+    """``(G, A, C)`` float64 distances from each group's ``(G, A)`` int64 source codes to
+    its ``(G, C)`` target codes; ``threads``: 0 for numba's thread count (serial below
+    :data:`~mapmatched_torch.kernels.numba_runtime.SERIAL_BELOW` groups)."""
+    from ..kernels import numba_runtime
+
+    out = np.empty((sources.shape[0], sources.shape[1], targets.shape[1]), dtype=np.float64)
+    blocks = numba_runtime.blocks_for(threads or None, sources.shape[0])
+    sink = np.zeros(max(blocks, 1), dtype=np.int64)
+    numba_runtime.call(grid, grid_serial, (sources, targets, indptr, neighbors, distances, float(maximum), out, sink),
+                       blocks)
     return out

@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..core.checks import check_positive_finite, check_positive_int
+from ..core.checks import broadcast_shape, check_positive_finite, check_positive_int
 from ..core.errors import MapMatchedValueError
 from ..core.progress import progress_bar
 from ._csr import CSRAdjacency
@@ -319,20 +319,33 @@ def ball_distances(
         else ``maximum_distance``.
 
     Cost: a binary search per pair in its source's row, O(log ball): one compiled
-    pass on the CPU with numba, else ``ceil(log2(widest ball + 1))`` vectorized
-    gather-and-compare passes (any device).
+    pass on the CPU with numba (for ``(..., A, 1)`` sources against ``(..., 1, C)``
+    targets, a trellis turn pair, each source's row is read once for its ``C``
+    targets, on numba's threads: :mod:`._ball_kernels`), else
+    ``ceil(log2(widest ball + 1))`` vectorized gather-and-compare passes (any device).
     """
     if table.bound < maximum_distance:
         raise MapMatchedValueError(
             f"the ball table was built for bound {table.bound!r}, below maximum_distance {maximum_distance!r}"
         )
     device = sources.device
-    shape = torch.broadcast_shapes(sources.shape, targets.shape)
-    if synchronize and table.indptr.device.type == "cpu" and _compiled_lookup() is not None:
+    shape = torch.Size(broadcast_shape(sources.shape, targets.shape))
+    compiled = _compiled_lookup() if synchronize and table.indptr.device.type == "cpu" else None
+    if compiled is not None and _is_grid(sources, targets, shape):
+        # shape: (G, A) sources and (G, C) targets of each group: a trellis turn pair
+        groups = math.prod(shape[:-2])
+        grid_sources = sources.expand(*shape[:-1], 1).reshape(groups, shape[-2]).to("cpu", torch.long).contiguous()
+        grid_targets = targets.expand(*shape[:-2], 1, shape[-1]).reshape(groups, shape[-1]).to("cpu", torch.long)
+        values = _compiled_grid()(
+            grid_sources.numpy(), grid_targets.contiguous().numpy(), table.indptr.numpy(), table.neighbors.numpy(),
+            table.distances.numpy(), maximum_distance,
+        )
+        return torch.from_numpy(values).view(shape).to(device)
+    if compiled is not None:
         # shape: (Q,) contiguous int64 codes (the broadcast made real once)
         flat_sources = sources.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
         flat_targets = targets.expand(shape).reshape(-1).to("cpu", torch.long).contiguous().numpy()
-        values = _compiled_lookup()(
+        values = compiled(
             flat_sources, flat_targets, table.indptr.numpy(), table.neighbors.numpy(), table.distances.numpy(),
             maximum_distance,
         )
@@ -367,6 +380,15 @@ def ball_distances(
     return values.view(shape).to(device)
 
 
+def _is_grid(sources: torch.Tensor, targets: torch.Tensor, shape: torch.Size) -> bool:
+    """Whether the pairs are groups' sources against the same groups' targets:
+    ``(..., A, 1)`` against ``(..., 1, C)`` (:meth:`trellis_distances`' question)."""
+    return (
+        len(shape) >= 3 and sources.dim() >= 2 and targets.dim() >= 2
+        and sources.shape[-1] == 1 and targets.shape[-2] == 1 and shape[-1] > 1 and shape[-2] > 1
+    )
+
+
 def _compiled_lookup() -> Any:
     """The numba lookup, or None without numba (the torch binary search answers then)."""
     from .engines.compiled import available
@@ -376,6 +398,14 @@ def _compiled_lookup() -> Any:
     from ._ball_kernels import lookup
 
     return lookup
+
+
+def _compiled_grid() -> Any:
+    """The numba grid lookup (:func:`._ball_kernels.lookup_grid`); only called where
+    :func:`_compiled_lookup` found numba."""
+    from ._ball_kernels import lookup_grid
+
+    return lookup_grid
 
 
 # ---------------------------------------------------------------------- calibration

@@ -71,7 +71,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..core.checks import check_choice
+from ..core.checks import broadcast_shape, check_choice
 from ..core.errors import MapMatchedValueError
 from ..core.optional import import_optional
 from ..kernels.backend import backend_for
@@ -423,7 +423,7 @@ def table_distances(
     Cost: one gather from the flat table and a few elementwise passes over the
     result (a masked 2-D advanced index is several times slower on CPU).
     """
-    shape = torch.broadcast_shapes(sources.shape, targets.shape)
+    shape = torch.Size(broadcast_shape(sources.shape, targets.shape))
     # shape: (Q,) flat table position of every slot (padding and unknown read entry 0, masked below)
     keys = (sources.clamp_min(0) * table.shape[1] + targets.clamp_min(0)).expand(shape).reshape(-1)
     values = table.reshape(-1).index_select(0, keys).view(shape)

@@ -15,7 +15,11 @@ decoders of :mod:`.fused`, the compiled shortest-path engine of
   busy elsewhere.
 
 Kernels are compiled on first use and kept in numba's on-disk cache (``cache=True``),
-so only the first process on a machine pays the compilation.
+so only the first process on a machine pays the compilation. Every process still pays,
+on its first kernel call, numba's start: its CPU target and registries, about 0.5 s
+(0.6 s measured on this project's 2-core machine, most of it numba importing scipy's
+BLAS). :func:`warm` pays it up front: a server calls it when built, so that its first
+step is not half a second late.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from ..core.optional import has_module
 
-__all__ = ["available", "KERNEL_LOCK", "SERIAL_BELOW", "torch_threads_kept", "blocks_for", "call"]
+__all__ = ["available", "KERNEL_LOCK", "SERIAL_BELOW", "torch_threads_kept", "blocks_for", "call", "warm"]
 
 #: Serializes kernel calls (see the module docstring).
 KERNEL_LOCK = threading.Lock()
@@ -64,6 +68,26 @@ def blocks_for(threads: Optional[int], units: int) -> int:
         with torch_threads_kept():  # the first call starts numba's thread pool
             threads = numba.get_num_threads()
     return max(1, min(int(threads), units))
+
+
+_warmed = False
+
+
+def warm() -> bool:
+    """Start numba now (once per process; module docstring): load its CPU target by
+    calling the smallest cached kernel. Returns whether numba is there. Thread-safe."""
+    global _warmed
+    if _warmed or not available():
+        return _warmed
+    with KERNEL_LOCK, torch_threads_kept():
+        if not _warmed:
+            import numpy as np
+
+            from . import _numba_warm
+
+            _numba_warm.touch(np.zeros(1))
+            _warmed = True
+    return True
 
 
 def call(parallel: Callable[..., Any], serial: Callable[..., Any], args: tuple, blocks: int) -> None:

@@ -19,13 +19,21 @@ Bounds and eviction (docs/serving-guarantees.md, "What is bounded"):
   The chunk codes are bounded (:mod:`.codes`); a compaction of them replaces the table
   with :meth:`ContextTable.renumbered` (a tensor graph's node rows carried over, every
   other row searched again when next needed), so rows of dropped codes go with them.
+
+A tensor graph may carry a stored context table (a
+:class:`~mapmatched_torch.graph.neighborhood_table.NeighborhoodTable`, e.g. from a graph
+artifact): its rows are read, not searched, but only at a radius of the same limit
+(``min(radius, maximum_distance)``). :func:`context_table_mismatch` says why a stored
+table would go unread; a server over such a graph warns once
+(:func:`warn_unread_context_table`, :class:`ContextTableWarning`).
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -38,7 +46,51 @@ from ..graph.protocols import NeighborhoodGraph, TensorGraph
 from ..kernels.ragged import padded_rows
 from .codes import ChunkCodes
 
-__all__ = ["NeighborhoodCache", "ContextTable"]
+__all__ = ["NeighborhoodCache", "ContextTable", "ContextTableWarning", "context_table_mismatch",
+           "warn_unread_context_table"]
+
+
+class ContextTableWarning(UserWarning):
+    """A graph's stored context table is not read at the server's context radius (its
+    context rows are searched instead): :func:`context_table_mismatch` says why."""
+
+
+def context_table_mismatch(table_radius: float, table_limit: float, radius: float,
+                           maximum_distance: float) -> Optional[str]:
+    """Why a stored context table goes unread at ``radius``, or None when it is read.
+
+    A table built at ``table_radius`` holds every neighbourhood within ``table_limit``
+    (``min(table_radius, bound)`` of the graph it was built from); contexts at ``radius``
+    over a graph bounded at ``maximum_distance`` reach ``min(radius, maximum_distance)``:
+    the rows are read when the two limits are equal (radii above the bound included),
+    searched otherwise.
+
+    Returns:
+        None, or a message naming both radii and limits and the fix (rebuild the table
+        at ``radius``).
+    """
+    limit = min(float(radius), float(maximum_distance))
+    if limit == table_limit:
+        return None
+    return (
+        f"the graph's context table was built for radius {table_radius!r} (neighbourhoods within {table_limit!r}), "
+        f"but the context radius is {float(radius)!r} (within {limit!r}): contexts at this radius cannot read it, "
+        f"every context row is searched instead; rebuild it at radius {float(radius)!r} (graph.precompute_neighborhoods({float(radius)!r})"
+        f" before save_graph, or mapmatched-torch graph build --context-radius {float(radius)!r})"
+    )
+
+
+def warn_unread_context_table(graph: Any, radius: float) -> Optional[str]:
+    """Warn (:class:`ContextTableWarning`) when ``graph`` carries a context table
+    (``graph.neighborhood_table``) that contexts at ``radius`` do not read; returns the
+    message, or None (no table, or one that is read)."""
+    table = getattr(graph, "neighborhood_table", None)
+    if table is None:
+        return None
+    problem = context_table_mismatch(table.radius, table.limit, radius, graph.maximum_distance)
+    if problem is not None:
+        warnings.warn(problem, ContextTableWarning, stacklevel=3)
+    return problem
 
 
 class NeighborhoodCache:

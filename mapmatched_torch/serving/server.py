@@ -49,6 +49,7 @@ from ..retrieval.turns import (
     provider_answer_name,
 )
 from ..retrieval.trellis import packed_rows
+from .contexts import warn_unread_context_table
 from .locking import serialized
 from .persistence import ServerPersistence
 from .session_ids import SessionId, session_id_error, session_key
@@ -79,7 +80,8 @@ class MapMatchedServer(ServerPersistence):
         capacity: initial number of session slots (grows by doubling).
         candidate_limit, emission_weight, transition_weight, score_normalization,
         fixed_lag, context_radius, context_limit: as for
-            :class:`~mapmatched_torch.MapMatchedRetriever` (validated the same way).
+            :class:`~mapmatched_torch.MapMatchedRetriever` (validated the same way; a
+            graph's stored context table of another limit warns, ``ContextTableWarning``).
         settings: emission_weight, transition_weight, score_normalization and
             fixed_lag as one :class:`~mapmatched_torch.core.settings.DecodeSettings`
             (then leave those four at their defaults).
@@ -184,6 +186,7 @@ class MapMatchedServer(ServerPersistence):
             learned=self.learned,
             extra_codes=check_positive_int(extra_codes, "extra_codes"),
         )
+        warn_unread_context_table(self.graph, self.context_radius)  # a stored table these contexts do not read
         self._sessions: Dict[SessionId, int] = {}  # session ID -> slot
         # slot -> (the text of a query it stepped, its turn count right after): that query
         # is the slot's previous query while the count still matches, i.e. while no turn

@@ -35,7 +35,7 @@ from ..core.signals import deferred_sigint
 from ..core.protocols import CorpusGraph, implements
 from ..core.settings import DecodeSettings
 from ..graph.protocols import TensorGraph
-from ..kernels import fused_step
+from ..kernels import fused, fused_step, numba_runtime
 from ..kernels.normalization import normalize_score_rows, normalize_score_rows_on_device
 from ..kernels.slot_decoder import PayloadSpec, SlotDecoder
 from ..kernels.gate_features import step_features
@@ -190,6 +190,8 @@ class SessionStore:
         self.contexts = ContextTable(graph, self.codes, context_radius, self.device, neighborhood_cache)
         self._tensor_graph = implements(graph, TensorGraph)
         self._live = torch.zeros(self.decoder.capacity, dtype=torch.bool, device=self.device)
+        if fused.kernels_on(self.device):
+            numba_runtime.warm()  # numba's start paid here, not by the first step
 
     # ------------------------------------------------------------------ slots
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from mapmatched_torch.core.checks import check_choice, check_sequence, check_trellis, describe
 from mapmatched_torch.core.errors import (
@@ -129,3 +130,19 @@ def test_missing_extra_hints_are_quoted_and_name_the_clone_install():
     faiss = str(FAISSNotInstalledError())
     assert "`pip install 'mapmatched-torch[faiss]'`" in faiss and "`pip install -e '.[faiss]'`" in faiss
     assert "[faiss-gpu]" in faiss
+
+
+@pytest.mark.parametrize("shapes", [[(3, 1), (1, 4)], [(2, 5, 1), (1, 5)], [(0, 1), (1, 3)], [(), (2,)], [(4,)], []])
+def test_broadcast_shape_is_torchs(shapes):
+    from mapmatched_torch.core.checks import broadcast_shape
+
+    assert broadcast_shape(*shapes) == tuple(torch.broadcast_shapes(*shapes))
+
+
+def test_broadcast_shape_refuses_what_does_not_broadcast():
+    from mapmatched_torch.core.checks import broadcast_shape
+
+    with pytest.raises(ValueError, match=r"\(2, 3\), \(4,\) do not broadcast"):
+        broadcast_shape((2, 3), (4,))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        broadcast_shape((0,), (3,))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+import torch
 
 from mapmatched_torch.cli import main
 from mapmatched_torch.eval.synthetic import make_synthetic
@@ -80,12 +82,11 @@ def test_auto_bound_for_built_graphs(fixtures, tmp_path):
     assert rc == 0
 
 
-def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, tmp_path, capsys, monkeypatch):
-    # the serve command up to Ray: Ray itself is replaced (no cluster starts), the shard
-    # factory the command hands to Ray Serve is called and its server inspected
+@pytest.fixture
+def served(monkeypatch):
+    """The serve command up to Ray: Ray itself is replaced (no cluster starts), the shard
+    factory the command hands to Ray Serve is called and its parts kept in this list."""
     import signal
-
-    import pytest
 
     from mapmatched_torch.core.optional import has_module
 
@@ -96,15 +97,10 @@ def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, 
 
     from mapmatched_torch.integrations import ray_serve
 
-    out = tmp_path / "graph"
-    data = fixtures / "normalized"
-    assert main(["graph", "build", "--passages", str(data / "tiny.passages.jsonl"), "--k", "2", "--ball-size", "2",
-                 "--out", str(out), "--quiet"]) == 0
-    capsys.readouterr()
-    handlers, served = {}, []
+    handlers, parts = {}, []
 
     def fake_run(factory, **options):
-        served.append(factory())
+        parts.append(factory())
         handlers[signal.SIGTERM]()  # as if stopped at once
         return None, "http://127.0.0.1:1"
 
@@ -112,6 +108,15 @@ def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # nothing to start or shut down
     monkeypatch.setattr(serve, "shutdown", lambda: None)
     monkeypatch.setattr(ray_serve, "run", fake_run)
+    return parts
+
+
+def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, tmp_path, capsys, served):
+    out = tmp_path / "graph"
+    data = fixtures / "normalized"
+    assert main(["graph", "build", "--passages", str(data / "tiny.passages.jsonl"), "--k", "2", "--ball-size", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
     assert main(["serve", "--data", str(data), "--graph-dir", str(out), "--candidates", "3", "--quiet"]) == 0
     graph = served[0].server.graph
     manifest = read_manifest(out)
@@ -128,3 +133,130 @@ def test_serve_with_graph_dir_serves_the_artifact_and_refuses_another(fixtures, 
     capsys.readouterr()
     assert main(["serve", "--data", str(data), "--graph-dir", str(other), "--quiet"]) == 2
     assert "built for another corpus" in capsys.readouterr().err and len(served) == 1
+
+
+# ---------------------------------------------------------------------- context tables
+
+#: the tiny corpus's kNN graph (k=2, bound auto = 1.0) has arcs of 0.68 to 1.0: radius
+#: 0.9 reaches some neighbours, 0.7 fewer (another limit), 2 and 3 the whole bound
+RADIUS = 0.9
+
+
+def _build(fixtures, out, *options):
+    passages = fixtures / "normalized" / "tiny.passages.jsonl"
+    return main(["graph", "build", "--passages", str(passages), "--k", "2", "--ball-size", "2", "--out", str(out),
+                 *options])
+
+
+def _no_search(*args, **kwargs):
+    raise AssertionError("searched a neighbourhood")
+
+
+def _steps(server, nodes):
+    """Answers of a few steps of two sessions: decoded chunk, contexts, path (scores) and ranking."""
+    server.open("a"), server.open("b")
+    turns = [{"a": [(nodes[0], 1.0), (nodes[2], 0.4)], "b": [(nodes[4], 0.9), ("unknown", 0.8)]},
+             {"a": [(nodes[1], 0.5), (nodes[3], 0.5)], "b": [(nodes[2], 1.0), (nodes[0], 0.2)]},
+             {"a": [("unknown", 1.0), (nodes[4], 0.9)], "b": [(nodes[3], 0.3), (nodes[1], 0.3)]}]
+    found = []
+    for turn in turns:
+        results, errors = server.step(turn)
+        assert errors == {}
+        found.append({key: (result.chunk_id, result.context_chunk_ids, result.path, result.candidate_ranking)
+                      for key, result in results.items()})
+    return found
+
+
+def test_build_with_a_context_radius_writes_the_table_load_graph_reads(fixtures, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert _build(fixtures, out, "--context-radius", str(RADIUS)) == 0
+    captured = capsys.readouterr()
+    facts = json.loads(captured.out)
+    contexts = facts["contexts"]
+    assert "graph build: context table within radius 0.9" in captured.err  # the progress line
+    assert f"context table: radius 0.9, {contexts['entries']} entries, {contexts['bytes']} bytes" in captured.err
+    manifest = read_manifest(out)
+    assert manifest["contexts"]["radius"] == RADIUS and manifest["metadata"]["contexts"] == contexts
+    loaded = load_graph(out, context_radius=RADIUS)
+    table = loaded.neighborhood_table
+    assert contexts["entries"] == table.nodes.numel() > 0 and contexts["limit"] == RADIUS
+    assert contexts["bytes"] == 8 * (loaded.num_nodes + 1) + 4 * contexts["entries"]
+    assert contexts["widest"] == int((table.indptr[1:] - table.indptr[:-1]).max())
+    # the rows are the searched neighbourhoods
+    searched = TensorCorpusGraph(loaded.adjacency, loaded.vocabulary, maximum_distance=loaded.maximum_distance)
+    centres = torch.arange(-1, loaded.num_nodes)
+    assert torch.equal(loaded.neighborhood_indices(centres, RADIUS), searched.neighborhood_indices(centres, RADIUS))
+    with pytest.raises(ValueError, match="context table has radius 0.9, not 0.7"):
+        load_graph(out, context_radius=0.7)
+    # without the option: no table
+    assert _build(fixtures, tmp_path / "plain", "--quiet") == 0
+    assert "contexts" not in json.loads(capsys.readouterr().out) and read_manifest(tmp_path / "plain")["contexts"] is None
+    assert _build(fixtures, tmp_path / "bad", "--context-radius", "-1", "--quiet") == 2
+    assert "expected a finite number >= 0" in capsys.readouterr().err
+
+
+def test_serve_reads_the_artifacts_context_table_and_answers_as_without_it(fixtures, tmp_path, capsys, served,
+                                                                           monkeypatch):
+    from mapmatched_torch.serving import MapMatchedServer
+
+    out = tmp_path / "g"
+    assert _build(fixtures, out, "--context-radius", str(RADIUS), "--quiet") == 0
+    capsys.readouterr()
+    data = str(fixtures / "normalized")
+    # no --context-radius: the table's radius
+    assert main(["serve", "--data", data, "--graph-dir", str(out), "--candidates", "3"]) == 0
+    assert f"context rows (radius 0.9) read from {out.resolve()}'s table" in capsys.readouterr().err
+    # the same radius named
+    assert main(["serve", "--data", data, "--graph-dir", str(out), "--context-radius", "0.9", "--candidates", "3",
+                 "--quiet"]) == 0
+    for parts in served:
+        server, graph = parts.server, parts.server.graph
+        assert server.context_radius == RADIUS and graph.neighborhood_table.radius == RADIUS
+        with monkeypatch.context() as patch:
+            patch.setattr(graph, "_ordered_balls", _no_search)  # every neighbourhood search passes here
+            answers = _steps(server, graph.nodes)
+        plain = TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=graph.maximum_distance)
+        assert answers == _steps(MapMatchedServer(plain, candidate_limit=3, context_radius=RADIUS), graph.nodes)
+        assert any(len(contexts) > 1 for turn in answers for _, contexts, _, _ in turn.values())
+    assert served[0].fingerprint == served[1].fingerprint
+
+
+def test_serve_refuses_a_context_radius_its_table_does_not_answer(fixtures, tmp_path, capsys, served):
+    out = tmp_path / "g"
+    assert _build(fixtures, out, "--context-radius", str(RADIUS), "--quiet") == 0
+    capsys.readouterr()
+    data = str(fixtures / "normalized")
+    assert main(["serve", "--data", data, "--graph-dir", str(out), "--context-radius", "0.7", "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert "context table was built for radius 0.9" in error and "context radius is 0.7" in error
+    assert "graph build --context-radius 0.7" in error and "--search-contexts" in error and served == []
+    # searching allowed: served at 0.7, the server warns once
+    from mapmatched_torch.serving.contexts import ContextTableWarning
+
+    with pytest.warns(ContextTableWarning, match="built for radius 0.9") as warned:
+        assert main(["serve", "--data", data, "--graph-dir", str(out), "--context-radius", "0.7",
+                     "--search-contexts", "--quiet"]) == 0
+    assert served[0].server.context_radius == 0.7 and len(warned) == 2  # the command's check, then the replica's
+    # radii above the bound share its limit: the table is read, nothing refused
+    assert _build(fixtures, tmp_path / "wide", "--context-radius", "2", "--quiet") == 0
+    capsys.readouterr()
+    assert main(["serve", "--data", data, "--graph-dir", str(tmp_path / "wide"), "--context-radius", "3",
+                 "--quiet"]) == 0
+    assert served[-1].server.context_radius == 3.0 and served[-1].server.graph.neighborhood_table.radius == 2.0
+
+
+def test_serve_without_a_context_table_searches_and_says_so(fixtures, tmp_path, capsys, served, monkeypatch):
+    out = tmp_path / "g"
+    assert _build(fixtures, out, "--quiet") == 0
+    capsys.readouterr()
+    data = str(fixtures / "normalized")
+    assert main(["serve", "--data", data, "--graph-dir", str(out)]) == 0
+    error = capsys.readouterr().err
+    assert "holds no context table" in error and "graph build --context-radius 1 would make them reads" in error
+    assert served[0].server.context_radius == 1.0 and served[0].server.graph.neighborhood_table is None
+    graph = served[0].server.graph
+    with monkeypatch.context() as patch, pytest.raises(AssertionError, match="searched"):
+        patch.setattr(graph, "_ordered_balls", _no_search)
+        _steps(served[0].server, graph.nodes)
+    assert main(["serve", "--data", data, "--graph-dir", str(out), "--context-radius", "0.5", "--quiet"]) == 0
+    assert served[1].server.context_radius == 0.5 and served[0].fingerprint != served[1].fingerprint

@@ -161,3 +161,73 @@ def test_knn_graph_auto_bound_is_the_calibrated_one():
     wide = knn_graph(x, ids, 3, maximum_distance=2.0)
     assert auto.maximum_distance == calibrate_bound(wide.adjacency) < 2.0
     assert torch.equal(auto.weights, wide.weights)
+
+
+@pytest.mark.parametrize("groups", [3, 40])  # serial below numba_runtime.SERIAL_BELOW groups, threads above
+@pytest.mark.parametrize("members", ["int32", "int64"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_grid_lookup_equals_the_pairwise_one_and_the_oracle(seed, members, groups, monkeypatch):
+    """(G, A, 1) against (G, 1, C): the row-at-a-time kernel equals the per-pair search,
+    the torch search and the oracle, with repeated codes, equal and distinct unknown IDs,
+    padding, isolated nodes and a bound below the table's."""
+    from mapmatched_torch.graph import balls
+
+    pytest.importorskip("numba")
+    reference = random_reference(seed, "float", bool(seed % 2), nodes=30)
+    graph = TensorCorpusGraph.from_graph(reference).precompute_balls(bound=reference.maximum_distance * 1.5)
+    table = graph.ball_table
+    if members == "int64":
+        table = BallTable(table.indptr, table.neighbors.long(), table.distances, table.bound)
+    ids = _all_ids(graph)
+    codes = torch.cat([graph.index(ids, distinct_unknown=True), torch.tensor([-1, -2])])
+    rng = np.random.default_rng(seed)
+    pick = torch.from_numpy(rng.integers(0, codes.numel(), size=(groups, 2, 7)))
+    trellis = codes[pick]  # (G, 2, 7): repeats within and across turns
+    sources, targets = trellis[:, 0, :, None], trellis[:, 1, None, :]
+    grid = ball_distances(table, sources, targets, reference.maximum_distance)
+    pairwise = ball_distances(table, sources.expand(-1, -1, 7).reshape(-1), targets.expand(-1, 7, -1).reshape(-1),
+                              reference.maximum_distance).view(groups, 7, 7)
+    assert torch.equal(grid, pairwise)
+    monkeypatch.setattr(balls, "_compiled_lookup", lambda: None)
+    assert torch.equal(ball_distances(table, sources, targets, reference.maximum_distance), grid)
+    names = {int(code): name for code, name in zip(codes.tolist(), ids + [None, "unknown-c"])}
+    for g, a, c in itertools.product(range(groups), range(7), range(7)):
+        source, target = int(trellis[g, 0, a]), int(trellis[g, 1, c])
+        if source == -1 or target == -1:
+            expected = reference.maximum_distance  # padding: never 0, even from itself
+        else:
+            expected = _expected(reference, names[source], names[target])
+        assert float(grid[g, a, c]) == expected, (g, a, c)
+
+
+def test_the_lookup_benchmarks_run_on_a_small_artifact(tmp_path):
+    """benchmarks/ball_lookup.py and distance_oracles.py on a saved 40-node graph: every
+    kernel agrees, the labels answer the oracle's distances, figures reported."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mapmatched_torch.graph import save_graph
+
+    pytest.importorskip("numba")
+    reference = random_reference(1, "float", False, nodes=40)
+    graph = TensorCorpusGraph.from_graph(reference).precompute_balls()
+    save_graph(graph, tmp_path / "graph")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "turns.npy", rng.integers(0, graph.num_nodes, size=(4, 33, 5)))
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "ball_lookup.py"
+    done = subprocess.run([sys.executable, str(script), "--dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["pairs_per_step"] == 33 * 5 * 5 and report["steps"] == 3
+    assert report["grid_1_thread_p50_ms"] >= 0.0
+    # the 2-hop labels' benchmark on the same artifact: its answers are the oracle's up to rounding
+    script = script.with_name("distance_oracles.py")
+    done = subprocess.run([sys.executable, str(script), "--dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    labels = json.loads(done.stdout)["labels"]
+    assert labels["largest_difference"] < 1e-12 and labels["pairs_on_the_other_side_of_the_bound"] == 0
+    assert labels["entries_per_node"] >= 1.0

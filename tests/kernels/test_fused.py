@@ -284,3 +284,23 @@ def test_forward_leaves_bad_lock_tensors_and_gradients_to_the_torch_path():
         assert fused.online_forward_scores(emissions.detach(), transitions, mask, 1) is None
     with pytest.raises(MapMatchedValueError, match="fixed_lag"):
         fused.online_forward_scores(emissions.detach(), transitions, mask, -1)
+
+
+def test_a_cpu_server_starts_numba_when_built():
+    """numba_runtime.warm(): a fresh process's server pays numba's start when built, once."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    code = (
+        "from mapmatched_torch.kernels import numba_runtime\n"
+        "from mapmatched_torch.graph import TensorCorpusGraph\n"
+        "from mapmatched_torch.serving import MapMatchedServer\n"
+        "assert not numba_runtime._warmed\n"
+        "MapMatchedServer(TensorCorpusGraph.from_edges([('a', 'b', 0.5)]), candidate_limit=2)\n"
+        "assert numba_runtime._warmed\n"
+        "assert numba_runtime.warm() is True\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
