@@ -9,8 +9,9 @@ Two shapes of question:
   step. Each source's row is read once for its ``C`` targets: its cache lines are
   touched first (independent loads the CPU overlaps), then the ``C`` binary searches
   run in lockstep, one level at a time over all targets (every search of a row has
-  the same depth, and a level's loads are independent of each other), on
-  ``blocks`` threads over the groups.
+  the same depth, and a level's loads are independent of each other), then the
+  distances of the targets found are read in a loop of their own (independent
+  loads again), on ``blocks`` threads over the groups.
 
 Both answer docs/spec.md section 4 exactly: 0.0 between equal codes other than
 padding (-1), ``maximum`` for padding and unknown IDs (``<= -2``), the ball entry
@@ -59,6 +60,8 @@ def _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, si
     width_c = targets.shape[1]
     line = max(1, 64 // neighbors.itemsize)  # ball members per 64-byte cache line
     base = np.empty(width_c, np.int64)
+    hit_place = np.empty(width_c, np.int64)
+    hit_column = np.empty(width_c, np.int64)
     touched = 0
     for group in range(block, groups, blocks):
         wanted = targets[group]
@@ -86,19 +89,21 @@ def _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, si
                 for c in range(width_c):  # arithmetic, not a branch: compiles to a select
                     base[c] += half * (neighbors[base[c] + half] < wanted[c])
                 remaining -= half
+            # the members found first, then their distances in a loop of independent
+            # loads (the distances of a row are read only where a target is a member)
+            hits = 0
             for c in range(width_c):
                 target = wanted[c]
-                place = base[c]
-                if neighbors[place] < target:
-                    place += 1
-                value = maximum
-                if target == source:
-                    value = 0.0
-                elif target >= 0 and place < stop and neighbors[place] == target:
-                    found = distances[place]
-                    if found <= maximum:
-                        value = found
-                out[group, a, c] = value
+                place = base[c] + (neighbors[base[c]] < target)
+                out[group, a, c] = 0.0 if target == source else maximum
+                if target >= 0 and target != source and place < stop and neighbors[place] == target:
+                    hit_place[hits] = place
+                    hit_column[hits] = c
+                    hits += 1
+            for hit in range(hits):
+                found = distances[hit_place[hit]]
+                if found <= maximum:
+                    out[group, a, hit_column[hit]] = found
     sink[block] = touched
 
 

@@ -40,6 +40,7 @@ import torch
 
 from ..core.checks import check_choice, check_positive_finite
 from ..core.errors import MapMatchedValueError
+from . import _memory
 from ._csr import CSRAdjacency, csr_fingerprint
 from .balls import FILES as BALL_FILES
 from .balls import BallTable, ball_size_summary
@@ -234,6 +235,7 @@ def load_graph(
     device: Union[torch.device, str, None] = None,
     verify: str = "auto",
     mmap: bool = True,
+    prefault: Union[bool, str] = "auto",
     context_radius: Optional[float] = None,
     **options: Any,
 ) -> TensorCorpusGraph:
@@ -250,6 +252,12 @@ def load_graph(
         verify: ``"auto"`` (full SHA-256 of files up to 256 MiB, a sampled digest of
             larger ones), ``"full"`` or ``"size"`` (sizes only).
         mmap: memory-map the arrays (default) instead of reading them.
+        prefault: with ``mmap``, read every page of the arrays now (about 0.25 s for the
+            1M-node artifact's 1.95 GB from the page cache), so the first queries do not
+            pay the OS's page mapping (the first serving step at 1M: 107-132 ms without,
+            49 ms with). ``"auto"`` (default): when the arrays take at most half the
+            memory the OS reports available, so a larger-than-memory artifact stays
+            lazily paged; True or False to choose.
         context_radius: the context radius the caller serves with: the artifact must
             hold a neighbourhood table of this radius (None: any table is attached).
         **options: ``distance_cache_size``, ``distance_cache_entries``, ``memory_budget``.
@@ -258,6 +266,8 @@ def load_graph(
         ValueError: a damaged, incomplete or mismatched artifact (module docstring).
     """
     check_choice("verify mode", verify, VERIFY_MODES)
+    if not isinstance(prefault, bool) and prefault != "auto":
+        raise MapMatchedValueError(f"prefault must be True, False or 'auto', got {prefault!r}")
     folder = Path(directory)
     manifest = read_manifest(folder)
     files = manifest.get("files") or {}
@@ -295,7 +305,28 @@ def load_graph(
         table = BallTable.load(folder, balls["bound"], mmap=mmap)
         graph.attach_balls(table)
     _attach_contexts(graph, folder, manifest, mmap, context_radius)
+    if mmap and _should_prefault(prefault, graph):
+        _memory.prefault(_mapped_arrays(graph))
     return graph if device is None else graph.to(device)
+
+
+def _mapped_arrays(graph: TensorCorpusGraph) -> list:
+    """The loaded graph's arrays: its CSR, its ball table's, its context table's."""
+    adjacency = graph.adjacency
+    arrays = [adjacency.indptr, adjacency.indices, adjacency.weights]
+    if graph.ball_table is not None:
+        arrays += [graph.ball_table.indptr, graph.ball_table.neighbors, graph.ball_table.distances]
+    if graph.neighborhood_table is not None:
+        arrays += [graph.neighborhood_table.indptr, graph.neighborhood_table.nodes]
+    return arrays
+
+
+def _should_prefault(prefault: Union[bool, str], graph: TensorCorpusGraph) -> bool:
+    if prefault == "auto":
+        available = _memory.available_bytes()
+        size = sum(array.numel() * array.element_size() for array in _mapped_arrays(graph))
+        return available is not None and size <= available // 2
+    return bool(prefault)
 
 
 def _attach_contexts(graph: TensorCorpusGraph, folder: Path, manifest: Dict[str, Any], mmap: bool,

@@ -191,3 +191,39 @@ def test_mismatched_or_damaged_context_tables_are_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="context_nodes.npy fails its checksum"):
         load_graph(tmp_path / "g")
+
+
+@pytest.mark.parametrize("prefault", [True, False, "auto"])
+def test_prefaulting_reads_every_page_and_changes_no_answer(tmp_path, prefault, monkeypatch):
+    from mapmatched_torch.graph import _memory
+
+    graph = _graph(True)
+    graph.precompute_neighborhoods(1.0)
+    save_graph(graph, tmp_path / "g")
+    covered = []
+    original = _memory.prefault
+    monkeypatch.setattr(_memory, "prefault", lambda arrays: covered.append(original(arrays)) or covered[-1])
+    loaded = load_graph(tmp_path / "g", prefault=prefault)
+    table, contexts = loaded.ball_table, loaded.neighborhood_table
+    arrays = [loaded.indptr, loaded.indices, loaded.weights, table.indptr, table.neighbors, table.distances,
+              contexts.indptr, contexts.nodes]
+    expected = sum(array.numel() * array.element_size() for array in arrays)
+    # "auto" reads a 20-node artifact (far below half the available memory) wherever the OS says how much there is
+    wanted = prefault is True or (prefault == "auto" and _memory.available_bytes() is not None)
+    assert covered == ([expected] if wanted else [])
+    sources, targets = _all_pairs(graph)
+    assert torch.equal(loaded.pair_distances(sources, targets), graph.pair_distances(sources, targets))
+    assert load_graph(tmp_path / "g", prefault=True, mmap=False).ball_table is not None  # nothing mapped: nothing read
+    with pytest.raises(ValueError, match="prefault must be True, False or 'auto'"):
+        load_graph(tmp_path / "g", prefault="yes")
+
+
+def test_auto_prefault_leaves_an_artifact_larger_than_half_the_memory_paged_lazily(tmp_path, monkeypatch):
+    from mapmatched_torch.graph import _memory
+
+    save_graph(_graph(True), tmp_path / "g")
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 1000)  # the arrays take more than 500 bytes
+    monkeypatch.setattr(_memory, "prefault", lambda arrays: pytest.fail("prefaulted"))
+    load_graph(tmp_path / "g")
+    monkeypatch.setattr(_memory, "available_bytes", lambda: None)  # unknown: not read either
+    load_graph(tmp_path / "g")
