@@ -25,7 +25,8 @@ Public names (import them from here; the modules behind them are implementation)
 - :class:`NeighborhoodTable`: every node's context neighbourhood within one radius,
   precomputed (``TensorCorpusGraph.precompute_neighborhoods``), carried by an artifact.
 - :func:`faiss_knn_neighbors`, :func:`knn_recall`: approximate kNN picks through FAISS
-  (``knn_graph(..., backend="faiss")``) and their measured recall.
+  (``knn_graph(..., backend="faiss")``) and their measured recall;
+  :class:`FAISSCorpusIndex`: the same index searched by outside queries (candidates).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .balls import BallTable, ball_distances, ball_size_summary, build_ball_tabl
 from .cache import CacheInfo, DistanceCache
 from .dense import DEFAULT_DENSE_BUDGET, build_dense_table, dense_table_bytes, max_dense_nodes
 from .knn import knn_edges, knn_graph, knn_neighbors_tensor
-from .knn_faiss import faiss_knn_neighbors, knn_recall
+from .knn_faiss import FAISSCorpusIndex, faiss_knn_neighbors, knn_recall
 from .neighborhood_table import NeighborhoodTable
 from .sections import SectionPassage, section_edges, section_graph
 from .shortest_paths import (
@@ -84,6 +85,7 @@ __all__ = [
     "section_edges",
     "section_graph",
     "faiss_knn_neighbors",
+    "FAISSCorpusIndex",
     "knn_recall",
     "BallTable",
     "build_ball_table",
