@@ -139,3 +139,28 @@ def test_eval_refuses_bad_options(corpus):
             _run(corpus, **options)
     with pytest.raises(MapMatchedValueError, match="larger than the corpus"):
         _run(corpus, width=ROWS + 1)
+
+
+def test_serving_phase_reports_the_first_cold_and_warm_steps(corpus, tmp_path):
+    """The serving phase in a fresh process over the saved corpus: the first step (no
+    transitions), the cold step (the first with them) and the warm ones, in a table."""
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(corpus, folder)
+    ring = (np.arange(ROWS)[:, None] + np.arange(1, 6)[None, :]) % ROWS  # (N, 5) stand-in kNN picks
+    candidates = scale.turn_candidates(ring, 6, 5, 8, 0)  # (T = 5, S = 6, M = 8)
+    np.save(folder / "turns.npy", candidates)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "scale.py"), "--serving-only", "--dir", str(folder)],
+                          capture_output=True, text=True, timeout=240, check=False, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    serve = json.loads(done.stdout.strip().splitlines()[-1])
+    assert serve["sessions"] == 6 and serve["candidates"] == 8 and serve["warm_steps"] == 3
+    assert 0 < serve["cold_step_s"] and 0 < serve["first_step_s"] and serve["warm_step_p50_s"] <= serve["warm_step_p90_s"]
+    report = {"rows": ROWS, "dim": DIMENSION, "serving": serve}
+    table = scale.table_rows(report)
+    assert "| cold step (the first with transitions, nothing cached) |" in table
+    np.save(folder / "turns.npy", candidates[:2])
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "scale.py"), "--serving-only", "--dir", str(folder)],
+                          capture_output=True, text=True, timeout=240, check=False, env=dict(os.environ))
+    assert done.returncode != 0 and "at least 3 turns" in done.stderr
