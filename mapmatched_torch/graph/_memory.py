@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Optional, Tuple
+from pathlib import Path
+from typing import Any, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk", "empty_in_huge_pages", "available_bytes", "prefault"]
+from ..core.errors import MapMatchedValueError
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk", "empty_in_huge_pages", "available_bytes", "prefault", "load_vector",
+]
 
 #: Default bytes of search state per chunk of sources (torch workspace, scipy output).
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -95,3 +101,22 @@ def prefault(tensors: "list[torch.Tensor]") -> int:
             flat[::step].sum()  # the strided read faults each page in once
         covered += flat.size * flat.itemsize
     return covered
+
+
+def load_vector(path: Path, mmap: bool, dtypes: Sequence[Any], what: str) -> torch.Tensor:
+    """A 1-D ``.npy`` file of one of ``dtypes`` as a CPU tensor, memory-mapped
+    copy-on-write when ``mmap`` (the file is never written), else read.
+
+    Raises:
+        MapMatchedValueError: an unreadable file, or another dtype or shape (``what``
+            names the structure in the message, e.g. "graph artifact").
+    """
+    try:
+        array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise MapMatchedValueError(f"{what}: {path.name} is not a readable array ({error})") from None
+    allowed = [np.dtype(dtype) for dtype in dtypes]
+    if array.dtype not in allowed or array.ndim != 1:
+        expected = " or ".join(str(dtype) for dtype in allowed)
+        raise MapMatchedValueError(f"{what}: {path.name} holds {array.dtype} {array.shape}, expected 1-D {expected}")
+    return torch.from_numpy(array)

@@ -218,13 +218,7 @@ def _verify_file(folder: Path, name: str, record: Dict[str, Any], verify: str) -
 
 
 def _load_array(path: Path, mmap: bool, dtype: Any) -> torch.Tensor:
-    try:
-        array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
-    except ValueError as error:
-        raise MapMatchedValueError(f"graph artifact: {path.name} is not a readable array ({error})") from None
-    if array.dtype != np.dtype(dtype) or array.ndim != 1:
-        raise MapMatchedValueError(f"graph artifact: {path.name} holds {array.dtype} {array.shape}, expected {dtype}")
-    return torch.from_numpy(array)
+    return _memory.load_vector(path, mmap, [dtype], "graph artifact")
 
 
 def load_graph(
@@ -351,14 +345,10 @@ def _attach_contexts(graph: TensorCorpusGraph, folder: Path, manifest: Dict[str,
             f"{min(contexts['radius'], graph.maximum_distance)!r}"
         )
     indptr = _load_array(folder / CONTEXT_FILES["indptr"], mmap, np.int64)
-    try:
-        nodes = np.load(folder / CONTEXT_FILES["nodes"], mmap_mode="c" if mmap else None, allow_pickle=False)
-    except ValueError as error:
-        raise MapMatchedValueError(f"graph artifact: {CONTEXT_FILES['nodes']} is not a readable array ({error})") from None
-    if nodes.dtype not in (np.int32, np.int64) or nodes.ndim != 1 or indptr.numel() != graph.num_nodes + 1 \
-            or int(indptr[-1]) != nodes.shape[0]:
+    nodes = _memory.load_vector(folder / CONTEXT_FILES["nodes"], mmap, [np.int32, np.int64], "graph artifact")
+    if indptr.numel() != graph.num_nodes + 1 or int(indptr[-1]) != nodes.numel():
         raise MapMatchedValueError(f"graph artifact {folder}: the context table's arrays do not fit the graph")
-    graph.attach_neighborhoods(NeighborhoodTable(indptr, torch.from_numpy(nodes), contexts["radius"], contexts["limit"]))
+    graph.attach_neighborhoods(NeighborhoodTable(indptr, nodes, contexts["radius"], contexts["limit"]))
 
 
 def _check_same_ids(folder: Path, saved: list, expected: list) -> None:

@@ -40,6 +40,7 @@ from ..core.checks import broadcast_shape, check_positive_finite, check_positive
 from ..core.errors import MapMatchedValueError
 from ..core.progress import progress_bar
 from ._csr import CSRAdjacency
+from ._memory import load_vector
 
 __all__ = ["BallTable", "build_ball_table", "ball_distances", "calibrate_bound", "ball_size_summary"]
 
@@ -138,7 +139,7 @@ class BallTable:
     def load(cls, directory: PathLike, bound: float, *, mmap: bool = True) -> "BallTable":
         """The table in ``directory`` (memory-mapped unless ``mmap`` is False)."""
         folder = Path(directory)
-        arrays = {key: _load_array(folder / name, mmap) for key, name in FILES.items()}
+        arrays = {key: load_vector(folder / name, mmap, _DTYPES[key], "ball table") for key, name in FILES.items()}
         table = cls(arrays["indptr"], arrays["neighbors"], arrays["distances"], bound)
         table.directory = folder.resolve() if mmap else None
         return table
@@ -156,10 +157,8 @@ def _save_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(temporary, path)
 
 
-def _load_array(path: Path, mmap: bool) -> torch.Tensor:
-    """A ``.npy`` file as a tensor; memory-mapped copy-on-write (the file is never written)."""
-    array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
-    return torch.from_numpy(array)
+#: The dtypes a saved table's arrays may hold.
+_DTYPES = {"indptr": [np.int64], "neighbors": [np.int32, np.int64], "distances": [np.float64]}
 
 
 # ---------------------------------------------------------------------- building

@@ -231,3 +231,19 @@ def test_the_lookup_benchmarks_run_on_a_small_artifact(tmp_path):
     labels = json.loads(done.stdout)["labels"]
     assert labels["largest_difference"] < 1e-12 and labels["pairs_on_the_other_side_of_the_bound"] == 0
     assert labels["entries_per_node"] >= 1.0
+
+
+def test_a_saved_table_of_another_dtype_or_shape_is_refused(tmp_path):
+    reference = random_reference(0, "float", False, nodes=12)
+    graph = TensorCorpusGraph.from_graph(reference)
+    table = build_ball_table(graph.adjacency, 1.0, directory=tmp_path)
+    assert torch.equal(BallTable.load(tmp_path, 1.0).distances, table.distances)
+    np.save(tmp_path / "ball_distances.npy", table.distances.numpy().astype(np.float32))
+    with pytest.raises(ValueError, match=r"ball table: ball_distances.npy holds float32 .* expected 1-D float64"):
+        BallTable.load(tmp_path, 1.0)
+    np.save(tmp_path / "ball_neighbors.npy", table.neighbors.numpy().reshape(1, -1))
+    with pytest.raises(ValueError, match="ball table: ball_neighbors.npy holds"):
+        BallTable.load(tmp_path, 1.0)
+    (tmp_path / "ball_indptr.npy").write_bytes(b"not an array")
+    with pytest.raises(ValueError, match="ball table: ball_indptr.npy is not a readable array"):
+        BallTable.load(tmp_path, 1.0)
