@@ -166,7 +166,7 @@ def build_graph_artifact(args: argparse.Namespace) -> Dict[str, Any]:
         _say(args.quiet, f"graph build: context table within radius {args.context_radius:g} "
                          f"(limit {min(args.context_radius, graph.maximum_distance):.6g}) of {rows} chunks")
         clock = time.perf_counter()
-        graph.precompute_neighborhoods(args.context_radius)
+        graph.precompute_neighborhoods(args.context_radius, progress=None if not args.quiet else False)
         facts["contexts"] = _context_facts(graph.neighborhood_table, time.perf_counter() - clock)
     facts["seconds"] = round(time.perf_counter() - started, 2)
     save_graph(graph, out, metadata=facts)

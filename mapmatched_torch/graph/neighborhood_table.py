@@ -15,12 +15,13 @@ per node.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from ..core.checks import check_positive_int
 from ..core.errors import MapMatchedValueError
+from ..core.progress import progress_bar
 from ..kernels.ragged import padded_rows
 
 __all__ = ["NeighborhoodTable", "build_neighborhood_table", "CONTEXT_FILES"]
@@ -78,10 +79,13 @@ class NeighborhoodTable:
         return NeighborhoodTable(self.indptr.cpu(), self.nodes.cpu(), self.radius, self.limit)
 
 
-def build_neighborhood_table(graph: Any, radius: float, *, batch_size: int = 4096) -> NeighborhoodTable:
+def build_neighborhood_table(graph: Any, radius: float, *, batch_size: int = 4096,
+                             progress: Optional[bool] = None) -> NeighborhoodTable:
     """Every node's neighbourhood within ``radius`` of a
     :class:`~mapmatched_torch.graph.TensorCorpusGraph` (its ``neighborhood_indices``, in
-    batches of ``batch_size`` centres).
+    batches of ``batch_size`` centres), with progress per batch (``progress``: None
+    from 100,000 nodes on, as the ball table's build; plain lines when stderr is not a
+    terminal).
 
     Returns:
         The table, on the CPU, with ``limit = min(radius, graph.maximum_distance)``.
@@ -96,12 +100,15 @@ def build_neighborhood_table(graph: Any, radius: float, *, batch_size: int = 409
     nodes = graph.num_nodes
     counts, parts = [torch.zeros(1, dtype=torch.long)], []
     kind = torch.int32 if nodes < 2**31 else torch.int64
-    for first in range(0, nodes, batch_size):
-        centres = torch.arange(first, min(nodes, first + batch_size), device=graph.device)
-        rows = graph.neighborhood_indices(centres, radius, engine="auto").cpu()
-        inside = rows >= 0
-        counts.append(inside.sum(dim=1))
-        parts.append(rows[inside].to(kind))  # row-major: each row's order kept
+    show = nodes >= 100_000 if progress is None else bool(progress)
+    with progress_bar(total=nodes, unit="node", desc="context table", show=show) as bar:
+        for first in range(0, nodes, batch_size):
+            centres = torch.arange(first, min(nodes, first + batch_size), device=graph.device)
+            rows = graph.neighborhood_indices(centres, radius, engine="auto").cpu()
+            inside = rows >= 0
+            counts.append(inside.sum(dim=1))
+            parts.append(rows[inside].to(kind))  # row-major: each row's order kept
+            bar.update(centres.numel())
     indptr = torch.cumsum(torch.cat(counts), 0)
     flat = torch.cat(parts) if parts else torch.zeros(0, dtype=kind)
     return NeighborhoodTable(indptr, flat, radius, min(radius, graph.maximum_distance))

@@ -594,16 +594,23 @@ class TensorCorpusGraph:
         self._ball_table = table.to(self.device)
         return self
 
-    def precompute_neighborhoods(self, radius: float, *, batch_size: int = 4096) -> "TensorCorpusGraph":
+    def precompute_neighborhoods(self, radius: float, *, batch_size: int = 4096,
+                                 progress: Optional[bool] = None) -> "TensorCorpusGraph":
         """Build and attach a :class:`~.neighborhood_table.NeighborhoodTable`: every
         node's neighbourhood within ``radius`` (the contexts a server reads; a graph
         artifact carries it). Afterwards :meth:`neighborhood_indices` at a radius with
         the same limit (``engine="auto"``) slices its rows: the same values, no search.
 
+        Args:
+            radius: the context radius (finite, >= 0).
+            batch_size: centres per batch.
+            progress: progress lines (None: from 100,000 nodes on).
+
         Returns:
             ``self``.
         """
-        return self.attach_neighborhoods(build_neighborhood_table(self, radius, batch_size=batch_size))
+        return self.attach_neighborhoods(build_neighborhood_table(self, radius, batch_size=batch_size,
+                                                                  progress=progress))
 
     def attach_neighborhoods(self, table: NeighborhoodTable) -> "TensorCorpusGraph":
         """Use ``table`` (built from this graph) for :meth:`neighborhood_indices`.

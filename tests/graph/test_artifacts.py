@@ -227,3 +227,19 @@ def test_auto_prefault_leaves_an_artifact_larger_than_half_the_memory_paged_lazi
     load_graph(tmp_path / "g")
     monkeypatch.setattr(_memory, "available_bytes", lambda: None)  # unknown: not read either
     load_graph(tmp_path / "g")
+
+
+def test_the_context_table_build_reports_progress_per_batch(capsys, monkeypatch):
+    from mapmatched_torch.core import progress
+
+    monkeypatch.setattr(progress, "INTERVAL", 0.0)  # a line per batch
+    graph = _graph(False)
+    quiet = TensorCorpusGraph(graph.adjacency, graph.vocabulary, maximum_distance=graph.maximum_distance)
+    graph.precompute_neighborhoods(1.0, batch_size=8, progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("context table:")]
+    nodes = graph.num_nodes
+    assert lines[0].startswith(f"context table: 8/{nodes} node") and "done in" in lines[-1]
+    assert f"{nodes}/{nodes}" in lines[-1]
+    quiet.precompute_neighborhoods(1.0, batch_size=8)  # a small graph: no progress by default
+    assert "context table" not in capsys.readouterr().err
+    assert torch.equal(quiet.neighborhood_table.nodes, graph.neighborhood_table.nodes)
