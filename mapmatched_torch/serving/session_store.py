@@ -441,11 +441,14 @@ class SessionStore:
             slots = torch.where(active, slots, decoder.spare_slot)
         lengths = decoder.lengths(slots)
         distances = None
-        if decoder.mode.uses_distances and (spare or bool((lengths > 0).any())):
+        started = lengths > 0
+        if decoder.mode.uses_distances and (spare or bool(started.any())):
             # a first turn has no move into it: zeros, whatever else the batch holds (so a
-            # slot's saved links never depend on its batch-mates)
-            distances = torch.where((lengths > 0).view(-1, 1, 1),
-                                    self._distances(slots, lengths, codes, synchronize=not spare), 0.0)
+            # slot's saved links never depend on its batch-mates); when every slot has a
+            # previous turn (the host read above said some have), the (S, M, M) copy is skipped
+            distances = self._distances(slots, lengths, codes, synchronize=not spare)
+            if spare or not bool(started.all()):
+                distances = torch.where(started.view(-1, 1, 1), distances, 0.0)
         features = None
         if distances is not None and self.learned is not None and self.learned.needs_features:
             features = self._features(slots, lengths, codes, normalized, real, spare, active)
