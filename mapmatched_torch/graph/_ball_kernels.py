@@ -131,8 +131,10 @@ def lookup(sources: np.ndarray, targets: np.ndarray, indptr: np.ndarray, neighbo
 def lookup_grid(sources: np.ndarray, targets: np.ndarray, indptr: np.ndarray, neighbors: np.ndarray,
                 distances: np.ndarray, maximum: float, threads: int = 0) -> np.ndarray:
     """``(G, A, C)`` float64 distances from each group's ``(G, A)`` int64 source codes to
-    its ``(G, C)`` target codes; ``threads``: 0 for numba's thread count (serial below
-    :data:`~mapmatched_torch.kernels.numba_runtime.SERIAL_BELOW` groups)."""
+    its ``(G, C)`` target codes; ``threads``: parallel blocks (:func:`~mapmatched_torch.graph.ball_distances`
+    passes torch's thread count, as every numba kernel of the package does; 0 for
+    numba's), serial below :data:`~mapmatched_torch.kernels.numba_runtime.SERIAL_BELOW`
+    groups."""
     from ..kernels import numba_runtime
 
     out = np.empty((sources.shape[0], sources.shape[1], targets.shape[1]), dtype=np.float64)

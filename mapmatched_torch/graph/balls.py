@@ -337,7 +337,7 @@ def ball_distances(
         grid_targets = targets.expand(*shape[:-2], 1, shape[-1]).reshape(groups, shape[-1]).to("cpu", torch.long)
         values = _compiled_grid()(
             grid_sources.numpy(), grid_targets.contiguous().numpy(), table.indptr.numpy(), table.neighbors.numpy(),
-            table.distances.numpy(), maximum_distance,
+            table.distances.numpy(), maximum_distance, threads=torch.get_num_threads(),
         )
         return torch.from_numpy(values).view(shape).to(device)
     if compiled is not None:
