@@ -67,17 +67,13 @@ def _grid_block(sources, targets, indptr, neighbors, distances, maximum, out, si
         wanted = targets[group]
         for a in range(width_a):
             source = sources[group, a]
-            if source < 0:
+            if source < 0 or indptr[source + 1] == indptr[source]:  # padding, unknown, or an empty ball
                 for c in range(width_c):
                     out[group, a, c] = 0.0 if (wanted[c] == source and source != -1) else maximum
                 continue
             start = indptr[source]
             stop = indptr[source + 1]
             size = stop - start
-            if size == 0:
-                for c in range(width_c):
-                    out[group, a, c] = 0.0 if wanted[c] == source else maximum
-                continue
             for place in range(start, stop, line):  # bring the row in: independent loads
                 touched += neighbors[place]
             for c in range(width_c):
@@ -139,7 +135,7 @@ def lookup_grid(sources: np.ndarray, targets: np.ndarray, indptr: np.ndarray, ne
 
     out = np.empty((sources.shape[0], sources.shape[1], targets.shape[1]), dtype=np.float64)
     blocks = numba_runtime.blocks_for(threads or None, sources.shape[0])
-    sink = np.zeros(max(blocks, 1), dtype=np.int64)
+    sink = np.zeros(blocks, dtype=np.int64)
     numba_runtime.call(grid, grid_serial, (sources, targets, indptr, neighbors, distances, float(maximum), out, sink),
                        blocks)
     return out

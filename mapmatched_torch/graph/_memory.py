@@ -13,7 +13,8 @@ import torch
 from ..core.errors import MapMatchedValueError
 
 __all__ = [
-    "DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk", "empty_in_huge_pages", "available_bytes", "prefault", "load_vector",
+    "DEFAULT_MEMORY_BUDGET", "budget", "rows_per_chunk", "empty_in_huge_pages", "available_bytes", "prefault",
+    "load_vector",
 ]
 
 #: Default bytes of search state per chunk of sources (torch workspace, scipy output).
@@ -94,8 +95,7 @@ def prefault(tensors: "list[torch.Tensor]") -> int:
     """
     covered = 0
     for tensor in tensors:
-        array = tensor.numpy() if isinstance(tensor, torch.Tensor) else tensor
-        flat = array.reshape(-1)
+        flat = tensor.numpy().reshape(-1)
         if flat.size:
             step = max(1, _PAGE // flat.itemsize)
             flat[::step].sum()  # the strided read faults each page in once

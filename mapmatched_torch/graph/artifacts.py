@@ -299,8 +299,10 @@ def load_graph(
         table = BallTable.load(folder, balls["bound"], mmap=mmap)
         graph.attach_balls(table)
     _attach_contexts(graph, folder, manifest, mmap, context_radius)
-    if mmap and _should_prefault(prefault, graph):
-        _memory.prefault(_mapped_arrays(graph))
+    if mmap:
+        arrays = _mapped_arrays(graph)
+        if _should_prefault(prefault, arrays):
+            _memory.prefault(arrays)
     return graph if device is None else graph.to(device)
 
 
@@ -315,10 +317,10 @@ def _mapped_arrays(graph: TensorCorpusGraph) -> list:
     return arrays
 
 
-def _should_prefault(prefault: Union[bool, str], graph: TensorCorpusGraph) -> bool:
+def _should_prefault(prefault: Union[bool, str], arrays: list) -> bool:
     if prefault == "auto":
         available = _memory.available_bytes()
-        size = sum(array.numel() * array.element_size() for array in _mapped_arrays(graph))
+        size = sum(array.numel() * array.element_size() for array in arrays)
         return available is not None and size <= available // 2
     return bool(prefault)
 

@@ -320,7 +320,7 @@ def ball_distances(
     Cost: a binary search per pair in its source's row, O(log ball): one compiled
     pass on the CPU with numba (for ``(..., A, 1)`` sources against ``(..., 1, C)``
     targets, a trellis turn pair, each source's row is read once for its ``C``
-    targets, on numba's threads: :mod:`._ball_kernels`), else
+    targets, on torch's thread count: :mod:`._ball_kernels`), else
     ``ceil(log2(widest ball + 1))`` vectorized gather-and-compare passes (any device).
     """
     if table.bound < maximum_distance:
@@ -333,10 +333,11 @@ def ball_distances(
     if compiled is not None and _is_grid(sources, targets, shape):
         # shape: (G, A) sources and (G, C) targets of each group: a trellis turn pair
         groups = math.prod(shape[:-2])
-        grid_sources = sources.expand(*shape[:-1], 1).reshape(groups, shape[-2]).to("cpu", torch.long).contiguous()
-        grid_targets = targets.expand(*shape[:-2], 1, shape[-1]).reshape(groups, shape[-1]).to("cpu", torch.long)
+        grid_sources = sources.expand(*shape[:-1], 1).reshape(groups, shape[-2])
+        grid_targets = targets.expand(*shape[:-2], 1, shape[-1]).reshape(groups, shape[-1])
+        grid_sources, grid_targets = (codes.to("cpu", torch.long).contiguous() for codes in (grid_sources, grid_targets))
         values = _compiled_grid()(
-            grid_sources.numpy(), grid_targets.contiguous().numpy(), table.indptr.numpy(), table.neighbors.numpy(),
+            grid_sources.numpy(), grid_targets.numpy(), table.indptr.numpy(), table.neighbors.numpy(),
             table.distances.numpy(), maximum_distance, threads=torch.get_num_threads(),
         )
         return torch.from_numpy(values).view(shape).to(device)
