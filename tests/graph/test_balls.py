@@ -165,15 +165,16 @@ def test_knn_graph_auto_bound_is_the_calibrated_one():
 
 @pytest.mark.parametrize("groups", [3, 40])  # serial below numba_runtime.SERIAL_BELOW groups, threads above
 @pytest.mark.parametrize("members", ["int32", "int64"])
+@pytest.mark.parametrize("weights", WEIGHTS)  # unit and dyadic weights: exact ties between paths
 @pytest.mark.parametrize("seed", range(4))
-def test_the_grid_lookup_equals_the_pairwise_one_and_the_oracle(seed, members, groups, monkeypatch):
+def test_the_grid_lookup_equals_the_pairwise_one_and_the_oracle(seed, weights, members, groups, monkeypatch):
     """(G, A, 1) against (G, 1, C): the row-at-a-time kernel equals the per-pair search,
     the torch search and the oracle, with repeated codes, equal and distinct unknown IDs,
     padding, isolated nodes and a bound below the table's."""
     from mapmatched_torch.graph import balls
 
     pytest.importorskip("numba")
-    reference = random_reference(seed, "float", bool(seed % 2), nodes=30)
+    reference = random_reference(seed, weights, bool(seed % 2), nodes=30)
     graph = TensorCorpusGraph.from_graph(reference).precompute_balls(bound=reference.maximum_distance * 1.5)
     table = graph.ball_table
     if members == "int64":
